@@ -1,0 +1,88 @@
+#pragma once
+// ps::KVStore: the worker-side API of the parameter server.
+//
+// Buffer lifetime rule: Push, Pull and PushPull are asynchronous. The memory a Tensor views
+// must stay alive and unmodified (for a push) or untouched (for a pull) until WaitAll()
+// returns. Init and SetOptimizer are synchronous and collective.
+//
+// Thread safety: Push, Pull, PushPull and WaitAll may be called from several threads at
+// once. Init, SetOptimizer and Barrier are collective: call them from one thread per worker.
+//
+// Errors: ps::Error, thrown by the call itself (bad arguments) or by the next WaitAll()
+// (anything the servers report, a peer that died).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ps/error.h>
+#include <ps/tensor.h>
+
+namespace ps {
+
+struct OptimizerConfig {
+  std::string name = "sgd";  // "sgd", "adam", "adagrad"
+  float learning_rate = 0.01f;
+  float momentum = 0.0f;       // sgd
+  float weight_decay = 0.0f;   // all
+  float rescale_grad = 1.0f;   // grad is multiplied by this first
+  float clip_gradient = -1.0f; // < 0: off; else grad clipped to [-c, c] after rescale
+  float beta1 = 0.9f;          // adam
+  float beta2 = 0.999f;        // adam
+  float epsilon = 1e-8f;       // adam, adagrad
+};
+
+struct ClusterConfig;  // ps/config.h: a validated cluster description
+
+class KVStore {
+ public:
+  // type: "local", "dist_sync" or "dist_async". The cluster comes from the DMLC_* environment.
+  // In a process whose DMLC_ROLE is "server" or "scheduler" this runs that role until the job
+  // ends and then exits the process with the role's status.
+  static std::unique_ptr<KVStore> Create(const std::string& type);
+  // Same, with an explicit cluster configuration (no environment read).
+  static std::unique_ptr<KVStore> Create(const std::string& type, const ClusterConfig& config);
+
+  virtual ~KVStore() = default;
+  KVStore(const KVStore&) = delete;
+  KVStore& operator=(const KVStore&) = delete;
+
+  void Init(Key key, const Tensor& value) { InitImpl({key}, {value}); }
+  void Init(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
+    InitImpl(keys, values);
+  }
+  void Push(Key key, const Tensor& grad, int priority = 0) { PushImpl({key}, {grad}, priority); }
+  void Push(const std::vector<Key>& keys, const std::vector<Tensor>& grads, int priority = 0) {
+    PushImpl(keys, grads, priority);
+  }
+  void Pull(Key key, const Tensor& out, int priority = 0) { PullImpl({key}, {out}, priority); }
+  void Pull(const std::vector<Key>& keys, const std::vector<Tensor>& outs, int priority = 0) {
+    PullImpl(keys, outs, priority);
+  }
+  void PushPull(Key key, const Tensor& grad, const Tensor& out, int priority = 0) {
+    PushPullImpl({key}, {grad}, {out}, priority);
+  }
+  void PushPull(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& outs, int priority = 0) {
+    PushPullImpl(keys, grads, outs, priority);
+  }
+
+  virtual void WaitAll() = 0;
+  virtual void Barrier() = 0;
+  virtual void SetOptimizer(const OptimizerConfig& config) = 0;
+  virtual int Rank() const = 0;
+  virtual int NumWorkers() const = 0;
+  virtual std::string Type() const = 0;
+
+ protected:
+  KVStore() = default;
+  virtual void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) = 0;
+  virtual void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                        int priority) = 0;
+  virtual void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+                        int priority) = 0;
+  virtual void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                            const std::vector<Tensor>& outs, int priority) = 0;
+};
+
+}  // namespace ps

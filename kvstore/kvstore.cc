@@ -1,0 +1,31 @@
+// KVStore::Create: picks the implementation for a type name.
+#include <ps/kvstore.h>
+
+#include "dist_kvstore_factory.h"
+#include "local_kvstore.h"
+
+namespace ps {
+namespace {
+
+bool IsDist(const std::string& type) { return type == "dist_sync" || type == "dist_async"; }
+
+[[noreturn]] void UnknownType(const std::string& type) {
+  throw Error("KVStore::Create: unknown type '" + type +
+              "' (accepted: local, dist_sync, dist_async)");
+}
+
+}  // namespace
+
+std::unique_ptr<KVStore> KVStore::Create(const std::string& type) {
+  if (type == "local") return std::make_unique<LocalKVStore>();
+  if (IsDist(type)) return CreateDistKVStore(type, nullptr);
+  UnknownType(type);
+}
+
+std::unique_ptr<KVStore> KVStore::Create(const std::string& type, const ClusterConfig& config) {
+  if (type == "local") return std::make_unique<LocalKVStore>();  // no cluster to use
+  if (IsDist(type)) return CreateDistKVStore(type, &config);
+  UnknownType(type);
+}
+
+}  // namespace ps

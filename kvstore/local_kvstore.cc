@@ -1,0 +1,186 @@
+#include "local_kvstore.h"
+
+#include <cstring>
+#include <unordered_set>
+#include <utility>
+
+namespace ps {
+namespace {
+
+std::string Where(const char* op, Key key) {
+  return std::string("local kvstore: ") + op + " key " + std::to_string(key) + ": ";
+}
+
+void CheckCounts(const char* op, std::size_t keys, std::size_t tensors) {
+  if (keys != tensors) {
+    throw Error(std::string("local kvstore: ") + op + ": " + std::to_string(keys) + " keys but " +
+                std::to_string(tensors) + " tensors (need one tensor per key)");
+  }
+}
+
+// Checks what every tensor handed to the store must satisfy, whatever the key holds.
+void CheckTensorBasics(const char* op, Key key, const Tensor& t) {
+  if (t.device().is_cuda()) {
+    throw Error(Where(op, key) + "CUDA tensors need a CUDA build (given a tensor on " +
+                t.device().ToString() + "; copy it to CPU memory first)");
+  }
+  if (DTypeSize(t.dtype()) == 0) {
+    throw Error(Where(op, key) + "invalid dtype value " +
+                std::to_string(static_cast<unsigned>(t.dtype())));
+  }
+  if (t.size() != 0 && t.data() == nullptr) {
+    throw Error(Where(op, key) + "null data pointer for " + std::to_string(t.size()) + " elements");
+  }
+}
+
+// Checks a Push/Pull tensor against what Init stored for the key.
+template <typename EntryT>
+void CheckMatches(const char* op, Key key, const Tensor& t, const EntryT& e) {
+  CheckTensorBasics(op, key, t);
+  if (t.dtype() != e.dtype) {
+    throw Error(Where(op, key) + "dtype mismatch: expected " + DTypeName(e.dtype) +
+                " (as initialized), given " + DTypeName(t.dtype()));
+  }
+  if (t.size() != e.size) {
+    throw Error(Where(op, key) + "size mismatch: expected " + std::to_string(e.size) +
+                " elements (as initialized), given " + std::to_string(t.size()));
+  }
+}
+
+}  // namespace
+
+LocalKVStore::LocalKVStore(const ParallelOptions& parallel) : parallel_(parallel) {}
+
+LocalKVStore::~LocalKVStore() = default;
+
+void LocalKVStore::SetOptimizer(const OptimizerConfig& config) {
+  auto optimizer = MakeOptimizer(config, parallel_);  // validates; throws before any change
+  std::lock_guard lock(mu_);
+  optimizer_ = std::move(optimizer);
+}
+
+LocalKVStore::Entry& LocalKVStore::FindLocked(const char* op, Key key) {
+  auto it = store_.find(key);
+  if (it == store_.end()) {
+    throw Error(Where(op, key) + "unknown key (not initialized: call Init first)");
+  }
+  return it->second;
+}
+
+void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
+  CheckCounts("Init", keys.size(), values.size());
+  std::lock_guard lock(mu_);
+  // Check every key first so a failing call stores nothing.
+  std::unordered_set<Key> seen;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const Key key = keys[i];
+    const Tensor& v = values[i];
+    CheckTensorBasics("Init", key, v);
+    if (!IsSummableDType(v.dtype())) {
+      throw Error(Where("Init", key) + "dtype " + DTypeName(v.dtype()) +
+                  " is not supported (supported: float32, float64, int32, int64)");
+    }
+    if (auto it = store_.find(key); it != store_.end()) {
+      throw Error(Where("Init", key) + "already initialized (holds " +
+                  std::to_string(it->second.size) + " " + DTypeName(it->second.dtype) +
+                  " elements; a key is initialized once)");
+    }
+    if (!seen.insert(key).second) {
+      throw Error(Where("Init", key) + "given twice in one Init call");
+    }
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const Tensor& v = values[i];
+    Entry e;
+    e.dtype = v.dtype();
+    e.size = v.size();
+    e.data = std::make_unique_for_overwrite<std::byte[]>(v.bytes());
+    if (v.bytes() != 0) std::memcpy(e.data.get(), v.data(), v.bytes());
+    store_.emplace(keys[i], std::move(e));
+  }
+}
+
+std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(
+    const std::vector<Key>& keys, const std::vector<Tensor>& grads) {
+  CheckCounts("Push", keys.size(), grads.size());
+  std::vector<PushGroup> plan;
+  std::unordered_map<Key, std::size_t> group_of;  // key -> index in plan
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const Key key = keys[i];
+    Entry& e = FindLocked("Push", key);
+    CheckMatches("Push", key, grads[i], e);
+    if (optimizer_ && e.dtype != DType::kFloat32) {
+      throw Error(Where("Push", key) + "optimizer supports float32 only, the key holds " +
+                  DTypeName(e.dtype));
+    }
+    auto [it, fresh] = group_of.try_emplace(key, plan.size());
+    if (fresh) plan.push_back(PushGroup{key, &e, {}});
+    plan[it->second].tensors.push_back(i);
+  }
+  return plan;
+}
+
+void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
+                                   const std::vector<Tensor>& grads) {
+  for (const PushGroup& g : plan) {
+    Entry& e = *g.entry;
+    const std::size_t bytes = e.size * DTypeSize(e.dtype);
+    // The value pushed for this key: the tensor itself, or the sum of repeated ones.
+    const void* pushed = grads[g.tensors.front()].data();
+    std::unique_ptr<std::byte[]> merged;
+    if (g.tensors.size() > 1) {
+      merged = std::make_unique_for_overwrite<std::byte[]>(bytes);
+      CopyInto(merged.get(), pushed, bytes, parallel_);
+      for (std::size_t k = 1; k < g.tensors.size(); ++k) {
+        AddInto(e.dtype, merged.get(), grads[g.tensors[k]].data(), e.size, parallel_);
+      }
+      pushed = merged.get();
+    }
+    if (optimizer_) {
+      optimizer_->Update(g.key, reinterpret_cast<float*>(e.data.get()),
+                         static_cast<const float*>(pushed), e.size);
+    } else {
+      CopyInto(e.data.get(), pushed, bytes, parallel_);
+    }
+  }
+}
+
+void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
+  CheckCounts("Pull", keys.size(), outs.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CheckMatches("Pull", keys[i], outs[i], FindLocked("Pull", keys[i]));
+  }
+}
+
+void LocalKVStore::DoPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const Entry& e = store_.find(keys[i])->second;  // checked by CheckPullLocked
+    CopyInto(outs[i].data(), e.data.get(), e.size * DTypeSize(e.dtype), parallel_);
+  }
+}
+
+void LocalKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                            int /*priority: nothing is queued here*/) {
+  std::lock_guard lock(mu_);
+  const auto plan = PlanPushLocked(keys, grads);
+  ApplyPushLocked(plan, grads);
+}
+
+void LocalKVStore::PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+                            int /*priority*/) {
+  std::lock_guard lock(mu_);
+  CheckPullLocked(keys, outs);
+  DoPullLocked(keys, outs);
+}
+
+void LocalKVStore::PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                                const std::vector<Tensor>& outs, int /*priority*/) {
+  std::lock_guard lock(mu_);
+  // Both halves are checked before anything is written; the pull sees this push's result.
+  const auto plan = PlanPushLocked(keys, grads);
+  CheckPullLocked(keys, outs);
+  ApplyPushLocked(plan, grads);
+  DoPullLocked(keys, outs);
+}
+
+}  // namespace ps

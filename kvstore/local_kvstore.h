@@ -1,0 +1,81 @@
+#pragma once
+// LocalKVStore (type "local"): the whole store in this process, no servers. Gives the same
+// values as dist_sync with one worker:
+//   Init  stores a copy; a key is initialized once.
+//   Push  with an optimizer set: weight <- optimizer step(weight, pushed gradient);
+//         without: the stored value becomes the pushed value (dist_sync with no optimizer
+//         stores the sum of the workers' pushes; with one worker that is the pushed value).
+//         The same key given several times in one Push is summed first (MXNet merges them).
+//   Pull  copies the stored value out.
+// Every operation is synchronous (WaitAll is a no-op). A call that throws has changed nothing:
+// all keys of a call are checked before any value is written.
+//
+// Stored dtypes: float32, float64, int32, int64 (the ones a dist server can sum); the
+// optimizer needs float32. CPU tensors only (CUDA tensors: ps::Error).
+//
+// Thread safety: every public call may come from any thread; one mutex serializes them (the
+// optimizer still spreads one big update over threads).
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ps/kvstore.h>
+
+#include "optimizer.h"
+
+namespace ps {
+
+class LocalKVStore final : public KVStore {
+ public:
+  // parallel: how the optimizer and the merge of duplicate keys split big arrays.
+  explicit LocalKVStore(const ParallelOptions& parallel = {});
+  ~LocalKVStore() override;
+
+  void WaitAll() override {}
+  void Barrier() override {}
+  // Validates config (ps::Error naming the field) and replaces the optimizer; the new one
+  // starts with fresh state (momentum, Adam moments, update counts).
+  void SetOptimizer(const OptimizerConfig& config) override;
+  int Rank() const override { return 0; }
+  int NumWorkers() const override { return 1; }
+  std::string Type() const override { return "local"; }
+
+ protected:
+  void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) override;
+  void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                int priority) override;
+  void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+                int priority) override;
+  void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                    const std::vector<Tensor>& outs, int priority) override;
+
+ private:
+  struct Entry {
+    DType dtype = DType::kFloat32;
+    std::size_t size = 0;               // elements
+    std::unique_ptr<std::byte[]> data;  // size * DTypeSize(dtype) bytes, owned by the store
+  };
+  // One key of a Push, its tensors (indices into the call's vectors) merged by summing.
+  struct PushGroup {
+    Key key;
+    Entry* entry;
+    std::vector<std::size_t> tensors;
+  };
+
+  std::vector<PushGroup> PlanPushLocked(const std::vector<Key>& keys,
+                                        const std::vector<Tensor>& grads);
+  void CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs);
+  void ApplyPushLocked(const std::vector<PushGroup>& plan, const std::vector<Tensor>& grads);
+  void DoPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs);
+  Entry& FindLocked(const char* op, Key key);
+
+  const ParallelOptions parallel_;
+  std::mutex mu_;
+  std::unordered_map<Key, Entry> store_;  // guarded by mu_
+  std::unique_ptr<Optimizer> optimizer_;  // guarded by mu_; null: pushes replace the value
+};
+
+}  // namespace ps

@@ -1,0 +1,20 @@
+// ps-server: runs one server of a job until the scheduler ends it.
+#include <cstdio>
+
+#include "cli.h"
+#include "kv_server.h"
+#include "ps/error.h"
+#include "ps/runtime.h"
+
+int main(int argc, char** argv) {
+  ps::cli::Init(&argc, &argv,
+                "runs one server of a parameter-server job.\n"
+                "Usage: ps-server [flags]\n"
+                "Every flag falls back to its DMLC_*/PS_* environment variable; see README.md.");
+  try {
+    const ps::ClusterConfig config = ps::cli::ReadClusterConfig(ps::Role::kServer);
+    return ps::RunServer(config);
+  } catch (const ps::Error& e) {
+    ps::cli::Die("ps-server", e.what());
+  }
+}

@@ -1,0 +1,46 @@
+#pragma once
+// ClusterConfig: everything a node needs to know about the job, read once at the edge
+// (a main, or KVStore::Create) from flags and the DMLC_* environment, validated, then passed
+// down. Nothing below the edge reads the environment.
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ps {
+
+enum class Role { kScheduler = 1, kServer = 2, kWorker = 3 };
+
+// "scheduler", "server", "worker".
+std::string RoleName(Role role);
+
+// Looks a setting up by its environment-variable name (e.g. "DMLC_ROLE"); nullopt when unset.
+using SettingLookup = std::function<std::optional<std::string>(std::string_view name)>;
+
+struct ClusterConfig {
+  Role role = Role::kWorker;
+  std::string root_uri;   // DMLC_PS_ROOT_URI: scheduler host name or IP
+  int root_port = 0;      // DMLC_PS_ROOT_PORT: 0 lets the scheduler pick a free port
+  int num_servers = 0;    // DMLC_NUM_SERVER
+  int num_workers = 0;    // DMLC_NUM_WORKER
+  std::string node_host;  // DMLC_NODE_HOST: the address this node advertises ("" = derive)
+  std::string interface;  // DMLC_INTERFACE: derive the advertised address from this NIC
+  int verbose = 0;        // PS_VERBOSE: 1 connections, 2 every message
+  bool use_kubernetes = false;  // DMLC_USE_KUBERNETES: the scheduler binds 0.0.0.0
+  std::chrono::milliseconds heartbeat_interval{2000};  // PS_HEARTBEAT_INTERVAL (s); 0: off
+  std::chrono::milliseconds heartbeat_timeout{20000};  // PS_HEARTBEAT_TIMEOUT (s)
+  std::chrono::milliseconds register_timeout{60000};   // PS_REGISTER_TIMEOUT (s)
+
+  // Parses and validates every setting; throws ps::Error naming the variable and the accepted
+  // values. `lookup` answers by environment-variable name; a main maps its flags onto those
+  // names so that a flag given on the command line wins.
+  static ClusterConfig Parse(const SettingLookup& lookup);
+  // Parse() over the process environment. Call only at the edge.
+  static ClusterConfig FromEnvironment();
+
+  // "host:port" of the scheduler, for messages.
+  std::string SchedulerAddress() const;
+};
+
+}  // namespace ps

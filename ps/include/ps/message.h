@@ -1,0 +1,116 @@
+#pragma once
+// Message: one header (Meta) plus zero or more payload buffers (Blob), each sent as its own
+// ZeroMQ frame.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ps/config.h"
+#include "ps/tensor.h"
+
+namespace ps {
+
+constexpr std::uint32_t kProtocolVersion = 1;
+constexpr int kSchedulerId = 0;
+constexpr int kNoNode = -1;
+
+// Barrier groups: a bitmask of roles.
+constexpr int kServerGroup = 1;
+constexpr int kWorkerGroup = 2;
+constexpr int kSchedulerGroup = 4;
+constexpr int kAllGroups = kServerGroup | kWorkerGroup | kSchedulerGroup;
+
+// Same numbers as ps.wire.Control.
+enum class Control {
+  kNone = 0,
+  kRegister = 1,
+  kRegisterReply = 2,
+  kBarrier = 3,
+  kBarrierRelease = 4,
+  kHeartbeat = 5,
+  kTerminate = 6,
+  kError = 7,
+  kNodeDead = 8,
+  kWorkerDone = 9,
+};
+std::string ControlName(Control control);
+
+struct NodeInfo {
+  int id = kNoNode;
+  Role role = Role::kWorker;
+  std::string host;
+  int port = 0;
+  int rank = -1;
+
+  std::string Describe() const;  // "worker 1 (node 5 at 127.0.0.1:4321)"
+  friend bool operator==(const NodeInfo&, const NodeInfo&) = default;
+};
+
+// A read-only payload buffer. `owner_` keeps the bytes alive: a received ZeroMQ frame, a
+// vector the sender handed over, or a token the caller holds for a zero-copy send of user
+// memory. Copies share the bytes.
+class Blob {
+ public:
+  Blob() = default;
+  Blob(std::shared_ptr<const void> owner, const void* data, std::size_t bytes, DType dtype)
+      : owner_(std::move(owner)),
+        data_(static_cast<const std::byte*>(data)),
+        bytes_(bytes),
+        dtype_(dtype) {}
+
+  // A blob owning a copy of `data`.
+  static Blob Copy(const void* data, std::size_t bytes, DType dtype);
+  template <class T>
+  static Blob FromVector(std::vector<T> values, DType dtype) {
+    auto owned = std::make_shared<std::vector<T>>(std::move(values));
+    const void* data = owned->data();
+    const std::size_t bytes = owned->size() * sizeof(T);
+    return Blob(std::move(owned), data, bytes, dtype);
+  }
+
+  const std::byte* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  DType dtype() const { return dtype_; }
+  std::size_t count() const { return DTypeSize(dtype_) == 0 ? 0 : bytes_ / DTypeSize(dtype_); }
+  template <class T>
+  std::span<const T> as() const {
+    return {reinterpret_cast<const T*>(data_), bytes_ / sizeof(T)};
+  }
+  const std::shared_ptr<const void>& owner() const { return owner_; }
+
+ private:
+  std::shared_ptr<const void> owner_;
+  const std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  DType dtype_ = DType::kUInt8;
+};
+
+struct Meta {
+  int sender = kNoNode;
+  int recipient = kNoNode;
+  Control control = Control::kNone;
+  bool request = false;
+  int app_id = 0;
+  int customer_id = 0;
+  std::uint64_t timestamp = 0;
+  int head = 0;
+  std::string body;
+  std::vector<NodeInfo> nodes;
+  int barrier_group = 0;
+  std::string error;
+  int priority = 0;
+
+  friend bool operator==(const Meta&, const Meta&) = default;
+};
+
+struct Message {
+  Meta meta;
+  std::vector<Blob> data;
+
+  std::string DebugString() const;  // one line, for PS_VERBOSE=2 and errors
+};
+
+}  // namespace ps

@@ -1,0 +1,130 @@
+#pragma once
+// Runtime: one server or worker node of a job. Start() binds a receive socket, registers with
+// the scheduler and returns once the node table has arrived; from then on the node can send
+// requests to its peers, answer theirs, run barriers, and learns when peers die or the job ends.
+//
+// There is no process-wide state: a test may run several Runtimes (and a Scheduler) in one
+// process. Destroying a Runtime stops and joins its threads.
+//
+// Threads: the receive thread runs the request handler and request callbacks; a timer thread
+// sends heartbeats and expires overdue requests. Every public method is safe from any thread
+// except where noted.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ps/config.h"
+#include "ps/message.h"
+#include "ps/request_tracker.h"
+
+namespace ps {
+
+class ZmqTransport;
+class ReceiveLoop;
+class PeriodicTask;
+
+class Runtime {
+ public:
+  // Throws ps::Error when the scheduler cannot be reached within config.register_timeout, when
+  // the scheduler refuses this node, or on a bad address or port.
+  static std::unique_ptr<Runtime> Start(const ClusterConfig& config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // --- identity (fixed after Start) ---
+  int id() const { return self_.id; }
+  Role role() const { return self_.role; }
+  int rank() const { return self_.rank; }
+  int num_servers() const { return config_.num_servers; }
+  int num_workers() const { return config_.num_workers; }
+  const ClusterConfig& config() const { return config_; }
+  const std::vector<NodeInfo>& nodes() const { return nodes_; }
+  int ServerId(int rank) const;  // node id of the server with that rank
+  int WorkerId(int rank) const;
+  // "worker 1 (node 5 at 127.0.0.1:4321)", or "node N" for an unknown id.
+  std::string Describe(int node_id) const;
+
+  // --- barriers ---
+  // Blocks until every node of `groups` (kWorkerGroup, kServerGroup, ...) has called Barrier.
+  // Throws ps::Error when a member died, the node failed, or `timeout` passed.
+  void Barrier(int groups, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+  // --- application messages ---
+  using RequestHandler = std::function<void(Message&&)>;
+  // Receives every application request, on the receive thread. Requests that arrive before a
+  // handler is set are held and delivered, in order, when it is set.
+  void SetRequestHandler(RequestHandler handler);
+  using NodeDeadHandler = std::function<void(const NodeInfo& dead)>;
+  // Called on the receive thread when the scheduler reports a node dead.
+  void SetNodeDeadHandler(NodeDeadHandler handler);
+
+  // Sends each message (to its meta.recipient) as one request with a shared timestamp and calls
+  // `callback` once every recipient answered, or with an error as soon as one fails or dies.
+  std::uint64_t Request(std::vector<Message> messages, RequestTracker::Callback callback,
+                        std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
+  // Answers `request` with `response` (same app, customer and timestamp).
+  void Reply(const Meta& request, Message response);
+  // Answers `request` with an error the requester's callback will see.
+  void ReplyError(const Meta& request, const std::string& error);
+
+  // --- end of the job ---
+  // Worker: tells the scheduler this worker is done and waits for its acknowledgement.
+  void FinishWorker();
+  // Blocks until the scheduler ends the job (returns "") or the node fails (returns why).
+  std::string WaitForTermination();
+  // Why this node failed ("" while healthy): lost scheduler, terminated with an error.
+  std::string failure() const;
+  bool terminated() const;
+  std::size_t dropped_messages() const;
+
+ private:
+  explicit Runtime(const ClusterConfig& config);
+  void Register();
+  void OnMessage(Message&& msg);             // receive thread
+  void OnControl(Message&& msg);             // receive thread
+  void OnNodeDead(const NodeInfo& dead);     // receive thread
+  void OnTick();                             // timer thread
+  void Fail(const std::string& why);
+  bool SendToNode(Message msg);
+
+  const ClusterConfig config_;
+  std::string scheduler_ip_;
+  NodeInfo self_;
+  std::vector<NodeInfo> nodes_;  // written by Register() before any other thread reads it
+  std::unique_ptr<ZmqTransport> transport_;
+  RequestTracker tracker_;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;                // signals any change below
+  bool acknowledged_ = false;                      // GUARDED_BY(mu_): scheduler saw REGISTER
+  bool registered_ = false;                        // GUARDED_BY(mu_)
+  std::string register_error_;                     // GUARDED_BY(mu_)
+  std::set<int> barrier_released_;                 // GUARDED_BY(mu_): groups released
+  std::string barrier_error_;                      // GUARDED_BY(mu_)
+  bool terminated_ = false;                        // GUARDED_BY(mu_)
+  std::string failure_;                            // GUARDED_BY(mu_)
+  std::set<int> dead_;                             // GUARDED_BY(mu_)
+  RequestTracker::Clock::time_point last_scheduler_contact_;  // GUARDED_BY(mu_)
+
+  std::atomic<std::size_t> dropped_{0};  // messages from unknown senders
+
+  std::mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
+  RequestHandler request_handler_;         // GUARDED_BY(handler_mu_)
+  std::vector<Message> early_requests_;    // GUARDED_BY(handler_mu_)
+  NodeDeadHandler node_dead_handler_;      // GUARDED_BY(handler_mu_)
+
+  // Declared last: destroyed first, so no thread runs while the members above die.
+  std::unique_ptr<PeriodicTask> timer_;
+  std::unique_ptr<ReceiveLoop> receiver_;
+};
+
+}  // namespace ps

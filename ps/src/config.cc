@@ -1,0 +1,133 @@
+#include "ps/config.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include "ps/error.h"
+
+namespace ps {
+namespace {
+
+[[noreturn]] void Invalid(std::string_view name, const std::string& value,
+                          std::string_view accepted) {
+  throw Error(std::string(name) + "='" + value + "' is invalid: " + std::string(accepted));
+}
+
+std::optional<long long> ParseInteger(const std::string& text) {
+  long long value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) return std::nullopt;
+  return value;
+}
+
+int ReadInt(const SettingLookup& lookup, std::string_view name, long long min, long long max,
+            std::optional<int> fallback) {
+  const auto raw = lookup(name);
+  if (!raw || raw->empty()) {
+    if (fallback) return *fallback;
+    throw Error(std::string(name) + " is not set: set it to an integer in " + std::to_string(min) +
+                ".." + std::to_string(max));
+  }
+  const auto value = ParseInteger(*raw);
+  if (!value || *value < min || *value > max) {
+    Invalid(name, *raw, "expected an integer in " + std::to_string(min) + ".." + std::to_string(max));
+  }
+  return static_cast<int>(*value);
+}
+
+std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_view name,
+                                      double min_seconds, std::chrono::milliseconds fallback) {
+  const auto raw = lookup(name);
+  if (!raw || raw->empty()) return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(raw->c_str(), &end);
+  if (end != raw->c_str() + raw->size() || !std::isfinite(seconds) || seconds < min_seconds ||
+      seconds > 86400.0) {
+    Invalid(name, *raw,
+            "expected a number of seconds in " + std::to_string(min_seconds) + "..86400");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
+}
+
+bool ReadBool(const SettingLookup& lookup, std::string_view name) {
+  const auto raw = lookup(name);
+  if (!raw || raw->empty() || *raw == "0" || *raw == "false") return false;
+  if (*raw == "1" || *raw == "true") return true;
+  Invalid(name, *raw, "expected 0, 1, true or false");
+}
+
+}  // namespace
+
+std::string RoleName(Role role) {
+  switch (role) {
+    case Role::kScheduler:
+      return "scheduler";
+    case Role::kServer:
+      return "server";
+    case Role::kWorker:
+      return "worker";
+  }
+  return "unknown";
+}
+
+ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
+  ClusterConfig config;
+  const auto role = lookup("DMLC_ROLE");
+  if (!role || role->empty()) {
+    throw Error("DMLC_ROLE is not set: set it to scheduler, server or worker");
+  }
+  if (*role == "scheduler") {
+    config.role = Role::kScheduler;
+  } else if (*role == "server") {
+    config.role = Role::kServer;
+  } else if (*role == "worker") {
+    config.role = Role::kWorker;
+  } else {
+    Invalid("DMLC_ROLE", *role, "expected scheduler, server or worker");
+  }
+
+  const auto uri = lookup("DMLC_PS_ROOT_URI");
+  if (!uri || uri->empty()) {
+    throw Error(
+        "DMLC_PS_ROOT_URI is not set: set it to the scheduler's host name or IP address");
+  }
+  config.root_uri = *uri;
+  // Only the scheduler may ask for an ephemeral port; the others must be told the real one.
+  const int min_port = config.role == Role::kScheduler ? 0 : 1;
+  config.root_port = ReadInt(lookup, "DMLC_PS_ROOT_PORT", min_port, 65535, std::nullopt);
+  config.num_servers = ReadInt(lookup, "DMLC_NUM_SERVER", 1, 65536, std::nullopt);
+  config.num_workers = ReadInt(lookup, "DMLC_NUM_WORKER", 1, 65536, std::nullopt);
+  config.node_host = lookup("DMLC_NODE_HOST").value_or("");
+  config.interface = lookup("DMLC_INTERFACE").value_or("");
+  config.verbose = ReadInt(lookup, "PS_VERBOSE", 0, 2, 0);
+  config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES");
+  config.heartbeat_interval =
+      ReadSeconds(lookup, "PS_HEARTBEAT_INTERVAL", 0.0, config.heartbeat_interval);
+  config.heartbeat_timeout =
+      ReadSeconds(lookup, "PS_HEARTBEAT_TIMEOUT", 0.1, config.heartbeat_timeout);
+  config.register_timeout =
+      ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
+  if (config.heartbeat_interval.count() > 0 &&
+      config.heartbeat_timeout <= config.heartbeat_interval) {
+    throw Error("PS_HEARTBEAT_TIMEOUT (" + std::to_string(config.heartbeat_timeout.count()) +
+                " ms) must be longer than PS_HEARTBEAT_INTERVAL (" +
+                std::to_string(config.heartbeat_interval.count()) + " ms)");
+  }
+  return config;
+}
+
+ClusterConfig ClusterConfig::FromEnvironment() {
+  return Parse([](std::string_view name) -> std::optional<std::string> {
+    const char* value = std::getenv(std::string(name).c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  });
+}
+
+std::string ClusterConfig::SchedulerAddress() const {
+  return root_uri + ":" + std::to_string(root_port);
+}
+
+}  // namespace ps

@@ -1,0 +1,397 @@
+#include "ps/runtime.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "background.h"
+#include "net_util.h"
+#include "ps/error.h"
+#include "zmq_transport.h"
+
+namespace ps {
+namespace {
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  const auto tenths = ms.count() / 100;
+  return std::to_string(tenths / 10) + (tenths % 10 ? "." + std::to_string(tenths % 10) : "") + " s";
+}
+
+// The address this node tells the others: DMLC_NODE_HOST, else DMLC_INTERFACE's address, else
+// the local end of the route to the scheduler.
+std::string AdvertisedHost(const ClusterConfig& config, const std::string& scheduler_ip) {
+  if (!config.node_host.empty()) return config.node_host;
+  if (!config.interface.empty()) return net::InterfaceAddress(config.interface);
+  return net::RouteSourceAddress(scheduler_ip);
+}
+
+}  // namespace
+
+Runtime::Runtime(const ClusterConfig& config) : config_(config) {}
+
+std::unique_ptr<Runtime> Runtime::Start(const ClusterConfig& config) {
+  if (config.role == Role::kScheduler) {
+    throw Error("Runtime::Start is for servers and workers; run the scheduler with ps::Scheduler");
+  }
+  std::unique_ptr<Runtime> runtime(new Runtime(config));  // private constructor
+  runtime->Register();
+  return runtime;
+}
+
+Runtime::~Runtime() {
+  if (transport_) transport_->Shutdown();
+  receiver_.reset();
+  timer_.reset();
+  tracker_.FailAll("the node is shutting down");
+}
+
+void Runtime::Register() {
+  scheduler_ip_ = net::ResolveIPv4(config_.root_uri, "DMLC_PS_ROOT_URI");
+  self_.role = config_.role;
+  self_.host = AdvertisedHost(config_, scheduler_ip_);
+  transport_ = std::make_unique<ZmqTransport>(config_.verbose);
+  // Listen on the advertised address when it is ours; behind NAT (a name or a foreign
+  // address) listen everywhere.
+  const bool local = net::IsLocalAddress(self_.host);
+  self_.port = transport_->Bind(local ? self_.host : "0.0.0.0", 0);
+  transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port);
+  receiver_ = std::make_unique<ReceiveLoop>(*transport_,
+                                            [this](Message&& msg) { OnMessage(std::move(msg)); });
+
+  Message hello;
+  hello.meta.control = Control::kRegister;
+  hello.meta.request = true;
+  hello.meta.recipient = kSchedulerId;
+  hello.meta.nodes.push_back(self_);
+  transport_->Send(hello);
+  if (config_.verbose >= 1) {
+    LOG(INFO) << RoleName(self_.role) << " at " << self_.host << ":" << self_.port
+              << " registering with the scheduler at " << config_.SchedulerAddress();
+  }
+
+  std::unique_lock lock(mu_);
+  const bool done = changed_.wait_for(lock, config_.register_timeout,
+                                      [this] { return registered_ || !register_error_.empty(); });
+  if (!register_error_.empty()) throw Error(register_error_);
+  if (!done) {
+    if (acknowledged_) {
+      throw Error("the scheduler at " + config_.SchedulerAddress() +
+                  " accepted this " + RoleName(self_.role) + " but the job did not fill up within " +
+                  Seconds(config_.register_timeout) + ": it waits for DMLC_NUM_SERVER=" +
+                  std::to_string(config_.num_servers) + " servers and DMLC_NUM_WORKER=" +
+                  std::to_string(config_.num_workers) +
+                  " workers; start the missing ones or fix the counts (PS_REGISTER_TIMEOUT sets "
+                  "this wait)");
+    }
+    throw Error("cannot reach the scheduler at " + config_.SchedulerAddress() + " within " +
+                Seconds(config_.register_timeout) +
+                ": check that ps-scheduler is running there and that DMLC_PS_ROOT_URI and "
+                "DMLC_PS_ROOT_PORT point to it (PS_REGISTER_TIMEOUT sets this wait)");
+  }
+  last_scheduler_contact_ = RequestTracker::Clock::now();
+  lock.unlock();
+
+  for (const NodeInfo& node : nodes_) {
+    if (node.id != self_.id && node.role != Role::kScheduler) {
+      transport_->Connect(node.id, node.host, node.port);
+    }
+  }
+  if (config_.verbose >= 1) {
+    LOG(INFO) << "registered as " << self_.Describe() << " in a job of " << config_.num_servers
+              << " server(s) and " << config_.num_workers << " worker(s)";
+  }
+  // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
+  const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
+                                                             : std::chrono::milliseconds(500);
+  timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
+}
+
+int Runtime::ServerId(int rank) const {
+  for (const NodeInfo& node : nodes_) {
+    if (node.role == Role::kServer && node.rank == rank) return node.id;
+  }
+  throw Error("no server with rank " + std::to_string(rank));
+}
+
+int Runtime::WorkerId(int rank) const {
+  for (const NodeInfo& node : nodes_) {
+    if (node.role == Role::kWorker && node.rank == rank) return node.id;
+  }
+  throw Error("no worker with rank " + std::to_string(rank));
+}
+
+std::string Runtime::Describe(int node_id) const {
+  for (const NodeInfo& node : nodes_) {
+    if (node.id == node_id) return node.Describe();
+  }
+  return "node " + std::to_string(node_id);
+}
+
+void Runtime::OnMessage(Message&& msg) {
+  const Meta& meta = msg.meta;
+  {
+    std::lock_guard lock(mu_);
+    const bool from_scheduler = meta.sender == kSchedulerId;
+    // Until the table arrives only the scheduler may speak; after, only known nodes, to us.
+    const bool known = from_scheduler || (registered_ && meta.sender > 0 &&
+                                          static_cast<std::size_t>(meta.sender) < nodes_.size() &&
+                                          meta.recipient == self_.id);
+    if (!known) {
+      ++dropped_;
+      LOG(WARNING) << "dropped a message from unknown node " << meta.sender << " to "
+                   << meta.recipient << ": " << msg.DebugString();
+      return;
+    }
+    if (from_scheduler) last_scheduler_contact_ = RequestTracker::Clock::now();
+  }
+  if (meta.control != Control::kNone && meta.control != Control::kError) {
+    OnControl(std::move(msg));
+  } else if (!meta.request) {
+    tracker_.OnResponse(std::move(msg));
+  } else {
+    std::lock_guard lock(handler_mu_);
+    if (request_handler_) {
+      request_handler_(std::move(msg));
+    } else {
+      early_requests_.push_back(std::move(msg));
+    }
+  }
+}
+
+void Runtime::OnControl(Message&& msg) {
+  const Meta& meta = msg.meta;
+  switch (meta.control) {
+    case Control::kRegisterReply: {
+      std::lock_guard lock(mu_);
+      if (registered_) break;
+      if (!meta.error.empty()) {
+        register_error_ = "the scheduler at " + config_.SchedulerAddress() +
+                          " refused this node: " + meta.error;
+      } else if (meta.nodes.empty()) {
+        acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
+      } else {
+        // The table: ids are dense from 0 (the scheduler); find ourselves by host and port.
+        std::vector<NodeInfo> table(meta.nodes.size());
+        bool valid = true;
+        for (const NodeInfo& node : meta.nodes) {
+          if (node.id < 0 || static_cast<std::size_t>(node.id) >= table.size()) valid = false;
+          if (valid) table[node.id] = node;
+          if (node.host == self_.host && node.port == self_.port && node.role == self_.role) {
+            self_ = node;
+          }
+        }
+        if (!valid || self_.id <= 0) {
+          register_error_ = "the scheduler sent a node table without this node";
+        } else {
+          nodes_ = std::move(table);
+          registered_ = true;
+        }
+      }
+      changed_.notify_all();
+      break;
+    }
+    case Control::kBarrierRelease: {
+      std::lock_guard lock(mu_);
+      barrier_released_.insert(meta.barrier_group);
+      if (!meta.error.empty()) barrier_error_ = meta.error;
+      changed_.notify_all();
+      break;
+    }
+    case Control::kHeartbeat:
+      break;  // the contact time was recorded on arrival
+    case Control::kWorkerDone:
+      tracker_.OnResponse(std::move(msg));
+      break;
+    case Control::kTerminate: {
+      const std::string why = meta.error;
+      {
+        std::lock_guard lock(mu_);
+        terminated_ = true;
+        if (!why.empty() && failure_.empty()) failure_ = "the job failed: " + why;
+        changed_.notify_all();
+      }
+      if (config_.verbose >= 1) LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
+      tracker_.FailAll(why.empty() ? "the job has ended" : "the job failed: " + why);
+      break;
+    }
+    case Control::kNodeDead:
+      for (const NodeInfo& dead : meta.nodes) OnNodeDead(dead);
+      break;
+    default:
+      LOG(WARNING) << "dropped unexpected " << msg.DebugString();
+  }
+}
+
+void Runtime::OnNodeDead(const NodeInfo& dead) {
+  {
+    std::lock_guard lock(mu_);
+    if (!dead_.insert(dead.id).second) return;
+  }
+  LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
+  tracker_.FailPeer(dead.id, dead.Describe() + " died");
+  std::lock_guard lock(handler_mu_);
+  if (node_dead_handler_) node_dead_handler_(dead);
+}
+
+void Runtime::OnTick() {
+  const auto now = RequestTracker::Clock::now();
+  tracker_.ExpireOverdue(now);
+  if (config_.heartbeat_interval.count() == 0) return;
+  bool lost = false;
+  {
+    std::lock_guard lock(mu_);
+    if (terminated_ || !failure_.empty()) return;
+    lost = now - last_scheduler_contact_ > config_.heartbeat_timeout;
+  }
+  if (lost) {
+    Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
+         Seconds(config_.heartbeat_timeout) + ": it exited or the network failed");
+    return;
+  }
+  Message beat;
+  beat.meta.control = Control::kHeartbeat;
+  beat.meta.request = true;
+  beat.meta.recipient = kSchedulerId;
+  SendToNode(std::move(beat));
+}
+
+void Runtime::Fail(const std::string& why) {
+  {
+    std::lock_guard lock(mu_);
+    if (!failure_.empty()) return;
+    failure_ = why;
+    changed_.notify_all();
+  }
+  LOG(ERROR) << why;
+  tracker_.FailAll(why);
+}
+
+bool Runtime::SendToNode(Message msg) {
+  msg.meta.sender = self_.id;
+  return transport_->Send(msg);
+}
+
+void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeout) {
+  {
+    std::lock_guard lock(mu_);
+    barrier_released_.erase(groups);
+    barrier_error_.clear();
+  }
+  Message msg;
+  msg.meta.control = Control::kBarrier;
+  msg.meta.request = true;
+  msg.meta.recipient = kSchedulerId;
+  msg.meta.barrier_group = groups;
+  SendToNode(std::move(msg));
+  std::unique_lock lock(mu_);
+  const auto ready = [&] {
+    return barrier_released_.contains(groups) || !failure_.empty() || terminated_;
+  };
+  if (timeout) {
+    if (!changed_.wait_for(lock, *timeout, ready)) {
+      throw Error("barrier timed out after " + Seconds(*timeout));
+    }
+  } else {
+    changed_.wait(lock, ready);
+  }
+  if (!barrier_error_.empty()) throw Error("barrier failed: " + barrier_error_);
+  if (!failure_.empty()) throw Error("barrier failed: " + failure_);
+  if (!barrier_released_.contains(groups)) throw Error("barrier failed: the job has ended");
+}
+
+void Runtime::SetRequestHandler(RequestHandler handler) {
+  std::lock_guard lock(handler_mu_);
+  request_handler_ = std::move(handler);
+  for (Message& msg : early_requests_) request_handler_(std::move(msg));
+  early_requests_.clear();
+}
+
+void Runtime::SetNodeDeadHandler(NodeDeadHandler handler) {
+  std::lock_guard lock(handler_mu_);
+  node_dead_handler_ = std::move(handler);
+}
+
+std::uint64_t Runtime::Request(std::vector<Message> messages, RequestTracker::Callback callback,
+                               std::optional<RequestTracker::Clock::time_point> deadline) {
+  std::vector<int> peers;
+  for (const Message& msg : messages) peers.push_back(msg.meta.recipient);
+  {
+    std::lock_guard lock(mu_);
+    for (int peer : peers) {
+      if (dead_.contains(peer)) {
+        const std::string why = Describe(peer) + " died";
+        RequestResult result{why, {}};
+        callback(std::move(result));
+        return 0;
+      }
+    }
+  }
+  const std::uint64_t timestamp = tracker_.Start(peers, std::move(callback), deadline);
+  for (Message& msg : messages) {
+    msg.meta.request = true;
+    msg.meta.timestamp = timestamp;
+    const int peer = msg.meta.recipient;
+    if (!SendToNode(std::move(msg))) {
+      tracker_.FailPeer(peer, "cannot send to " + Describe(peer) + ": the node is shutting down");
+    }
+  }
+  return timestamp;
+}
+
+void Runtime::Reply(const Meta& request, Message response) {
+  response.meta.recipient = request.sender;
+  response.meta.request = false;
+  response.meta.app_id = request.app_id;
+  response.meta.customer_id = request.customer_id;
+  response.meta.timestamp = request.timestamp;
+  if (response.meta.head == 0) response.meta.head = request.head;
+  SendToNode(std::move(response));
+}
+
+void Runtime::ReplyError(const Meta& request, const std::string& error) {
+  Message response;
+  response.meta.control = Control::kError;
+  response.meta.error = error;
+  Reply(request, std::move(response));
+}
+
+void Runtime::FinishWorker() {
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  std::optional<RequestResult> outcome;
+  Message msg;
+  msg.meta.control = Control::kWorkerDone;
+  msg.meta.recipient = kSchedulerId;
+  std::vector<Message> messages;
+  messages.push_back(std::move(msg));
+  Request(std::move(messages), [&](RequestResult&& result) {
+    std::lock_guard lock(done_mu);
+    outcome = std::move(result);
+    done_cv.notify_all();
+  }, RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
+  std::unique_lock lock(done_mu);
+  done_cv.wait(lock, [&] { return outcome.has_value(); });
+  if (!outcome->ok()) throw Error("could not tell the scheduler this worker finished: " + outcome->error);
+}
+
+std::string Runtime::WaitForTermination() {
+  std::unique_lock lock(mu_);
+  changed_.wait(lock, [this] { return terminated_ || !failure_.empty(); });
+  return failure_;
+}
+
+std::string Runtime::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+bool Runtime::terminated() const {
+  std::lock_guard lock(mu_);
+  return terminated_;
+}
+
+std::size_t Runtime::dropped_messages() const {
+  return transport_->dropped_messages() + dropped_.load();
+}
+
+}  // namespace ps

@@ -1,0 +1,179 @@
+#include "zmq_transport.h"
+
+#include <glog/logging.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "ps/error.h"
+#include "wire.h"
+
+namespace ps {
+namespace {
+
+// Receive-side cap on one frame, enforced by ZeroMQ before it allocates: a hostile peer cannot
+// make this process reserve more than this. Big tensors travel in chunks far below it.
+constexpr std::int64_t kMaxZmqMessageBytes = std::int64_t{8} << 30;
+// How long closing a send socket may wait to flush queued messages (a TERMINATE, say).
+constexpr int kLingerMs = 2000;
+// Below this size a payload is copied into the frame: cheaper than reference bookkeeping.
+constexpr std::size_t kZeroCopyMinBytes = 512;
+
+// ZeroMQ calls this once it no longer reads a zero-copy frame; drops our reference.
+void ReleaseBlobOwner(void* /*data*/, void* hint) {
+  std::unique_ptr<std::shared_ptr<const void>> owner(static_cast<std::shared_ptr<const void>*>(hint));
+}
+
+zmq::message_t FrameFor(const Blob& blob) {
+  if (blob.bytes() < kZeroCopyMinBytes || !blob.owner()) {
+    return zmq::message_t(blob.data(), blob.bytes());
+  }
+  auto owner = std::make_unique<std::shared_ptr<const void>>(blob.owner());
+  // const_cast: ZeroMQ's API takes void* but never writes to an outgoing frame.
+  zmq::message_t frame(const_cast<std::byte*>(blob.data()), blob.bytes(), &ReleaseBlobOwner,
+                       owner.get());
+  owner.release();  // now owned by the frame; freed in ReleaseBlobOwner
+  return frame;
+}
+
+int PortOf(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  return colon == std::string::npos ? -1 : std::stoi(endpoint.substr(colon + 1));
+}
+
+}  // namespace
+
+ZmqTransport::ZmqTransport(int verbose) : verbose_(verbose), context_(1) {}
+
+ZmqTransport::~ZmqTransport() { Shutdown(); }
+
+int ZmqTransport::Bind(const std::string& ip, int port) {
+  receiver_ = zmq::socket_t(context_, zmq::socket_type::pull);
+  receiver_.set(zmq::sockopt::linger, 0);
+  receiver_.set(zmq::sockopt::rcvhwm, 0);
+  receiver_.set(zmq::sockopt::maxmsgsize, kMaxZmqMessageBytes);
+  const std::string endpoint =
+      "tcp://" + ip + ":" + (port == 0 ? std::string("*") : std::to_string(port));
+  try {
+    receiver_.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EADDRINUSE) {
+      throw Error("port " + std::to_string(port) + " on " + ip +
+                  " is already in use: stop the process holding it or choose another port");
+    }
+    if (e.num() == EADDRNOTAVAIL) {
+      throw Error("cannot listen on " + ip + ": it is not an address of this machine");
+    }
+    throw Error("cannot listen on " + endpoint + ": " + e.what());
+  }
+  const int bound = PortOf(receiver_.get(zmq::sockopt::last_endpoint));
+  if (verbose_ >= 1) LOG(INFO) << "listening on " << ip << ":" << bound;
+  return bound;
+}
+
+void ZmqTransport::Connect(int node_id, const std::string& host, int port) {
+  auto peer = std::make_unique<Peer>();
+  peer->socket = zmq::socket_t(context_, zmq::socket_type::push);
+  peer->socket.set(zmq::sockopt::linger, kLingerMs);
+  peer->socket.set(zmq::sockopt::sndhwm, 0);
+  const std::string endpoint = "tcp://" + host + ":" + std::to_string(port);
+  try {
+    peer->socket.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw Error("cannot connect to " + endpoint + ": " + e.what());
+  }
+  if (verbose_ >= 1) LOG(INFO) << "connected to node " << node_id << " at " << endpoint;
+  std::unique_lock lock(peers_mu_);
+  peers_[node_id] = std::move(peer);
+}
+
+bool ZmqTransport::IsConnected(int node_id) const {
+  std::shared_lock lock(peers_mu_);
+  return peers_.contains(node_id);
+}
+
+void ZmqTransport::Disconnect(int node_id) {
+  std::unique_lock lock(peers_mu_);
+  peers_.erase(node_id);
+}
+
+bool ZmqTransport::Send(const Message& msg) {
+  if (shut_down_.load()) return false;
+  const std::string header = wire::EncodeHeader(msg.meta, msg.data);
+  std::shared_lock map_lock(peers_mu_);
+  const auto it = peers_.find(msg.meta.recipient);
+  if (it == peers_.end()) return false;
+  Peer& peer = *it->second;
+  std::lock_guard peer_lock(peer.mu);
+  try {
+    const auto more = msg.data.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
+    peer.socket.send(zmq::buffer(header), more);
+    for (std::size_t i = 0; i < msg.data.size(); ++i) {
+      const bool last = i + 1 == msg.data.size();
+      peer.socket.send(FrameFor(msg.data[i]), last ? zmq::send_flags::none : zmq::send_flags::sndmore);
+    }
+  } catch (const zmq::error_t& e) {
+    if (e.num() != ETERM) LOG(WARNING) << "send to node " << msg.meta.recipient << ": " << e.what();
+    return false;
+  }
+  if (verbose_ >= 2) LOG(INFO) << "sent " << msg.DebugString();
+  return true;
+}
+
+std::optional<Message> ZmqTransport::Recv() {
+  while (!shut_down_.load()) {
+    std::vector<zmq::message_t> frames;
+    try {
+      do {
+        zmq::message_t frame;
+        if (!receiver_.recv(frame)) continue;  // EAGAIN cannot happen on a blocking socket
+        // Past the cap, keep draining the multipart message but stop storing it.
+        if (frames.size() <= wire::kMaxDataFrames + 1) frames.push_back(std::move(frame));
+      } while (receiver_.get(zmq::sockopt::rcvmore));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) return std::nullopt;
+      LOG(WARNING) << "receive failed: " << e.what();
+      continue;
+    }
+    if (frames.size() > wire::kMaxDataFrames + 1) {
+      Drop("message with more than " + std::to_string(wire::kMaxDataFrames) + " data frames");
+      continue;
+    }
+    auto decoded = wire::DecodeHeader(frames[0].data(), frames[0].size());
+    if (!decoded.header) {
+      Drop(decoded.error);
+      continue;
+    }
+    std::vector<std::size_t> sizes;
+    for (std::size_t i = 1; i < frames.size(); ++i) sizes.push_back(frames[i].size());
+    if (auto bad = wire::CheckFrames(decoded.header->data, sizes); !bad.empty()) {
+      Drop(bad);
+      continue;
+    }
+    Message msg;
+    msg.meta = std::move(decoded.header->meta);
+    for (std::size_t i = 1; i < frames.size(); ++i) {
+      auto frame = std::make_shared<zmq::message_t>(std::move(frames[i]));
+      const void* data = frame->data();
+      const std::size_t bytes = frame->size();
+      msg.data.emplace_back(std::move(frame), data, bytes, decoded.header->data[i - 1].dtype);
+    }
+    if (verbose_ >= 2) LOG(INFO) << "received " << msg.DebugString();
+    return msg;
+  }
+  return std::nullopt;
+}
+
+void ZmqTransport::Drop(const std::string& why) {
+  const auto count = ++dropped_;
+  // Log the first few and then every 1000th: a flood of garbage must not flood the log.
+  if (count <= 10 || count % 1000 == 0) {
+    LOG(WARNING) << "dropped malformed message #" << count << ": " << why;
+  }
+}
+
+void ZmqTransport::Shutdown() {
+  if (!shut_down_.exchange(true)) context_.shutdown();
+}
+
+}  // namespace ps

@@ -1,0 +1,68 @@
+#pragma once
+// ZmqTransport: one bound PULL socket that receives, one connected PUSH socket per peer that
+// sends. Payload buffers go out as separate frames, zero-copy (the frame holds a reference to
+// the Blob's owner until ZeroMQ is done with it), and come in zero-copy (a received Blob owns
+// its ZeroMQ frame).
+//
+// Threads: Send() and Connect() may be called from any thread (a mutex per peer socket);
+// Recv() only from the one receive thread. Shutdown() from any thread wakes Recv().
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "ps/message.h"
+
+namespace ps {
+
+class ZmqTransport {
+ public:
+  explicit ZmqTransport(int verbose);
+  ~ZmqTransport();
+  ZmqTransport(const ZmqTransport&) = delete;
+  ZmqTransport& operator=(const ZmqTransport&) = delete;
+
+  // Binds the receive socket on ip:port (port 0: an ephemeral one) and returns the bound port.
+  // Throws ps::Error when the address is in use or not local.
+  int Bind(const std::string& ip, int port);
+
+  // Opens (or replaces) the send socket for `node_id`, connected to host:port.
+  void Connect(int node_id, const std::string& host, int port);
+  bool IsConnected(int node_id) const;
+  // Closes the send socket for `node_id`; queued messages are still flushed (linger).
+  void Disconnect(int node_id);
+
+  // Sends `msg` to msg.meta.recipient. False when there is no socket for it or the transport
+  // is shut down. Never blocks on a slow peer (unbounded queue).
+  bool Send(const Message& msg);
+
+  // Blocks for the next well-formed message; malformed ones are logged, counted and dropped.
+  // nullopt once Shutdown() was called.
+  std::optional<Message> Recv();
+
+  void Shutdown();
+  std::uint64_t dropped_messages() const { return dropped_.load(); }
+
+ private:
+  struct Peer {
+    std::mutex mu;  // guards socket: ZeroMQ sockets are not thread-safe
+    zmq::socket_t socket;
+  };
+  void Drop(const std::string& why);
+
+  const int verbose_;
+  zmq::context_t context_;
+  zmq::socket_t receiver_;  // receive thread only, after Bind()
+  mutable std::shared_mutex peers_mu_;
+  std::map<int, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(peers_mu_)
+  std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace ps

@@ -1,0 +1,90 @@
+#pragma once
+// Scheduler: the node every other node registers with. It waits for DMLC_NUM_SERVER servers
+// and DMLC_NUM_WORKER workers, gives each an id and a rank, sends everyone the node table,
+// runs barriers, watches heartbeats, and ends the job.
+//
+// Ranks: within each role, nodes are ranked by (host, port) in ascending order once all have
+// registered, so ranks do not depend on who registered first.
+// Ids: 0 is the scheduler; the others are numbered 1, 2, ... in registration order.
+//
+// Threads: the receive thread handles every message; a timer thread checks heartbeats and the
+// registration deadline; Run() waits on the caller's thread; Stop() may come from any thread.
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ps/config.h"
+#include "ps/message.h"
+
+namespace ps {
+
+class ZmqTransport;
+class ReceiveLoop;
+class PeriodicTask;
+
+class Scheduler {
+ public:
+  // Binds DMLC_PS_ROOT_PORT (0: a free port, see port()). Throws ps::Error when the port is in
+  // use or the address is not this machine's.
+  explicit Scheduler(const ClusterConfig& config);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  int port() const { return port_; }
+  // A config for a node of this job: this scheduler's address and the job's counts.
+  ClusterConfig NodeConfig(Role role) const;
+
+  // Runs the job to its end. Returns 0 when every worker finished and the servers were told to
+  // stop; 1 when the job failed (a node died, registration timed out, Stop() was called).
+  int Run();
+  // Ends the job now with `why` (e.g. on SIGTERM); Run() returns 1.
+  void Stop(const std::string& why);
+  // Why the job failed; "" when it did not.
+  std::string failure() const;
+  // Nodes declared dead so far (for tests and the final report).
+  std::vector<NodeInfo> dead_nodes() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void OnMessage(Message&& msg);   // receive thread
+  void OnRegister(Message&& msg);  // receive thread, mu_ held
+  void OnBarrier(const Meta& meta);
+  void OnTick();  // timer thread
+  void CompleteRegistration();      // mu_ held
+  void DeclareDead(int id, const std::string& why);  // mu_ held
+  void ReleaseBarrier(int group, const std::string& error);  // mu_ held
+  void MaybeFinish();               // mu_ held
+  void Finish(int status, const std::string& why);  // mu_ held
+  void Send(Message msg);
+  bool IsLive(int id) const;        // mu_ held
+  std::vector<int> GroupMembers(int group) const;  // mu_ held
+
+  const ClusterConfig config_;
+  std::unique_ptr<ZmqTransport> transport_;
+  int port_ = 0;
+  const Clock::time_point started_;
+
+  mutable std::mutex mu_;
+  std::condition_variable finished_cv_;
+  std::vector<NodeInfo> nodes_;             // GUARDED_BY(mu_): index = id; [0] is us
+  std::vector<Clock::time_point> last_seen_;  // GUARDED_BY(mu_): index = id
+  bool complete_ = false;                   // GUARDED_BY(mu_): the table was sent
+  std::set<int> done_;                      // GUARDED_BY(mu_): workers that finished
+  std::set<int> dead_;                      // GUARDED_BY(mu_)
+  std::map<int, std::set<int>> barriers_;   // GUARDED_BY(mu_): group -> arrived ids
+  int next_reject_id_ = 1 << 30;            // GUARDED_BY(mu_): socket ids for refusals
+  bool finished_ = false;                   // GUARDED_BY(mu_)
+  int status_ = 0;                          // GUARDED_BY(mu_)
+  std::string failure_;                     // GUARDED_BY(mu_)
+
+  std::unique_ptr<PeriodicTask> timer_;
+  std::unique_ptr<ReceiveLoop> receiver_;
+};
+
+}  // namespace ps

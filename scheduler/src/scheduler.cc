@@ -1,0 +1,375 @@
+#include "ps/scheduler.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <tuple>
+
+#include "background.h"
+#include "net_util.h"
+#include "zmq_transport.h"
+#include "ps/error.h"
+
+namespace ps {
+namespace {
+
+constexpr auto kTickPeriod = std::chrono::milliseconds(200);
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  return std::to_string(ms.count() / 1000) + "." + std::to_string(ms.count() % 1000 / 100) + " s";
+}
+
+int RoleBit(Role role) {
+  switch (role) {
+    case Role::kServer:
+      return kServerGroup;
+    case Role::kWorker:
+      return kWorkerGroup;
+    case Role::kScheduler:
+      return kSchedulerGroup;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Clock::now()) {
+  const std::string ip =
+      config.use_kubernetes ? "0.0.0.0" : net::ResolveIPv4(config.root_uri, "DMLC_PS_ROOT_URI");
+  transport_ = std::make_unique<ZmqTransport>(config.verbose);
+  try {
+    port_ = transport_->Bind(ip, config.root_port);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) +
+                " (DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT set this address; DMLC_PS_ROOT_PORT=0 picks "
+                "a free port)");
+  }
+  NodeInfo self;
+  self.id = kSchedulerId;
+  self.role = Role::kScheduler;
+  self.host = config.root_uri;
+  self.port = port_;
+  self.rank = 0;
+  nodes_.push_back(self);
+  last_seen_.push_back(started_);
+  receiver_ = std::make_unique<ReceiveLoop>(*transport_,
+                                            [this](Message&& msg) { OnMessage(std::move(msg)); });
+  timer_ = std::make_unique<PeriodicTask>(kTickPeriod, [this] { OnTick(); });
+}
+
+Scheduler::~Scheduler() {
+  transport_->Shutdown();
+  receiver_.reset();
+  timer_.reset();
+}
+
+ClusterConfig Scheduler::NodeConfig(Role role) const {
+  ClusterConfig node = config_;
+  node.role = role;
+  node.root_port = port_;
+  return node;
+}
+
+int Scheduler::Run() {
+  std::unique_lock lock(mu_);
+  finished_cv_.wait(lock, [this] { return finished_; });
+  return status_;
+}
+
+void Scheduler::Stop(const std::string& why) {
+  std::lock_guard lock(mu_);
+  Finish(1, why);
+}
+
+std::string Scheduler::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+std::vector<NodeInfo> Scheduler::dead_nodes() const {
+  std::lock_guard lock(mu_);
+  std::vector<NodeInfo> dead;
+  for (int id : dead_) dead.push_back(nodes_[id]);
+  return dead;
+}
+
+void Scheduler::Send(Message msg) {
+  msg.meta.sender = kSchedulerId;
+  transport_->Send(msg);
+}
+
+bool Scheduler::IsLive(int id) const { return !dead_.contains(id) && !done_.contains(id); }
+
+void Scheduler::OnMessage(Message&& msg) {
+  std::lock_guard lock(mu_);
+  if (finished_) return;
+  const Meta& meta = msg.meta;
+  if (meta.control == Control::kRegister) {
+    OnRegister(std::move(msg));
+    return;
+  }
+  const bool known = complete_ && meta.sender > 0 &&
+                     static_cast<std::size_t>(meta.sender) < nodes_.size() &&
+                     meta.recipient == kSchedulerId;
+  if (!known) {
+    LOG(WARNING) << "dropped a message from unregistered node " << meta.sender << ": "
+                 << msg.DebugString();
+    return;
+  }
+  last_seen_[meta.sender] = Clock::now();
+  if (dead_.contains(meta.sender)) return;  // declared dead: too late to come back
+  switch (meta.control) {
+    case Control::kHeartbeat: {
+      Message reply;
+      reply.meta.control = Control::kHeartbeat;
+      reply.meta.recipient = meta.sender;
+      Send(std::move(reply));
+      break;
+    }
+    case Control::kBarrier:
+      OnBarrier(meta);
+      break;
+    case Control::kWorkerDone: {
+      if (nodes_[meta.sender].role != Role::kWorker) break;
+      done_.insert(meta.sender);
+      Message reply;
+      reply.meta.control = Control::kWorkerDone;
+      reply.meta.recipient = meta.sender;
+      reply.meta.timestamp = meta.timestamp;
+      Send(std::move(reply));
+      if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
+      MaybeFinish();
+      break;
+    }
+    default:
+      LOG(WARNING) << "dropped unexpected " << msg.DebugString();
+  }
+}
+
+void Scheduler::OnRegister(Message&& msg) {
+  const auto refuse = [&](const NodeInfo& node, const std::string& why) {
+    LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
+                 << ": " << why;
+    if (node.port <= 0) return;
+    const int socket_id = next_reject_id_++;
+    transport_->Connect(socket_id, node.host, node.port);
+    Message reply;
+    reply.meta.control = Control::kRegisterReply;
+    reply.meta.recipient = socket_id;
+    reply.meta.error = why;
+    Send(std::move(reply));
+    transport_->Disconnect(socket_id);  // still flushes the reply
+  };
+  if (msg.meta.nodes.size() != 1) {
+    LOG(WARNING) << "dropped a register message with " << msg.meta.nodes.size() << " node entries";
+    return;
+  }
+  NodeInfo node = msg.meta.nodes[0];
+  if (node.role == Role::kScheduler) {
+    refuse(node, "a second scheduler cannot join: set DMLC_ROLE to server or worker");
+    return;
+  }
+  if (complete_) {
+    refuse(node, "the job already has all its nodes (DMLC_NUM_SERVER=" +
+                     std::to_string(config_.num_servers) + ", DMLC_NUM_WORKER=" +
+                     std::to_string(config_.num_workers) + ")");
+    return;
+  }
+  int same_role = 0;
+  for (const NodeInfo& other : nodes_) {
+    if (other.host == node.host && other.port == node.port) {
+      refuse(node, "a node at " + node.host + ":" + std::to_string(node.port) +
+                       " is already registered");
+      return;
+    }
+    if (other.role == node.role) ++same_role;
+  }
+  const int wanted = node.role == Role::kServer ? config_.num_servers : config_.num_workers;
+  if (same_role >= wanted) {
+    refuse(node, "the job already has its " + std::to_string(wanted) + " " + RoleName(node.role) +
+                     "(s): set " +
+                     (node.role == Role::kServer ? "DMLC_NUM_SERVER" : "DMLC_NUM_WORKER") +
+                     " to the number you start");
+    return;
+  }
+  node.id = static_cast<int>(nodes_.size());
+  node.rank = -1;
+  nodes_.push_back(node);
+  last_seen_.push_back(Clock::now());
+  transport_->Connect(node.id, node.host, node.port);
+  Message ack;
+  ack.meta.control = Control::kRegisterReply;
+  ack.meta.recipient = node.id;
+  Send(std::move(ack));
+  if (config_.verbose >= 1) {
+    LOG(INFO) << RoleName(node.role) << " at " << node.host << ":" << node.port << " registered ("
+              << nodes_.size() - 1 << " of " << config_.num_servers + config_.num_workers << ")";
+  }
+  if (static_cast<int>(nodes_.size()) == 1 + config_.num_servers + config_.num_workers) {
+    CompleteRegistration();
+  }
+}
+
+void Scheduler::CompleteRegistration() {
+  for (Role role : {Role::kServer, Role::kWorker}) {
+    std::vector<NodeInfo*> group;
+    for (NodeInfo& node : nodes_) {
+      if (node.role == role) group.push_back(&node);
+    }
+    std::sort(group.begin(), group.end(), [](const NodeInfo* a, const NodeInfo* b) {
+      return std::tie(a->host, a->port) < std::tie(b->host, b->port);
+    });
+    for (std::size_t rank = 0; rank < group.size(); ++rank) group[rank]->rank = static_cast<int>(rank);
+  }
+  complete_ = true;
+  const auto now = Clock::now();
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    last_seen_[id] = now;
+    Message table;
+    table.meta.control = Control::kRegisterReply;
+    table.meta.recipient = static_cast<int>(id);
+    table.meta.nodes = nodes_;
+    Send(std::move(table));
+  }
+  LOG(INFO) << "all " << config_.num_servers << " server(s) and " << config_.num_workers
+            << " worker(s) registered";
+}
+
+std::vector<int> Scheduler::GroupMembers(int group) const {
+  std::vector<int> members;
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    if (RoleBit(nodes_[id].role) & group) members.push_back(static_cast<int>(id));
+  }
+  return members;
+}
+
+void Scheduler::OnBarrier(const Meta& meta) {
+  const int group = meta.barrier_group & (kServerGroup | kWorkerGroup);
+  if (group == 0 || !(RoleBit(nodes_[meta.sender].role) & group)) {
+    Message reply;
+    reply.meta.control = Control::kBarrierRelease;
+    reply.meta.recipient = meta.sender;
+    reply.meta.barrier_group = meta.barrier_group;
+    reply.meta.error = "barrier group " + std::to_string(meta.barrier_group) +
+                       " does not include " + nodes_[meta.sender].Describe();
+    Send(std::move(reply));
+    return;
+  }
+  barriers_[meta.barrier_group].insert(meta.sender);
+  for (int member : GroupMembers(group)) {
+    if (dead_.contains(member)) {
+      ReleaseBarrier(meta.barrier_group, nodes_[member].Describe() + " died");
+      return;
+    }
+  }
+  if (barriers_[meta.barrier_group].size() == GroupMembers(group).size()) {
+    ReleaseBarrier(meta.barrier_group, "");
+  }
+}
+
+void Scheduler::ReleaseBarrier(int group, const std::string& error) {
+  const auto it = barriers_.find(group);
+  if (it == barriers_.end()) return;
+  for (int id : it->second) {
+    Message release;
+    release.meta.control = Control::kBarrierRelease;
+    release.meta.recipient = id;
+    release.meta.barrier_group = group;
+    release.meta.error = error;
+    Send(std::move(release));
+  }
+  barriers_.erase(it);
+}
+
+void Scheduler::OnTick() {
+  std::lock_guard lock(mu_);
+  if (finished_) return;
+  const auto now = Clock::now();
+  if (!complete_) {
+    if (now - started_ > config_.register_timeout) {
+      int servers = 0;
+      int workers = 0;
+      for (const NodeInfo& node : nodes_) {
+        servers += node.role == Role::kServer;
+        workers += node.role == Role::kWorker;
+      }
+      const std::string why =
+          "only " + std::to_string(servers) + " of " + std::to_string(config_.num_servers) +
+          " server(s) and " + std::to_string(workers) + " of " +
+          std::to_string(config_.num_workers) + " worker(s) registered within " +
+          Seconds(config_.register_timeout) +
+          ": start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER "
+          "(PS_REGISTER_TIMEOUT sets this wait)";
+      for (std::size_t id = 1; id < nodes_.size(); ++id) {
+        Message reply;
+        reply.meta.control = Control::kRegisterReply;
+        reply.meta.recipient = static_cast<int>(id);
+        reply.meta.error = why;
+        Send(std::move(reply));
+      }
+      Finish(1, why);
+    }
+    return;
+  }
+  if (config_.heartbeat_interval.count() == 0) return;
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
+      DeclareDead(static_cast<int>(id), "no heartbeat for over " +
+                                            Seconds(config_.heartbeat_timeout) +
+                                            " (PS_HEARTBEAT_TIMEOUT)");
+      return;  // the job has ended
+    }
+  }
+}
+
+void Scheduler::DeclareDead(int id, const std::string& why) {
+  dead_.insert(id);
+  const NodeInfo& node = nodes_[id];
+  LOG(ERROR) << node.Describe() << " is dead: " << why;
+  for (std::size_t other = 1; other < nodes_.size(); ++other) {
+    if (!IsLive(static_cast<int>(other))) continue;
+    Message notice;
+    notice.meta.control = Control::kNodeDead;
+    notice.meta.recipient = static_cast<int>(other);
+    notice.meta.nodes.push_back(node);
+    Send(std::move(notice));
+  }
+  std::vector<int> blocked;
+  for (const auto& [group, arrived] : barriers_) {
+    if (RoleBit(node.role) & group) blocked.push_back(group);
+  }
+  for (int group : blocked) ReleaseBarrier(group, node.Describe() + " died");
+  // A job that lost a node cannot go on as launched: end it now, naming the node, instead of
+  // letting the others discover it one timeout at a time.
+  Finish(1, node.Describe() + " died (" + why + ")");
+}
+
+void Scheduler::MaybeFinish() {
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    if (nodes_[id].role == Role::kWorker && IsLive(static_cast<int>(id))) return;
+  }
+  Finish(0, "");
+}
+
+void Scheduler::Finish(int status, const std::string& why) {
+  if (finished_) return;
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    if (!IsLive(static_cast<int>(id))) continue;
+    Message terminate;
+    terminate.meta.control = Control::kTerminate;
+    terminate.meta.recipient = static_cast<int>(id);
+    terminate.meta.error = why;
+    Send(std::move(terminate));
+  }
+  finished_ = true;
+  status_ = status;
+  failure_ = why;
+  if (status == 0) {
+    LOG(INFO) << "every worker finished: the job is done";
+  } else {
+    LOG(ERROR) << "the job failed: " << why;
+  }
+  finished_cv_.notify_all();
+}
+
+}  // namespace ps

@@ -1,0 +1,296 @@
+// Whole clusters in one process: a Scheduler and Runtimes on threads, over real ZeroMQ on
+// loopback.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <zmq.hpp>
+
+#include "child_process.h"
+#include "ps/error.h"
+#include "ps/runtime.h"
+#include "ps/scheduler.h"
+#include "ps.pb.h"
+#include "wire.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+ps::ClusterConfig SchedulerConfig(int servers, int workers) {
+  ps::ClusterConfig config;
+  config.role = ps::Role::kScheduler;
+  config.root_uri = "127.0.0.1";
+  config.root_port = 0;
+  config.num_servers = servers;
+  config.num_workers = workers;
+  config.heartbeat_interval = 100ms;
+  config.heartbeat_timeout = 1500ms;
+  config.register_timeout = 20s;
+  return config;
+}
+
+// Waits (bounded) until `condition` holds; for observing another thread's progress in tests.
+template <class Condition>
+bool Eventually(Condition condition, std::chrono::milliseconds limit = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+// Runs `body` on `count` threads, each with its own started Runtime of `role`; collects each
+// thread's outcome ("" or an error) for the test thread to check.
+class NodeThreads {
+ public:
+  NodeThreads(const ps::ClusterConfig& config, int count,
+              std::function<std::string(ps::Runtime&, int index)> body)
+      : outcomes_(count) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, config, i, body] {
+        try {
+          auto runtime = ps::Runtime::Start(config);
+          outcomes_[i] = body(*runtime, i);
+        } catch (const std::exception& e) {
+          outcomes_[i] = std::string("exception: ") + e.what();
+        }
+      });
+    }
+  }
+  ~NodeThreads() { Join(); }
+  const std::vector<std::string>& Join() {
+    for (auto& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+    return outcomes_;
+  }
+
+ private:
+  std::vector<std::string> outcomes_;
+  std::vector<std::thread> threads_;
+};
+
+std::string ServeUntilTerminated(ps::Runtime& runtime, int) { return runtime.WaitForTermination(); }
+
+}  // namespace
+
+TEST_CASE("cluster: 1 scheduler with 2 servers and 3 workers registers and runs 100 barriers and shuts down",
+          "[cluster]") {
+  const int baseline_threads = ps::test::ThreadCount();
+  {
+    ps::Scheduler scheduler(SchedulerConfig(2, 3));
+    std::vector<int> worker_ranks(3, -1), server_ranks(2, -1);
+    NodeThreads servers(scheduler.NodeConfig(ps::Role::kServer), 2,
+                        [&](ps::Runtime& runtime, int i) {
+                          server_ranks[i] = runtime.rank();
+                          runtime.Barrier(ps::kServerGroup | ps::kWorkerGroup);
+                          return runtime.WaitForTermination();
+                        });
+    NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 3,
+                        [&](ps::Runtime& runtime, int i) -> std::string {
+                          worker_ranks[i] = runtime.rank();
+                          if (runtime.nodes().size() != 6) return "node table has wrong size";
+                          runtime.Barrier(ps::kServerGroup | ps::kWorkerGroup);
+                          for (int b = 0; b < 100; ++b) runtime.Barrier(ps::kWorkerGroup);
+                          runtime.FinishWorker();
+                          return "";
+                        });
+    CHECK(scheduler.Run() == 0);
+    CHECK(scheduler.failure().empty());
+    for (const auto& outcome : workers.Join()) CHECK(outcome == "");
+    for (const auto& outcome : servers.Join()) CHECK(outcome == "");
+    std::sort(worker_ranks.begin(), worker_ranks.end());
+    std::sort(server_ranks.begin(), server_ranks.end());
+    CHECK(worker_ranks == std::vector<int>{0, 1, 2});
+    CHECK(server_ranks == std::vector<int>{0, 1});
+  }
+  CHECK(ps::test::ThreadCount() == baseline_threads);
+}
+
+TEST_CASE("cluster: ranks follow host then port order whoever registers first", "[cluster]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 3));
+  std::vector<std::vector<ps::NodeInfo>> tables(3);
+  std::vector<int> ids(3);
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 3,
+                      [&](ps::Runtime& runtime, int i) {
+                        tables[i] = runtime.nodes();
+                        ids[i] = runtime.id();
+                        runtime.FinishWorker();
+                        return std::string();
+                      });
+  REQUIRE(scheduler.Run() == 0);
+  workers.Join();
+  server.Join();
+  std::vector<ps::NodeInfo> ranked;
+  for (const auto& node : tables[0]) {
+    if (node.role == ps::Role::kWorker) ranked.push_back(node);
+  }
+  std::sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
+  REQUIRE(ranked.size() == 3);
+  for (std::size_t r = 1; r < ranked.size(); ++r) {
+    CHECK(std::tie(ranked[r - 1].host, ranked[r - 1].port) < std::tie(ranked[r].host, ranked[r].port));
+  }
+  CHECK(tables[1] == tables[0]);  // everyone got the same table
+  CHECK(tables[2] == tables[0]);
+}
+
+TEST_CASE("cluster: an unreachable scheduler is a clear error within the timeout", "[cluster][fault]") {
+  auto config = SchedulerConfig(1, 1);
+  config.role = ps::Role::kWorker;
+  config.root_port = ps::test::FindFreePort();  // nothing listens there
+  config.register_timeout = 1s;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ps::Runtime::Start(config);
+    FAIL("Start succeeded without a scheduler");
+  } catch (const ps::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cannot reach the scheduler at 127.0.0.1:" +
+                                         std::to_string(config.root_port) + " within 1 s"));
+    CHECK_THAT(e.what(), Catch::Contains("DMLC_PS_ROOT_URI"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+}
+
+TEST_CASE("cluster: a scheduler port in use is a clear error", "[cluster][fault]") {
+  ps::Scheduler first(SchedulerConfig(1, 1));
+  auto config = SchedulerConfig(1, 1);
+  config.root_port = first.port();
+  try {
+    ps::Scheduler second(config);
+    FAIL("a second scheduler bound the same port");
+  } catch (const ps::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("port " + std::to_string(first.port()) +
+                                         " on 127.0.0.1 is already in use"));
+  }
+  first.Stop("test over");
+}
+
+TEST_CASE("cluster: too many workers are refused with the count to fix", "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 1));
+  std::atomic<bool> first_registered{false};
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  NodeThreads worker(scheduler.NodeConfig(ps::Role::kWorker), 1, [&](ps::Runtime& runtime, int) {
+    first_registered = true;
+    runtime.Barrier(ps::kWorkerGroup);
+    return std::string();
+  });
+  REQUIRE(Eventually([&] { return first_registered.load(); }));
+  try {
+    ps::Runtime::Start(scheduler.NodeConfig(ps::Role::kWorker));
+    FAIL("an extra worker was accepted");
+  } catch (const ps::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("refused this node"));
+    CHECK_THAT(e.what(), Catch::Contains("DMLC_NUM_WORKER"));
+  }
+  scheduler.Stop("test over");
+}
+
+TEST_CASE("cluster: a node that stops heartbeating is declared dead and nothing hangs",
+          "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 3));
+  std::atomic<int> victim_rank{-1};
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 3,
+                      [&](ps::Runtime& runtime, int i) -> std::string {
+                        if (i == 0) {
+                          victim_rank = runtime.rank();
+                          return "vanished";  // the Runtime is destroyed: no more heartbeats
+                        }
+                        try {
+                          runtime.Barrier(ps::kWorkerGroup);
+                        } catch (const ps::Error& e) {
+                          return e.what();
+                        }
+                        return "barrier passed without the dead worker";
+                      });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(scheduler.Run() == 1);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  const auto outcomes = workers.Join();
+  const std::string victim = "worker " + std::to_string(victim_rank.load());
+  CHECK_THAT(scheduler.failure(), Catch::Contains(victim));
+  CHECK_THAT(outcomes[1], Catch::Contains("barrier failed") && Catch::Contains(victim + " (") &&
+                              Catch::Contains("died"));
+  CHECK_THAT(outcomes[2], Catch::Contains(victim + " ("));
+  REQUIRE(scheduler.dead_nodes().size() == 1);
+  CHECK(scheduler.dead_nodes()[0].rank == victim_rank.load());
+  CHECK_THAT(server.Join()[0], Catch::Contains("the job failed"));
+}
+
+TEST_CASE("cluster: garbage and truncated and absurd messages are dropped while the node keeps serving",
+          "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 2));
+  std::atomic<ps::Runtime*> target{nullptr};
+  std::atomic<bool> attacked{false};
+  std::atomic<int> target_port{0};
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 2,
+                      [&](ps::Runtime& runtime, int i) -> std::string {
+                        if (i == 0) {
+                          target_port = runtime.nodes()[runtime.id()].port;
+                          target = &runtime;
+                          // Stay alive through the attack, then prove the node still works.
+                          if (!Eventually([&] { return attacked.load(); }, 30s)) return "no attack";
+                        }
+                        for (int b = 0; b < 5; ++b) runtime.Barrier(ps::kWorkerGroup);
+                        runtime.FinishWorker();
+                        return "";
+                      });
+  REQUIRE(Eventually([&] { return target.load() != nullptr; }));
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(target_port.load());
+  {
+    zmq::context_t context;
+    zmq::socket_t attacker(context, zmq::socket_type::push);
+    attacker.set(zmq::sockopt::linger, 1000);
+    attacker.connect(endpoint);
+    // 1. plain garbage
+    attacker.send(zmq::str_buffer("\xde\xad\xbe\xef not a header"));
+    // 2. a truncated header
+    ps::Meta meta;
+    meta.sender = 1;
+    meta.recipient = 2;
+    meta.body = std::string(100, 'x');
+    const std::string full = ps::wire::EncodeHeader(meta, {});
+    attacker.send(zmq::buffer(full.substr(0, full.size() / 2)));
+    // 3. a header claiming a terabyte-sized frame, followed by 8 bytes
+    std::vector<ps::Blob> fake = {ps::Blob::Copy("12345678", 8, ps::DType::kUInt8)};
+    std::string absurd = ps::wire::EncodeHeader(meta, fake);
+    ps::pb::Header header;
+    REQUIRE(header.ParseFromString(absurd));
+    header.mutable_data(0)->set_count(std::uint64_t{1} << 39);
+    absurd = header.SerializeAsString();
+    attacker.send(zmq::buffer(absurd), zmq::send_flags::sndmore);
+    attacker.send(zmq::str_buffer("12345678"));
+    // 4. a header describing two frames followed by none
+    fake.push_back(fake[0]);
+    attacker.send(zmq::buffer(ps::wire::EncodeHeader(meta, fake)));
+    // 5. a well-formed message from a node id that does not exist
+    meta.sender = 999;
+    attacker.send(zmq::buffer(ps::wire::EncodeHeader(meta, {})));
+  }
+  // 6. raw bytes that are not even ZeroMQ's handshake
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(target_port.load()));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    const std::string junk(4096, '\x7f');
+    CHECK(write(fd, junk.data(), junk.size()) > 0);
+    close(fd);
+  }
+  CHECK(Eventually([&] { return target.load()->dropped_messages() >= 5; }));
+  attacked = true;
+  CHECK(scheduler.Run() == 0);
+  for (const auto& outcome : workers.Join()) CHECK(outcome == "");
+  CHECK(server.Join()[0] == "");
+}

@@ -1,0 +1,118 @@
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "ps/config.h"
+#include "ps/error.h"
+
+namespace {
+
+using Settings = std::map<std::string, std::string>;
+
+ps::ClusterConfig ParseSettings(const Settings& settings) {
+  return ps::ClusterConfig::Parse([&](std::string_view name) -> std::optional<std::string> {
+    const auto it = settings.find(std::string(name));
+    if (it == settings.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+Settings Valid() {
+  return {{"DMLC_ROLE", "worker"},     {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+          {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_SERVER", "2"},
+          {"DMLC_NUM_WORKER", "3"}};
+}
+
+std::string ErrorOf(const Settings& settings) {
+  try {
+    ParseSettings(settings);
+  } catch (const ps::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("config: a complete environment parses with defaults", "[config]") {
+  const auto config = ParseSettings(Valid());
+  CHECK(config.role == ps::Role::kWorker);
+  CHECK(config.root_uri == "127.0.0.1");
+  CHECK(config.root_port == 9000);
+  CHECK(config.num_servers == 2);
+  CHECK(config.num_workers == 3);
+  CHECK(config.verbose == 0);
+  CHECK_FALSE(config.use_kubernetes);
+  CHECK(config.heartbeat_interval == std::chrono::milliseconds(2000));
+  CHECK(config.heartbeat_timeout == std::chrono::milliseconds(20000));
+  CHECK(config.register_timeout == std::chrono::milliseconds(60000));
+  CHECK(config.SchedulerAddress() == "127.0.0.1:9000");
+}
+
+TEST_CASE("config: optional settings are read", "[config]") {
+  auto settings = Valid();
+  settings["DMLC_ROLE"] = "scheduler";
+  settings["DMLC_PS_ROOT_PORT"] = "0";  // the scheduler may pick a free port
+  settings["DMLC_NODE_HOST"] = "10.1.2.3";
+  settings["DMLC_INTERFACE"] = "eth0";
+  settings["PS_VERBOSE"] = "2";
+  settings["DMLC_USE_KUBERNETES"] = "1";
+  settings["PS_HEARTBEAT_INTERVAL"] = "0.5";
+  settings["PS_HEARTBEAT_TIMEOUT"] = "3";
+  settings["PS_REGISTER_TIMEOUT"] = "7.25";
+  const auto config = ParseSettings(settings);
+  CHECK(config.role == ps::Role::kScheduler);
+  CHECK(config.root_port == 0);
+  CHECK(config.node_host == "10.1.2.3");
+  CHECK(config.interface == "eth0");
+  CHECK(config.verbose == 2);
+  CHECK(config.use_kubernetes);
+  CHECK(config.heartbeat_interval == std::chrono::milliseconds(500));
+  CHECK(config.heartbeat_timeout == std::chrono::milliseconds(3000));
+  CHECK(config.register_timeout == std::chrono::milliseconds(7250));
+}
+
+TEST_CASE("config: every invalid value names the variable and what is accepted", "[config]") {
+  struct Case {
+    std::string variable;
+    std::optional<std::string> value;  // nullopt: unset
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"DMLC_ROLE", std::nullopt, "DMLC_ROLE is not set: set it to scheduler, server or worker"},
+      {"DMLC_ROLE", "master", "DMLC_ROLE='master' is invalid: expected scheduler, server or worker"},
+      {"DMLC_PS_ROOT_URI", std::nullopt, "DMLC_PS_ROOT_URI is not set"},
+      {"DMLC_PS_ROOT_PORT", std::nullopt, "DMLC_PS_ROOT_PORT is not set"},
+      {"DMLC_PS_ROOT_PORT", "http", "DMLC_PS_ROOT_PORT='http' is invalid: expected an integer in 1..65535"},
+      {"DMLC_PS_ROOT_PORT", "70000", "DMLC_PS_ROOT_PORT='70000' is invalid"},
+      {"DMLC_PS_ROOT_PORT", "0", "DMLC_PS_ROOT_PORT='0' is invalid"},  // only the scheduler
+      {"DMLC_PS_ROOT_PORT", "80x", "DMLC_PS_ROOT_PORT='80x' is invalid"},
+      {"DMLC_NUM_SERVER", "0", "DMLC_NUM_SERVER='0' is invalid: expected an integer in 1..65536"},
+      {"DMLC_NUM_SERVER", std::nullopt, "DMLC_NUM_SERVER is not set"},
+      {"DMLC_NUM_WORKER", "-2", "DMLC_NUM_WORKER='-2' is invalid"},
+      {"PS_VERBOSE", "loud", "PS_VERBOSE='loud' is invalid: expected an integer in 0..2"},
+      {"DMLC_USE_KUBERNETES", "yes", "DMLC_USE_KUBERNETES='yes' is invalid: expected 0, 1, true or false"},
+      {"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1' is invalid"},
+      {"PS_HEARTBEAT_TIMEOUT", "soon", "PS_HEARTBEAT_TIMEOUT='soon' is invalid"},
+      {"PS_REGISTER_TIMEOUT", "0", "PS_REGISTER_TIMEOUT='0' is invalid"},
+  };
+  for (const Case& c : cases) {
+    auto settings = Valid();
+    if (c.value) {
+      settings[c.variable] = *c.value;
+    } else {
+      settings.erase(c.variable);
+    }
+    INFO(c.variable << "=" << c.value.value_or("(unset)"));
+    CHECK_THAT(ErrorOf(settings), Catch::Contains(c.expected));
+  }
+}
+
+TEST_CASE("config: the heartbeat timeout must exceed the interval", "[config]") {
+  auto settings = Valid();
+  settings["PS_HEARTBEAT_INTERVAL"] = "5";
+  settings["PS_HEARTBEAT_TIMEOUT"] = "5";
+  CHECK_THAT(ErrorOf(settings), Catch::Contains("PS_HEARTBEAT_TIMEOUT"));
+  settings["PS_HEARTBEAT_INTERVAL"] = "0";  // off: no constraint
+  CHECK(ErrorOf(settings).empty());
+}

@@ -1,0 +1,182 @@
+// The real binaries as separate processes on loopback: ps-scheduler, ps-server and the
+// ps-test-node worker. Every process is started and stopped by the test, by pid.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <memory>
+#include <regex>
+#include <zmq.hpp>
+
+#include "child_process.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ps::test::ChildProcess;
+using Env = std::map<std::string, std::string>;
+
+Env JobEnv(int servers, int workers, int port) {
+  return {{"DMLC_PS_ROOT_URI", "127.0.0.1"},
+          {"DMLC_PS_ROOT_PORT", std::to_string(port)},
+          {"DMLC_NUM_SERVER", std::to_string(servers)},
+          {"DMLC_NUM_WORKER", std::to_string(workers)},
+          {"PS_HEARTBEAT_INTERVAL", "0.2"},
+          {"PS_HEARTBEAT_TIMEOUT", "1.5"},
+          {"PS_REGISTER_TIMEOUT", "30"},
+          {"DMLC_ROLE", "worker"}};
+}
+
+// Starts ps-scheduler on a free port and returns it with the port it reported.
+std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(int servers, int workers) {
+  auto scheduler = std::make_unique<ChildProcess>(
+      std::vector<std::string>{ps::test::BinPath("ps-scheduler")}, JobEnv(servers, workers, 0));
+  REQUIRE(scheduler->WaitForOutput("ps-scheduler: listening on", 10s));
+  std::smatch match;
+  const std::string output = scheduler->Output();
+  REQUIRE(std::regex_search(output, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")));
+  return {std::move(scheduler), std::stoi(match[1])};
+}
+
+std::unique_ptr<ChildProcess> Start(const std::string& binary, const Env& env,
+                                    std::vector<std::string> args = {}) {
+  args.insert(args.begin(), ps::test::BinPath(binary));
+  return std::make_unique<ChildProcess>(args, env);
+}
+
+}  // namespace
+
+TEST_CASE("processes: a job of the real binaries runs 100 barriers and everyone exits 0",
+          "[processes]") {
+  auto [scheduler, port] = StartScheduler(2, 3);
+  const Env env = JobEnv(2, 3, port);
+  std::vector<std::unique_ptr<ChildProcess>> servers, workers;
+  for (int i = 0; i < 2; ++i) servers.push_back(Start("ps-server", env));
+  for (int i = 0; i < 3; ++i) workers.push_back(Start("ps-test-node", env, {"--barriers", "100"}));
+  for (auto& worker : workers) {
+    CHECK(worker->Wait(60s) == 0);
+    CHECK_THAT(worker->Output(), Catch::Contains("100 barriers done"));
+  }
+  for (auto& server : servers) CHECK(server->Wait(20s) == 0);
+  CHECK(scheduler->Wait(20s) == 0);
+  CHECK_THAT(scheduler->Output(), Catch::Contains("every worker finished"));
+}
+
+TEST_CASE("processes: --help and --version answer", "[processes]") {
+  for (const std::string binary : {"ps-scheduler", "ps-server"}) {
+    auto help = Start(binary, {}, {"--help"});
+    help->Wait(10s);
+    CHECK_THAT(help->Output(), Catch::Contains("root_port") && Catch::Contains("DMLC_PS_ROOT_PORT"));
+    auto version = Start(binary, {}, {"--version"});
+    CHECK(version->Wait(10s) == 0);
+    CHECK_THAT(version->Output(), Catch::Contains("version 0."));
+  }
+}
+
+TEST_CASE("processes: a bad environment is a one-line error naming the variable", "[processes]") {
+  Env env = JobEnv(1, 1, 1234);
+  env["DMLC_NUM_SERVER"] = "zero";
+  auto server = Start("ps-server", env);
+  CHECK(server->Wait(10s) == 1);
+  CHECK(server->Output() ==
+        "ps-server: error: DMLC_NUM_SERVER='zero' is invalid: expected an integer in 1..65536 "
+        "(or the flag --num_servers)\n");
+  // A flag on the command line wins over the environment.
+  auto fixed = Start("ps-server", env, {"--num_servers=1", "--root_port=0"});
+  CHECK(fixed->Wait(10s) == 1);
+  CHECK_THAT(fixed->Output(), Catch::Contains("DMLC_PS_ROOT_PORT='0' is invalid"));
+}
+
+TEST_CASE("processes: a port in use is a one-line error naming the port", "[processes][fault]") {
+  auto [first, port] = StartScheduler(1, 1);
+  auto second = Start("ps-scheduler", JobEnv(1, 1, port));
+  CHECK(second->Wait(10s) == 1);
+  const std::string output = second->Output();
+  CHECK_THAT(output, Catch::StartsWith("ps-scheduler: error: port " + std::to_string(port) +
+                                       " on 127.0.0.1 is already in use"));
+  CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+  first->Kill(SIGTERM);
+  CHECK(first->Wait(10s) == 1);
+  CHECK_THAT(first->Output(), Catch::Contains("stopped by signal SIGTERM"));
+}
+
+TEST_CASE("processes: an unreachable scheduler fails registration within the timeout",
+          "[processes][fault]") {
+  const int port = ps::test::FindFreePort();
+  Env env = JobEnv(1, 1, port);
+  env["PS_REGISTER_TIMEOUT"] = "1";
+  const auto start = std::chrono::steady_clock::now();
+  auto server = Start("ps-server", env);
+  CHECK(server->Wait(15s) == 1);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK_THAT(server->Output(),
+             Catch::Contains("cannot reach the scheduler at 127.0.0.1:" + std::to_string(port)) &&
+                 Catch::Contains("DMLC_PS_ROOT_PORT"));
+}
+
+TEST_CASE("processes: a worker killed with SIGKILL is reported dead and nothing hangs",
+          "[processes][fault]") {
+  auto [scheduler, port] = StartScheduler(1, 3);
+  const Env env = JobEnv(1, 3, port);
+  auto server = Start("ps-server", env);
+  auto victim = Start("ps-test-node", env, {"--block"});
+  auto first = Start("ps-test-node", env, {"--barriers", "10"});
+  auto second = Start("ps-test-node", env, {"--barriers", "10"});
+  REQUIRE(victim->WaitForOutput("registered as worker", 30s));
+  std::smatch match;
+  const std::string registered = victim->Output();
+  REQUIRE(std::regex_search(registered, match, std::regex("registered as worker (\\d)")));
+  const std::string victim_name = "worker " + match[1].str() + " (";
+  victim->Kill(SIGKILL);
+  REQUIRE(victim->Wait(5s) == 128 + SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+
+  // The survivors' barrier fails with an error naming the dead worker.
+  for (auto* survivor : {first.get(), second.get()}) {
+    CHECK(survivor->Wait(15s) == 2);
+    CHECK_THAT(survivor->Output(), Catch::Contains("barrier failed: " + victim_name) &&
+                                       Catch::Contains("died"));
+  }
+  CHECK(scheduler->Wait(15s) == 1);
+  CHECK(std::chrono::steady_clock::now() - killed_at < 10s);
+  CHECK_THAT(scheduler->Output(), Catch::Contains(victim_name) && Catch::Contains("is dead"));
+  CHECK(server->Wait(15s) == 1);
+  CHECK_THAT(server->Output(), Catch::Contains("the job failed"));
+}
+
+TEST_CASE("processes: nodes whose scheduler disappears exit non-zero with a clear message",
+          "[processes][fault]") {
+  auto [scheduler, port] = StartScheduler(1, 1);
+  const Env env = JobEnv(1, 1, port);
+  auto server = Start("ps-server", env);
+  auto worker = Start("ps-test-node", env, {"--block"});
+  REQUIRE(worker->WaitForOutput("registered as worker", 30s));
+  scheduler->Kill(SIGKILL);
+  scheduler->Wait(5s);
+  CHECK(server->Wait(15s) == 1);
+  CHECK_THAT(server->Output(), Catch::Contains("lost contact with the scheduler at 127.0.0.1:" +
+                                               std::to_string(port)));
+  CHECK(worker->Wait(15s) == 2);
+  CHECK_THAT(worker->Output(), Catch::Contains("lost contact with the scheduler"));
+}
+
+TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the job",
+          "[processes][fault]") {
+  auto [scheduler, port] = StartScheduler(1, 2);
+  {
+    zmq::context_t context;
+    zmq::socket_t attacker(context, zmq::socket_type::push);
+    attacker.set(zmq::sockopt::linger, 1000);
+    attacker.connect("tcp://127.0.0.1:" + std::to_string(port));
+    for (int i = 0; i < 50; ++i) attacker.send(zmq::str_buffer("\x01\x02garbage"));
+  }
+  const Env env = JobEnv(1, 2, port);
+  auto server = Start("ps-server", env);
+  auto first = Start("ps-test-node", env, {"--barriers", "5"});
+  auto second = Start("ps-test-node", env, {"--barriers", "5"});
+  CHECK(first->Wait(30s) == 0);
+  CHECK(second->Wait(30s) == 0);
+  CHECK(server->Wait(15s) == 0);
+  CHECK(scheduler->Wait(15s) == 0);
+  CHECK_THAT(scheduler->Output(), Catch::Contains("dropped malformed message"));
+}

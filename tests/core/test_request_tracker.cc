@@ -1,0 +1,92 @@
+#include <catch2/catch.hpp>
+
+#include "ps/request_tracker.h"
+
+namespace {
+
+ps::Message ResponseFrom(int sender, std::uint64_t timestamp, const std::string& error = "") {
+  ps::Message msg;
+  msg.meta.sender = sender;
+  msg.meta.timestamp = timestamp;
+  msg.meta.error = error;
+  if (!error.empty()) msg.meta.control = ps::Control::kError;
+  return msg;
+}
+
+}  // namespace
+
+TEST_CASE("tracker: completes once every peer answered", "[tracker]") {
+  ps::RequestTracker tracker;
+  std::optional<ps::RequestResult> result;
+  const auto ts = tracker.Start({1, 2}, [&](ps::RequestResult&& r) { result = std::move(r); });
+  CHECK(tracker.outstanding() == 1);
+  CHECK(tracker.OnResponse(ResponseFrom(1, ts)));
+  CHECK_FALSE(result);
+  CHECK_FALSE(tracker.OnResponse(ResponseFrom(1, ts)));  // a duplicate is ignored
+  CHECK_FALSE(tracker.OnResponse(ResponseFrom(3, ts)));  // not asked
+  CHECK(tracker.OnResponse(ResponseFrom(2, ts)));
+  REQUIRE(result);
+  CHECK(result->ok());
+  CHECK(result->responses.size() == 2);
+  CHECK(tracker.outstanding() == 0);  // the table keeps only outstanding requests
+}
+
+TEST_CASE("tracker: the first error completes the request", "[tracker]") {
+  ps::RequestTracker tracker;
+  std::optional<ps::RequestResult> result;
+  const auto ts = tracker.Start({1, 2}, [&](ps::RequestResult&& r) { result = std::move(r); });
+  tracker.OnResponse(ResponseFrom(2, ts, "key 7: size mismatch"));
+  REQUIRE(result);
+  CHECK(result->error == "key 7: size mismatch");
+  CHECK_FALSE(tracker.OnResponse(ResponseFrom(1, ts)));  // late answer: ignored
+}
+
+TEST_CASE("tracker: a dead peer fails only the requests waiting on it", "[tracker]") {
+  ps::RequestTracker tracker;
+  std::optional<ps::RequestResult> on_dead, on_other;
+  tracker.Start({1, 2}, [&](ps::RequestResult&& r) { on_dead = std::move(r); });
+  const auto other = tracker.Start({3}, [&](ps::RequestResult&& r) { on_other = std::move(r); });
+  tracker.FailPeer(2, "worker 1 (node 2 at h:1) died");
+  REQUIRE(on_dead);
+  CHECK(on_dead->error == "worker 1 (node 2 at h:1) died");
+  CHECK_FALSE(on_other);
+  tracker.OnResponse(ResponseFrom(3, other));
+  REQUIRE(on_other);
+  CHECK(on_other->ok());
+}
+
+TEST_CASE("tracker: FailAll fails outstanding and later requests", "[tracker]") {
+  ps::RequestTracker tracker;
+  std::optional<ps::RequestResult> first, later;
+  tracker.Start({1}, [&](ps::RequestResult&& r) { first = std::move(r); });
+  tracker.FailAll("shutting down");
+  REQUIRE(first);
+  CHECK(first->error == "shutting down");
+  tracker.Start({1}, [&](ps::RequestResult&& r) { later = std::move(r); });
+  REQUIRE(later);
+  CHECK(later->error == "shutting down");
+  CHECK(tracker.outstanding() == 0);
+}
+
+TEST_CASE("tracker: deadlines expire", "[tracker]") {
+  ps::RequestTracker tracker;
+  const auto now = ps::RequestTracker::Clock::now();
+  std::optional<ps::RequestResult> timed, untimed;
+  tracker.Start({1}, [&](ps::RequestResult&& r) { timed = std::move(r); },
+                now + std::chrono::seconds(1));
+  tracker.Start({1}, [&](ps::RequestResult&& r) { untimed = std::move(r); });
+  tracker.ExpireOverdue(now);
+  CHECK_FALSE(timed);
+  tracker.ExpireOverdue(now + std::chrono::seconds(2));
+  REQUIRE(timed);
+  CHECK_THAT(timed->error, Catch::Contains("timed out"));
+  CHECK_FALSE(untimed);
+  CHECK(tracker.outstanding() == 1);
+}
+
+TEST_CASE("tracker: a request to nobody completes at once", "[tracker]") {
+  ps::RequestTracker tracker;
+  bool called = false;
+  tracker.Start({}, [&](ps::RequestResult&& r) { called = r.ok(); });
+  CHECK(called);
+}

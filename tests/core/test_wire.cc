@@ -1,0 +1,148 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "ps.pb.h"
+#include "wire.h"
+
+namespace {
+
+ps::Meta FullMeta() {
+  ps::Meta meta;
+  meta.sender = 3;
+  meta.recipient = 7;
+  meta.control = ps::Control::kBarrierRelease;
+  meta.request = true;
+  meta.app_id = 11;
+  meta.customer_id = 12;
+  meta.timestamp = 0x1234567890ULL;
+  meta.head = 42;
+  meta.body = std::string("body\0bytes", 10);
+  meta.nodes = {{0, ps::Role::kScheduler, "sched.example", 9000, 0},
+                {1, ps::Role::kServer, "10.0.0.2", 4001, 0},
+                {2, ps::Role::kWorker, "10.0.0.3", 4002, 1}};
+  meta.barrier_group = ps::kWorkerGroup | ps::kServerGroup;
+  meta.error = "something failed";
+  meta.priority = -5;
+  return meta;
+}
+
+ps::wire::DecodeResult Decode(const std::string& bytes) {
+  return ps::wire::DecodeHeader(bytes.data(), bytes.size());
+}
+
+std::string Encode(const ps::pb::Header& header) { return header.SerializeAsString(); }
+
+ps::pb::Header ValidHeader() {
+  ps::pb::Header header;
+  header.set_version(ps::kProtocolVersion);
+  header.set_sender(1);
+  header.set_recipient(2);
+  return header;
+}
+
+}  // namespace
+
+TEST_CASE("wire: every header field survives a round trip", "[wire]") {
+  const ps::Meta meta = FullMeta();
+  std::vector<float> values = {1, 2, 3};
+  const std::vector<ps::Blob> data = {
+      ps::Blob::Copy(values.data(), values.size() * sizeof(float), ps::DType::kFloat32),
+      ps::Blob::FromVector(std::vector<std::uint64_t>{5, 6}, ps::DType::kUInt64),
+      ps::Blob(),  // an empty frame
+  };
+  const std::string bytes = ps::wire::EncodeHeader(meta, data);
+  const auto decoded = Decode(bytes);
+  REQUIRE(decoded.header);
+  CHECK(decoded.error.empty());
+  CHECK(decoded.header->meta == meta);
+  REQUIRE(decoded.header->data.size() == 3);
+  CHECK(decoded.header->data[0].dtype == ps::DType::kFloat32);
+  CHECK(decoded.header->data[0].count == 3);
+  CHECK(decoded.header->data[1].dtype == ps::DType::kUInt64);
+  CHECK(decoded.header->data[1].count == 2);
+  CHECK(decoded.header->data[2].count == 0);
+  CHECK(ps::wire::CheckFrames(decoded.header->data, {12, 16, 0}).empty());
+}
+
+TEST_CASE("wire: each control command round-trips", "[wire]") {
+  for (int raw = 0; raw <= 9; ++raw) {
+    ps::Meta meta;
+    meta.control = static_cast<ps::Control>(raw);
+    const auto decoded = Decode(ps::wire::EncodeHeader(meta, {}));
+    REQUIRE(decoded.header);
+    CHECK(decoded.header->meta.control == meta.control);
+  }
+}
+
+TEST_CASE("wire: malformed headers are rejected with a reason", "[wire]") {
+  SECTION("garbage bytes") {
+    const std::string garbage = "\xff\xff\xff\xff\x0f garbage that is not protobuf";
+    const auto decoded = Decode(garbage);
+    CHECK_FALSE(decoded.header);
+    CHECK_THAT(decoded.error, Catch::Contains("not a valid protobuf"));
+  }
+  SECTION("a truncated header") {
+    const std::string bytes = ps::wire::EncodeHeader(FullMeta(), {});
+    const auto decoded = Decode(bytes.substr(0, bytes.size() / 2));
+    CHECK_FALSE(decoded.header);
+  }
+  SECTION("an empty frame has the wrong version") {
+    const auto decoded = Decode("");
+    CHECK_FALSE(decoded.header);
+    CHECK_THAT(decoded.error, Catch::Contains("protocol version 0"));
+  }
+  SECTION("a future protocol version") {
+    auto header = ValidHeader();
+    header.set_version(ps::kProtocolVersion + 1);
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("protocol version"));
+  }
+  SECTION("an unknown control command") {
+    auto header = ValidHeader();
+    header.set_control(static_cast<ps::pb::Control>(77));
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("unknown control command 77"));
+  }
+  SECTION("a negative node id") {
+    auto header = ValidHeader();
+    header.set_sender(-9);
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("negative node id"));
+  }
+  SECTION("an unknown dtype") {
+    auto header = ValidHeader();
+    auto* desc = header.add_data();
+    desc->set_dtype(99);
+    desc->set_count(1);
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("unknown dtype 99"));
+  }
+  SECTION("an absurd element count") {
+    auto header = ValidHeader();
+    auto* desc = header.add_data();
+    desc->set_dtype(static_cast<std::uint32_t>(ps::DType::kFloat64));
+    desc->set_count(std::uint64_t{1} << 62);  // count * 8 would overflow
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("absurd"));
+  }
+  SECTION("too many data frames") {
+    auto header = ValidHeader();
+    for (std::size_t i = 0; i <= ps::wire::kMaxDataFrames; ++i) header.add_data();
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("data frames"));
+  }
+  SECTION("a barrier group out of range") {
+    auto header = ValidHeader();
+    header.set_barrier_group(1 << 20);
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("barrier group"));
+  }
+  SECTION("an invalid node entry") {
+    auto header = ValidHeader();
+    auto* node = header.add_nodes();
+    node->set_role(ps::pb::SERVER);
+    node->set_port(70000);
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("invalid node entry"));
+  }
+}
+
+TEST_CASE("wire: frame sizes must match the descriptors", "[wire]") {
+  const std::vector<ps::wire::DataDesc> descs = {{ps::DType::kFloat32, 4}, {ps::DType::kUInt8, 3}};
+  CHECK(ps::wire::CheckFrames(descs, {16, 3}).empty());
+  CHECK_THAT(ps::wire::CheckFrames(descs, {16}), Catch::Contains("describes 2 data frames but 1"));
+  CHECK_THAT(ps::wire::CheckFrames(descs, {15, 3}), Catch::Contains("has 15 bytes, header claims 16"));
+}
