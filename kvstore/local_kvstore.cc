@@ -1,5 +1,7 @@
 #include "local_kvstore.h"
 
+#include "checks.h"
+
 #include <cstring>
 #include <unordered_set>
 #include <utility>
@@ -7,45 +9,9 @@
 namespace ps {
 namespace {
 
-std::string Where(const char* op, Key key) {
-  return std::string("local kvstore: ") + op + " key " + std::to_string(key) + ": ";
-}
+constexpr std::string_view kStore = "local kvstore";
 
-void CheckCounts(const char* op, std::size_t keys, std::size_t tensors) {
-  if (keys != tensors) {
-    throw Error(std::string("local kvstore: ") + op + ": " + std::to_string(keys) + " keys but " +
-                std::to_string(tensors) + " tensors (need one tensor per key)");
-  }
-}
-
-// Checks what every tensor handed to the store must satisfy, whatever the key holds.
-void CheckTensorBasics(const char* op, Key key, const Tensor& t) {
-  if (t.device().is_cuda()) {
-    throw Error(Where(op, key) + "CUDA tensors need a CUDA build (given a tensor on " +
-                t.device().ToString() + "; copy it to CPU memory first)");
-  }
-  if (DTypeSize(t.dtype()) == 0) {
-    throw Error(Where(op, key) + "invalid dtype value " +
-                std::to_string(static_cast<unsigned>(t.dtype())));
-  }
-  if (t.size() != 0 && t.data() == nullptr) {
-    throw Error(Where(op, key) + "null data pointer for " + std::to_string(t.size()) + " elements");
-  }
-}
-
-// Checks a Push/Pull tensor against what Init stored for the key.
-template <typename EntryT>
-void CheckMatches(const char* op, Key key, const Tensor& t, const EntryT& e) {
-  CheckTensorBasics(op, key, t);
-  if (t.dtype() != e.dtype) {
-    throw Error(Where(op, key) + "dtype mismatch: expected " + DTypeName(e.dtype) +
-                " (as initialized), given " + DTypeName(t.dtype()));
-  }
-  if (t.size() != e.size) {
-    throw Error(Where(op, key) + "size mismatch: expected " + std::to_string(e.size) +
-                " elements (as initialized), given " + std::to_string(t.size()));
-  }
-}
+std::string Where(const char* op, Key key) { return checks::Where(kStore, op, key); }
 
 }  // namespace
 
@@ -68,18 +34,15 @@ LocalKVStore::Entry& LocalKVStore::FindLocked(const char* op, Key key) {
 }
 
 void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
-  CheckCounts("Init", keys.size(), values.size());
+  checks::Counts(kStore, "Init", keys.size(), values.size());
   std::lock_guard lock(mu_);
   // Check every key first so a failing call stores nothing.
   std::unordered_set<Key> seen;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Key key = keys[i];
     const Tensor& v = values[i];
-    CheckTensorBasics("Init", key, v);
-    if (!IsSummableDType(v.dtype())) {
-      throw Error(Where("Init", key) + "dtype " + DTypeName(v.dtype()) +
-                  " is not supported (supported: float32, float64, int32, int64)");
-    }
+    checks::TensorBasics(kStore, "Init", key, v, false);
+    checks::InitDType(kStore, key, v.dtype());
     if (auto it = store_.find(key); it != store_.end()) {
       throw Error(Where("Init", key) + "already initialized (holds " +
                   std::to_string(it->second.size) + " " + DTypeName(it->second.dtype) +
@@ -102,13 +65,13 @@ void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tens
 
 std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(
     const std::vector<Key>& keys, const std::vector<Tensor>& grads) {
-  CheckCounts("Push", keys.size(), grads.size());
+  checks::Counts(kStore, "Push", keys.size(), grads.size());
   std::vector<PushGroup> plan;
   std::unordered_map<Key, std::size_t> group_of;  // key -> index in plan
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Key key = keys[i];
     Entry& e = FindLocked("Push", key);
-    CheckMatches("Push", key, grads[i], e);
+    checks::Matches(kStore, "Push", key, grads[i], e.dtype, e.size, false);
     if (optimizer_ && e.dtype != DType::kFloat32) {
       throw Error(Where("Push", key) + "optimizer supports float32 only, the key holds " +
                   DTypeName(e.dtype));
@@ -146,9 +109,9 @@ void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
 }
 
 void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
-  CheckCounts("Pull", keys.size(), outs.size());
+  checks::Counts(kStore, "Pull", keys.size(), outs.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    CheckMatches("Pull", keys[i], outs[i], FindLocked("Pull", keys[i]));
+    { const Entry& e = FindLocked("Pull", keys[i]); checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size, false); }
   }
 }
 

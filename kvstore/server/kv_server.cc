@@ -2,15 +2,301 @@
 
 #include <glog/logging.h>
 
-#include "ps/runtime.h"
+#include <cstring>
 
 namespace ps {
+namespace {
+
+std::string KeyText(Key key) { return "key " + std::to_string(key); }
+
+// Why a dist_sync round of `key` can never close, because a worker is gone.
+std::string UnfinishableRound(Key key, const std::string& gone) {
+  return KeyText(key) + ": this dist_sync round can never complete: " + gone +
+         " without pushing it (every worker must push each key equally often)";
+}
+
+}  // namespace
+
+KVServerStore::KVServerStore(Runtime& runtime)
+    : runtime_(runtime), num_workers_(runtime.num_workers()) {}
+
+void KVServerStore::OnRequest(Message&& msg) {
+  std::string error;
+  std::optional<kv::Request> request;
+  if (msg.meta.app_id != kv::kAppId) {
+    error = "unknown application id " + std::to_string(msg.meta.app_id);
+  } else {
+    request = kv::DecodeRequest(msg, &error);
+  }
+  if (request) error = Validate(*request, msg.data);
+  const std::string server = "server " + std::to_string(runtime_.rank());
+  if (!error.empty()) {
+    LOG(WARNING) << server << ": rejected a request from " << runtime_.Describe(msg.meta.sender)
+                 << ": " << error;
+    runtime_.ReplyError(msg.meta, server + ": " + error);
+    return;
+  }
+  switch (request->command) {
+    case kv::kInit:
+      HandleInit(msg.meta, *request, msg.data);
+      break;
+    case kv::kPush:
+    case kv::kPushPull:
+      HandlePush(msg.meta, *request, msg.data);
+      break;
+    case kv::kPull:
+      HandlePull(msg.meta, *request);
+      break;
+    case kv::kSetOptimizer:
+      HandleSetOptimizer(msg.meta, *request);
+      break;
+  }
+}
+
+std::string KVServerStore::Validate(const kv::Request& request,
+                                    const std::vector<Blob>& data) const {
+  std::set<SliceId> seen;
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const kv::SliceRef& ref = request.slices[i];
+    const SliceId id{ref.key, ref.offset};
+    if (!seen.insert(id).second) return KeyText(ref.key) + ": given twice in one request";
+    const auto it = slices_.find(id);
+    if (request.command == kv::kInit) {
+      if (it != slices_.end()) return KeyText(ref.key) + ": already initialized (a key is initialized once)";
+      if (!IsSummableDType(data[i].dtype())) {
+        return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
+      }
+      continue;
+    }
+    if (request.command == kv::kSetOptimizer) continue;
+    if (it == slices_.end()) {
+      return KeyText(ref.key) + ": was never initialized (call Init first)";
+    }
+    const Slice& slice = it->second;
+    if (request.command == kv::kPull) continue;
+    if (data[i].dtype() != slice.dtype) {
+      return KeyText(ref.key) + ": dtype mismatch: expected " + DTypeName(slice.dtype) +
+             ", given " + DTypeName(data[i].dtype());
+    }
+    if (data[i].count() != slice.length || ref.total != slice.total) {
+      return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
+             " elements, given " + std::to_string(ref.total);
+    }
+    if (!request.sync && !optimizer_) {
+      return KeyText(ref.key) +
+             ": dist_async applies every push at once, so it needs an optimizer: call "
+             "SetOptimizer before the first Push";
+    }
+    if (optimizer_ && slice.dtype != DType::kFloat32) {
+      return KeyText(ref.key) + ": optimizers update float32 keys only, this key holds " +
+             DTypeName(slice.dtype);
+    }
+    if (request.sync && !gone_workers_.empty()) {
+      return UnfinishableRound(ref.key, gone_workers_.begin()->second);
+    }
+  }
+  return "";
+}
+
+void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
+                               const std::vector<Blob>& data) {
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const kv::SliceRef& ref = request.slices[i];
+    Slice slice;
+    slice.dtype = data[i].dtype();
+    slice.length = data[i].count();
+    slice.total = ref.total;
+    slice.state_id = next_state_id_++;
+    slice.value = std::make_shared<Buffer>(data[i].bytes());
+    CopyInto(slice.value->data(), data[i].data(), data[i].bytes());
+    slices_.emplace(SliceId{ref.key, ref.offset}, std::move(slice));
+  }
+  runtime_.Reply(meta, Message{});
+}
+
+void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& request) {
+  try {
+    optimizer_ = MakeOptimizer(request.optimizer);
+  } catch (const Error& e) {
+    runtime_.ReplyError(meta, "server " + std::to_string(runtime_.rank()) + ": " + e.what());
+    return;
+  }
+  runtime_.Reply(meta, Message{});
+}
+
+void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
+                               std::vector<Blob>& data) {
+  auto pending = std::make_shared<Pending>();
+  pending->request = meta;
+  pending->remaining = request.slices.size();
+  pending->with_values = request.command == kv::kPushPull;
+  pending->values.resize(request.slices.size());
+  if (pending->remaining == 0) {
+    Answer(*pending);
+    return;
+  }
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
+    const Waiter waiter{pending, i};
+    if (!request.sync) {
+      ApplyUpdate(slice, data[i].data());
+      Resolve(waiter, slice);
+      continue;
+    }
+    std::uint64_t round = slice.completed;
+    const auto last = slice.last_round.find(meta.sender);
+    if (last != slice.last_round.end() && last->second >= slice.completed) round = last->second + 1;
+    slice.last_round[meta.sender] = round;
+    if (round == slice.completed) {
+      MergeIntoRound(slice, meta.sender, data[i], waiter);
+      if (slice.pushed.size() == static_cast<std::size_t>(num_workers_)) CloseRound(slice);
+    } else {
+      slice.deferred.push_back(DeferredPush{meta.sender, round, data[i], waiter});
+    }
+  }
+}
+
+void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request) {
+  auto pending = std::make_shared<Pending>();
+  pending->request = meta;
+  pending->remaining = request.slices.size();
+  pending->with_values = true;
+  pending->values.resize(request.slices.size());
+  if (pending->remaining == 0) {
+    Answer(*pending);
+    return;
+  }
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
+    const Waiter waiter{pending, i};
+    const auto last = slice.last_round.find(meta.sender);
+    if (request.sync && last != slice.last_round.end() && last->second >= slice.completed) {
+      slice.waiters.emplace(last->second, waiter);  // after the puller's own push
+    } else {
+      Resolve(waiter, slice);
+    }
+  }
+}
+
+void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradient,
+                                   const Waiter& waiter) {
+  if (slice.pushed.empty()) {
+    slice.merge.resize(gradient.bytes());
+    CopyInto(slice.merge.data(), gradient.data(), gradient.bytes());
+  } else {
+    AddInto(slice.dtype, slice.merge.data(), gradient.data(), slice.length);
+  }
+  slice.pushed.insert(sender);
+  slice.waiters.emplace(slice.completed, waiter);
+}
+
+void KVServerStore::CloseRound(Slice& slice) {
+  const auto full = static_cast<std::size_t>(num_workers_);
+  while (slice.pushed.size() == full) {
+    ApplyUpdate(slice, slice.merge.data());
+    slice.pushed.clear();
+    ++slice.completed;
+    // Answer everyone whose round is now closed.
+    const auto end = slice.waiters.lower_bound(slice.completed);
+    std::vector<Waiter> ready;
+    for (auto it = slice.waiters.begin(); it != end; ++it) ready.push_back(it->second);
+    slice.waiters.erase(slice.waiters.begin(), end);
+    for (const Waiter& waiter : ready) Resolve(waiter, slice);
+    // Pushes that arrived early join the round that just opened.
+    std::deque<DeferredPush> later;
+    for (DeferredPush& push : slice.deferred) {
+      if (push.round == slice.completed) {
+        MergeIntoRound(slice, push.sender, push.gradient, push.waiter);
+      } else {
+        later.push_back(std::move(push));
+      }
+    }
+    slice.deferred = std::move(later);
+  }
+}
+
+KVServerStore::Buffer& KVServerStore::WritableValue(Slice& slice) {
+  // A reply frame may still reference the current buffer: write a fresh one then.
+  if (slice.value.use_count() > 1) slice.value = std::make_shared<Buffer>(*slice.value);
+  return *slice.value;
+}
+
+void KVServerStore::ApplyUpdate(Slice& slice, const void* gradient) {
+  if (optimizer_) {
+    Buffer& value = WritableValue(slice);
+    optimizer_->Update(slice.state_id, reinterpret_cast<float*>(value.data()),
+                       static_cast<const float*>(gradient), slice.length);
+    return;
+  }
+  // No optimizer: the stored value becomes the round's sum (dist_sync).
+  if (gradient == slice.merge.data() && slice.value.use_count() == 1) {
+    slice.value->swap(slice.merge);
+  } else {
+    Buffer& value = WritableValue(slice);
+    CopyInto(value.data(), gradient, value.size());
+  }
+}
+
+void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
+  Pending& pending = *waiter.pending;
+  if (pending.with_values) {
+    const std::shared_ptr<const void> owner = slice.value;
+    pending.values[waiter.index] = Blob(owner, slice.value->data(), slice.value->size(), slice.dtype);
+  }
+  if (--pending.remaining == 0) Answer(pending);
+}
+
+void KVServerStore::Answer(Pending& pending) {
+  if (!pending.error.empty()) {
+    runtime_.ReplyError(pending.request, pending.error);
+    return;
+  }
+  Message response;
+  response.meta.body = pending.request.body;  // echoes the slices the values belong to
+  if (pending.with_values) response.data = std::move(pending.values);
+  runtime_.Reply(pending.request, std::move(response));
+}
+
+void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
+  std::vector<Waiter> failed;
+  for (auto& [round, waiter] : slice.waiters) failed.push_back(waiter);
+  for (DeferredPush& push : slice.deferred) failed.push_back(push.waiter);
+  slice.waiters.clear();
+  slice.deferred.clear();
+  slice.pushed.clear();
+  slice.last_round.clear();
+  for (const Waiter& waiter : failed) {
+    Pending& pending = *waiter.pending;
+    if (pending.error.empty()) pending.error = why;
+    if (--pending.remaining == 0) Answer(pending);
+  }
+}
+
+void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
+  if (peer.role != Role::kWorker) return;
+  const std::string why = peer.Describe() +
+                          (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
+  gone_workers_[peer.id] = why;
+  for (auto& [id, slice] : slices_) {
+    const bool waits_on_peer = !slice.pushed.empty() && !slice.pushed.contains(peer.id);
+    if (waits_on_peer || !slice.deferred.empty()) {
+      FailWaiters(slice, "server " + std::to_string(runtime_.rank()) + ": " +
+                             UnfinishableRound(id.first, why));
+    }
+  }
+}
 
 int RunServer(const ClusterConfig& config) {
   auto runtime = Runtime::Start(config);
+  const int rank = runtime->rank();
+  auto store = std::make_unique<KVServerStore>(*runtime);
+  runtime->SetPeerHandler(
+      [&store](const NodeInfo& peer, Runtime::PeerEvent event) { store->OnPeer(peer, event); });
+  runtime->SetRequestHandler([&store](Message&& msg) { store->OnRequest(std::move(msg)); });
   const std::string failure = runtime->WaitForTermination();
+  runtime.reset();  // joins the receive thread before the store goes
   if (!failure.empty()) {
-    LOG(ERROR) << "server " << runtime->rank() << ": " << failure;
+    LOG(ERROR) << "server " << rank << ": " << failure;
     return 1;
   }
   return 0;

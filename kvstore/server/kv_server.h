@@ -1,7 +1,104 @@
 #pragma once
+// The server side of the key-value store.
+//
+// KVServerStore keeps the slices of keys that live on this server, merges the workers'
+// pushes, applies the optimizer and answers pulls. It runs entirely on the runtime's receive
+// thread (requests and peer events arrive there), so it needs no lock.
+//
+// dist_sync, per slice: pushes are numbered in rounds. Round r closes when every worker has
+// pushed once into it; then the optimizer (or, with none, "store the sum") is applied and the
+// round's pushes are answered. A worker's second push before its round closed goes into the
+// next round. A pull waits for the round of the puller's own latest push, so "pull after push"
+// returns the value after that push's round.
+// dist_async: each push is applied on arrival.
+//
+// Values are copy-on-write (shared_ptr): a pull's reply frame references the current buffer
+// without copying, and an update that finds the buffer still shared writes a fresh one.
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kv_protocol.h"
+#include "optimizer.h"
 #include "ps/config.h"
+#include "ps/runtime.h"
 
 namespace ps {
+
+class KVServerStore {
+ public:
+  explicit KVServerStore(Runtime& runtime);
+  // Handles one KVStore request (receive thread).
+  void OnRequest(Message&& msg);
+  // A worker that finished or died can no longer push: rounds waiting on it fail.
+  void OnPeer(const NodeInfo& peer, Runtime::PeerEvent event);
+
+  // For tests and reports: slices stored, and bytes held in values and merge buffers.
+  std::size_t num_slices() const { return slices_.size(); }
+
+ private:
+  using Buffer = std::vector<std::byte>;
+  using SliceId = std::pair<Key, std::uint64_t>;  // (key, offset)
+
+  // A request waiting for some of its slices; answered when `remaining` reaches 0.
+  struct Pending {
+    Meta request;
+    std::size_t remaining = 0;
+    bool with_values = false;
+    std::vector<Blob> values;  // per slice of the request, filled as they resolve
+    std::string error;
+  };
+  struct Waiter {
+    std::shared_ptr<Pending> pending;
+    std::size_t index;  // slice index within the request
+  };
+  struct DeferredPush {
+    int sender;
+    std::uint64_t round;
+    Blob gradient;
+    Waiter waiter;
+  };
+  struct Slice {
+    DType dtype = DType::kFloat32;
+    std::size_t length = 0;
+    std::uint64_t total = 0;
+    std::uint64_t state_id = 0;  // optimizer state of this slice
+    std::shared_ptr<Buffer> value;
+    // dist_sync rounds.
+    std::uint64_t completed = 0;           // rounds closed so far; the open round's number
+    Buffer merge;                          // the open round's sum
+    std::set<int> pushed;                  // workers in the open round
+    std::map<int, std::uint64_t> last_round;  // worker -> round of its latest push
+    std::multimap<std::uint64_t, Waiter> waiters;  // released when that round closes
+    std::deque<DeferredPush> deferred;     // pushes for rounds after the open one
+  };
+
+  void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
+  void HandlePush(const Meta& meta, const kv::Request& request, std::vector<Blob>& data);
+  void HandlePull(const Meta& meta, const kv::Request& request);
+  void HandleSetOptimizer(const Meta& meta, const kv::Request& request);
+  // Checks every slice of a request before anything changes; "" when all are fine.
+  std::string Validate(const kv::Request& request, const std::vector<Blob>& data) const;
+
+  void MergeIntoRound(Slice& slice, int sender, const Blob& gradient, const Waiter& waiter);
+  void CloseRound(Slice& slice);
+  void ApplyUpdate(Slice& slice, const void* gradient);
+  void Resolve(const Waiter& waiter, const Slice& slice);
+  void Answer(Pending& pending);
+  void FailWaiters(Slice& slice, const std::string& why);
+  Buffer& WritableValue(Slice& slice);
+
+  Runtime& runtime_;
+  const int num_workers_;
+  std::map<SliceId, Slice> slices_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::uint64_t next_state_id_ = 1;
+  std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
+};
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the
 // job, and returns the process exit status (0: the job ended normally).

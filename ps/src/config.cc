@@ -109,6 +109,8 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
       ReadSeconds(lookup, "PS_HEARTBEAT_TIMEOUT", 0.1, config.heartbeat_timeout);
   config.register_timeout =
       ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
+  config.big_array_bound = static_cast<std::size_t>(
+      ReadInt(lookup, "MXNET_KVSTORE_BIGARRAY_BOUND", 1, 2147483647, 1000000));
   if (config.heartbeat_interval.count() > 0 &&
       config.heartbeat_timeout <= config.heartbeat_interval) {
     throw Error("PS_HEARTBEAT_TIMEOUT (" + std::to_string(config.heartbeat_timeout.count()) +

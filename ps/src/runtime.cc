@@ -14,7 +14,8 @@ namespace {
 
 std::string Seconds(std::chrono::milliseconds ms) {
   const auto tenths = ms.count() / 100;
-  return std::to_string(tenths / 10) + (tenths % 10 ? "." + std::to_string(tenths % 10) : "") + " s";
+  return std::to_string(tenths / 10) + (tenths % 10 ? "." + std::to_string(tenths % 10) : "") +
+         " s";
 }
 
 // The address this node tells the others: DMLC_NODE_HOST, else DMLC_INTERFACE's address, else
@@ -75,11 +76,11 @@ void Runtime::Register() {
   if (!register_error_.empty()) throw Error(register_error_);
   if (!done) {
     if (acknowledged_) {
-      throw Error("the scheduler at " + config_.SchedulerAddress() +
-                  " accepted this " + RoleName(self_.role) + " but the job did not fill up within " +
-                  Seconds(config_.register_timeout) + ": it waits for DMLC_NUM_SERVER=" +
-                  std::to_string(config_.num_servers) + " servers and DMLC_NUM_WORKER=" +
-                  std::to_string(config_.num_workers) +
+      throw Error("the scheduler at " + config_.SchedulerAddress() + " accepted this " +
+                  RoleName(self_.role) + " but the job did not fill up within " +
+                  Seconds(config_.register_timeout) +
+                  ": it waits for DMLC_NUM_SERVER=" + std::to_string(config_.num_servers) +
+                  " servers and DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) +
                   " workers; start the missing ones or fix the counts (PS_REGISTER_TIMEOUT sets "
                   "this wait)");
     }
@@ -132,6 +133,13 @@ void Runtime::OnMessage(Message&& msg) {
   {
     std::lock_guard lock(mu_);
     const bool from_scheduler = meta.sender == kSchedulerId;
+    // A peer may get the node table, and write to us, before our own copy arrives: hold its
+    // messages (boundedly) until the table is in, then replay them in order.
+    if (!registered_ && !from_scheduler && meta.sender > 0 &&
+        held_until_registered_.size() < kMaxHeldMessages) {
+      held_until_registered_.push_back(std::move(msg));
+      return;
+    }
     // Until the table arrives only the scheduler may speak; after, only known nodes, to us.
     const bool known = from_scheduler || (registered_ && meta.sender > 0 &&
                                           static_cast<std::size_t>(meta.sender) < nodes_.size() &&
@@ -162,32 +170,37 @@ void Runtime::OnControl(Message&& msg) {
   const Meta& meta = msg.meta;
   switch (meta.control) {
     case Control::kRegisterReply: {
-      std::lock_guard lock(mu_);
-      if (registered_) break;
-      if (!meta.error.empty()) {
-        register_error_ = "the scheduler at " + config_.SchedulerAddress() +
-                          " refused this node: " + meta.error;
-      } else if (meta.nodes.empty()) {
-        acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
-      } else {
-        // The table: ids are dense from 0 (the scheduler); find ourselves by host and port.
-        std::vector<NodeInfo> table(meta.nodes.size());
-        bool valid = true;
-        for (const NodeInfo& node : meta.nodes) {
-          if (node.id < 0 || static_cast<std::size_t>(node.id) >= table.size()) valid = false;
-          if (valid) table[node.id] = node;
-          if (node.host == self_.host && node.port == self_.port && node.role == self_.role) {
-            self_ = node;
+      std::vector<Message> held;
+      {
+        std::lock_guard lock(mu_);
+        if (registered_) break;
+        if (!meta.error.empty()) {
+          register_error_ = "the scheduler at " + config_.SchedulerAddress() +
+                            " refused this node: " + meta.error;
+        } else if (meta.nodes.empty()) {
+          acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
+        } else {
+          // The table: ids are dense from 0 (the scheduler); find ourselves by host and port.
+          std::vector<NodeInfo> table(meta.nodes.size());
+          bool valid = true;
+          for (const NodeInfo& node : meta.nodes) {
+            if (node.id < 0 || static_cast<std::size_t>(node.id) >= table.size()) valid = false;
+            if (valid) table[node.id] = node;
+            if (node.host == self_.host && node.port == self_.port && node.role == self_.role) {
+              self_ = node;
+            }
+          }
+          if (!valid || self_.id <= 0) {
+            register_error_ = "the scheduler sent a node table without this node";
+          } else {
+            nodes_ = std::move(table);
+            registered_ = true;
           }
         }
-        if (!valid || self_.id <= 0) {
-          register_error_ = "the scheduler sent a node table without this node";
-        } else {
-          nodes_ = std::move(table);
-          registered_ = true;
-        }
+        changed_.notify_all();
+        held.swap(held_until_registered_);
       }
-      changed_.notify_all();
+      for (Message& early : held) OnMessage(std::move(early));
       break;
     }
     case Control::kBarrierRelease: {
@@ -200,7 +213,11 @@ void Runtime::OnControl(Message&& msg) {
     case Control::kHeartbeat:
       break;  // the contact time was recorded on arrival
     case Control::kWorkerDone:
-      tracker_.OnResponse(std::move(msg));
+      if (meta.request) {  // the scheduler's notice that a worker finished
+        for (const NodeInfo& peer : meta.nodes) NotifyPeer(peer, PeerEvent::kFinished);
+      } else {  // the acknowledgement of our own FinishWorker
+        tracker_.OnResponse(std::move(msg));
+      }
       break;
     case Control::kTerminate: {
       const std::string why = meta.error;
@@ -210,7 +227,8 @@ void Runtime::OnControl(Message&& msg) {
         if (!why.empty() && failure_.empty()) failure_ = "the job failed: " + why;
         changed_.notify_all();
       }
-      if (config_.verbose >= 1) LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
+      if (config_.verbose >= 1)
+        LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
       tracker_.FailAll(why.empty() ? "the job has ended" : "the job failed: " + why);
       break;
     }
@@ -229,8 +247,12 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
   }
   LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
   tracker_.FailPeer(dead.id, dead.Describe() + " died");
+  NotifyPeer(dead, PeerEvent::kDead);
+}
+
+void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
   std::lock_guard lock(handler_mu_);
-  if (node_dead_handler_) node_dead_handler_(dead);
+  if (peer_handler_) peer_handler_(peer, event);
 }
 
 void Runtime::OnTick() {
@@ -306,9 +328,9 @@ void Runtime::SetRequestHandler(RequestHandler handler) {
   early_requests_.clear();
 }
 
-void Runtime::SetNodeDeadHandler(NodeDeadHandler handler) {
+void Runtime::SetPeerHandler(PeerHandler handler) {
   std::lock_guard lock(handler_mu_);
-  node_dead_handler_ = std::move(handler);
+  peer_handler_ = std::move(handler);
 }
 
 std::uint64_t Runtime::Request(std::vector<Message> messages, RequestTracker::Callback callback,
@@ -364,14 +386,18 @@ void Runtime::FinishWorker() {
   msg.meta.recipient = kSchedulerId;
   std::vector<Message> messages;
   messages.push_back(std::move(msg));
-  Request(std::move(messages), [&](RequestResult&& result) {
-    std::lock_guard lock(done_mu);
-    outcome = std::move(result);
-    done_cv.notify_all();
-  }, RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
+  Request(
+      std::move(messages),
+      [&](RequestResult&& result) {
+        std::lock_guard lock(done_mu);
+        outcome = std::move(result);
+        done_cv.notify_all();
+      },
+      RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
   std::unique_lock lock(done_mu);
   done_cv.wait(lock, [&] { return outcome.has_value(); });
-  if (!outcome->ok()) throw Error("could not tell the scheduler this worker finished: " + outcome->error);
+  if (!outcome->ok())
+    throw Error("could not tell the scheduler this worker finished: " + outcome->error);
 }
 
 std::string Runtime::WaitForTermination() {

@@ -138,6 +138,16 @@ void Scheduler::OnMessage(Message&& msg) {
       reply.meta.timestamp = meta.timestamp;
       Send(std::move(reply));
       if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
+      // Servers learn it too: a dist_sync round still waiting for this worker can never end.
+      for (std::size_t id = 1; id < nodes_.size(); ++id) {
+        if (nodes_[id].role != Role::kServer || !IsLive(static_cast<int>(id))) continue;
+        Message notice;
+        notice.meta.control = Control::kWorkerDone;
+        notice.meta.request = true;
+        notice.meta.recipient = static_cast<int>(id);
+        notice.meta.nodes.push_back(nodes_[meta.sender]);
+        Send(std::move(notice));
+      }
       MaybeFinish();
       break;
     }

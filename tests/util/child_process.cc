@@ -90,6 +90,9 @@ std::optional<int> ChildProcess::Wait(std::chrono::milliseconds timeout) {
   int raw = 0;
   if (waitpid(pid_, &raw, 0) != pid_) return std::nullopt;
   status_ = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  // Let the reader drain what the process wrote before it exited, so Output() is complete.
+  std::unique_lock lock(mu_);
+  grew_.wait_for(lock, std::chrono::seconds(5), [this] { return closed_; });
   return status_;
 }
 

@@ -6,7 +6,10 @@
 // returns. Init and SetOptimizer are synchronous and collective.
 //
 // Thread safety: Push, Pull, PushPull and WaitAll may be called from several threads at
-// once. Init, SetOptimizer and Barrier are collective: call them from one thread per worker.
+// once. WaitAll waits for every operation issued so far by any thread; in dist_sync an
+// operation completes only when every worker pushed, so threads that each loop "push, then
+// WaitAll" can wait on each other across workers: issue from many threads, wait from one.
+// Init, SetOptimizer and Barrier are collective: call them from one thread per worker.
 //
 // Errors: ps::Error, thrown by the call itself (bad arguments) or by the next WaitAll()
 // (anything the servers report, a peer that died).

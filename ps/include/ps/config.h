@@ -3,6 +3,7 @@
 // (a main, or KVStore::Create) from flags and the DMLC_* environment, validated, then passed
 // down. Nothing below the edge reads the environment.
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
@@ -31,6 +32,9 @@ struct ClusterConfig {
   std::chrono::milliseconds heartbeat_interval{2000};  // PS_HEARTBEAT_INTERVAL (s); 0: off
   std::chrono::milliseconds heartbeat_timeout{20000};  // PS_HEARTBEAT_TIMEOUT (s)
   std::chrono::milliseconds register_timeout{60000};   // PS_REGISTER_TIMEOUT (s)
+  // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are sliced over all
+  // servers; smaller ones live whole on one.
+  std::size_t big_array_bound = 1000000;
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those

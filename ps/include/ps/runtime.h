@@ -63,9 +63,11 @@ class Runtime {
   // Receives every application request, on the receive thread. Requests that arrive before a
   // handler is set are held and delivered, in order, when it is set.
   void SetRequestHandler(RequestHandler handler);
-  using NodeDeadHandler = std::function<void(const NodeInfo& dead)>;
-  // Called on the receive thread when the scheduler reports a node dead.
-  void SetNodeDeadHandler(NodeDeadHandler handler);
+  enum class PeerEvent { kDead, kFinished };
+  using PeerHandler = std::function<void(const NodeInfo& peer, PeerEvent event)>;
+  // Called on the receive thread when the scheduler reports a node dead, or (to servers) a
+  // worker finished.
+  void SetPeerHandler(PeerHandler handler);
 
   // Sends each message (to its meta.recipient) as one request with a shared timestamp and calls
   // `callback` once every recipient answered, or with an error as soon as one fails or dies.
@@ -92,6 +94,7 @@ class Runtime {
   void OnMessage(Message&& msg);             // receive thread
   void OnControl(Message&& msg);             // receive thread
   void OnNodeDead(const NodeInfo& dead);     // receive thread
+  void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
   void OnTick();                             // timer thread
   void Fail(const std::string& why);
   bool SendToNode(Message msg);
@@ -113,6 +116,8 @@ class Runtime {
   bool terminated_ = false;                        // GUARDED_BY(mu_)
   std::string failure_;                            // GUARDED_BY(mu_)
   std::set<int> dead_;                             // GUARDED_BY(mu_)
+  static constexpr std::size_t kMaxHeldMessages = 65536;
+  std::vector<Message> held_until_registered_;     // GUARDED_BY(mu_): peers' early messages
   RequestTracker::Clock::time_point last_scheduler_contact_;  // GUARDED_BY(mu_)
 
   std::atomic<std::size_t> dropped_{0};  // messages from unknown senders
@@ -120,7 +125,7 @@ class Runtime {
   std::mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
   RequestHandler request_handler_;         // GUARDED_BY(handler_mu_)
   std::vector<Message> early_requests_;    // GUARDED_BY(handler_mu_)
-  NodeDeadHandler node_dead_handler_;      // GUARDED_BY(handler_mu_)
+  PeerHandler peer_handler_;               // GUARDED_BY(handler_mu_)
 
   // Declared last: destroyed first, so no thread runs while the members above die.
   std::unique_ptr<PeriodicTask> timer_;

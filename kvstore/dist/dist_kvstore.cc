@@ -1,0 +1,239 @@
+#include "dist_kvstore.h"
+
+#include <glog/logging.h>
+
+#include <cstring>
+#include <map>
+#include <unordered_set>
+
+#include "checks.h"
+#include "optimizer.h"
+
+namespace ps {
+namespace {
+
+constexpr std::string_view kStore = "dist kvstore";
+
+}  // namespace
+
+DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
+    : runtime_(std::move(runtime)),
+      sync_(sync),
+      layout_(runtime_->num_servers(), runtime_->config().big_array_bound) {}
+
+DistKVStore::~DistKVStore() {
+  try {
+    WaitAll();
+  } catch (const Error& e) {
+    LOG(ERROR) << "worker " << Rank() << ": an operation failed before shutdown: " << e.what();
+  }
+  try {
+    runtime_->FinishWorker();
+  } catch (const Error& e) {
+    LOG(ERROR) << "worker " << Rank() << ": " << e.what();
+  }
+}
+
+void DistKVStore::Complete(const std::string& error) {
+  std::lock_guard lock(ops_mu_);
+  if (!error.empty() && first_error_.empty()) first_error_ = error;
+  if (--outstanding_ == 0) ops_done_.notify_all();
+}
+
+void DistKVStore::WaitAll() {
+  std::unique_lock lock(ops_mu_);
+  ops_done_.wait(lock, [this] { return outstanding_ == 0; });
+  if (!first_error_.empty()) {
+    const std::string error = std::move(first_error_);
+    first_error_.clear();
+    throw Error(error);
+  }
+}
+
+void DistKVStore::Barrier() { runtime_->Barrier(kWorkerGroup); }
+
+void DistKVStore::Collective(const std::string& what, const std::function<void()>& work) {
+  std::string error;
+  if (Rank() == 0) {
+    try {
+      work();
+      WaitAll();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  runtime_->Barrier(kWorkerGroup);
+  if (!error.empty()) throw Error(error);
+  (void)what;
+}
+
+void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
+  ValidateOptimizerConfig(config);  // every worker throws the same error, before any message
+  Collective("SetOptimizer", [&] {
+    kv::Request request;
+    request.command = kv::kSetOptimizer;
+    request.optimizer = config;
+    std::vector<Message> messages;
+    for (int s = 0; s < runtime_->num_servers(); ++s) {
+      Message msg;
+      msg.meta.app_id = kv::kAppId;
+      msg.meta.head = kv::kSetOptimizer;
+      msg.meta.recipient = runtime_->ServerId(s);
+      msg.meta.body = kv::EncodeBody(request);
+      messages.push_back(std::move(msg));
+    }
+    Track(std::move(messages), {});
+  });
+  optimizer_set_ = true;
+}
+
+void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
+  checks::Counts(kStore, "Init", keys.size(), values.size());
+  {
+    // Every worker runs the same checks, so all of them throw (or none) before any message.
+    std::shared_lock lock(keys_mu_);
+    std::unordered_set<Key> seen;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      checks::TensorBasics(kStore, "Init", keys[i], values[i], false);
+      checks::InitDType(kStore, keys[i], values[i].dtype());
+      if (keys_.contains(keys[i]) || !seen.insert(keys[i]).second) {
+        throw Error(checks::Where(kStore, "Init", keys[i]) +
+                    "already initialized (a key is initialized once)");
+      }
+    }
+  }
+  {
+    std::unique_lock lock(keys_mu_);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      keys_[keys[i]] = KeyInfo{values[i].dtype(), values[i].size(),
+                               layout_.Slices(keys[i], values[i].size())};
+    }
+  }
+  Collective("Init", [&] { Issue(kv::kInit, keys, values, {}, 0); });
+}
+
+void DistKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                           int priority) {
+  Issue(kv::kPush, keys, grads, {}, priority);
+}
+
+void DistKVStore::PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+                           int priority) {
+  Issue(kv::kPull, keys, {}, outs, priority);
+}
+
+void DistKVStore::PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                               const std::vector<Tensor>& outs, int priority) {
+  checks::Counts(kStore, "PushPull", keys.size(), outs.size());
+  Issue(kv::kPushPull, keys, grads, outs, priority);
+}
+
+void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
+                        const std::vector<Tensor>& sends, const std::vector<Tensor>& outs,
+                        int priority) {
+  const std::string op = kv::CommandName(command);
+  const bool sending = command != kv::kPull;
+  const bool receiving = command == kv::kPull || command == kv::kPushPull;
+  checks::Counts(kStore, op, keys.size(), sending ? sends.size() : outs.size());
+  if (sending && command != kv::kInit && !sync_ && !optimizer_set_) {
+    throw Error(checks::Where(kStore, op, keys.empty() ? 0 : keys[0]) +
+                "dist_async applies every push at once, so it needs an optimizer: call "
+                "SetOptimizer before the first Push");
+  }
+
+  // Per server: the request being built, its frames and where its pulled slices go.
+  struct PerServer {
+    kv::Request request;
+    std::vector<Blob> frames;
+    std::vector<Destination> destinations;
+  };
+  std::map<int, PerServer> per_server;
+  // Frames reference the caller's memory; this token marks them as borrowed, not owned.
+  const auto borrowed = std::make_shared<int>(0);
+  {
+    std::shared_lock lock(keys_mu_);
+    std::unordered_set<Key> seen;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const Key key = keys[i];
+      const auto it = keys_.find(key);
+      if (it == keys_.end()) {
+        throw Error(checks::Where(kStore, op, key) + "was never initialized (call Init first)");
+      }
+      const KeyInfo& info = it->second;
+      if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size, false);
+      if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size, false);
+      if (!seen.insert(key).second) {
+        throw Error(checks::Where(kStore, op, key) + "given twice in one call");
+      }
+      const std::size_t element = DTypeSize(info.dtype);
+      for (const KeySlice& slice : info.slices) {
+        PerServer& target = per_server[slice.server_rank];
+        target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
+        if (sending) {
+          const auto* base = static_cast<const std::byte*>(sends[i].data());
+          target.frames.emplace_back(borrowed, base + slice.offset * element,
+                                     slice.length * element, info.dtype);
+        }
+        if (receiving) {
+          auto* base = static_cast<std::byte*>(outs[i].data());
+          target.destinations.push_back({base + slice.offset * element, slice.length * element});
+        }
+      }
+    }
+  }
+  std::vector<Message> messages;
+  std::vector<std::vector<Destination>> destinations;
+  for (auto& [server, target] : per_server) {
+    target.request.command = command;
+    target.request.sync = sync_;
+    Message msg;
+    msg.meta.app_id = kv::kAppId;
+    msg.meta.head = command;
+    msg.meta.priority = priority;
+    msg.meta.recipient = runtime_->ServerId(server);
+    msg.meta.body = kv::EncodeBody(target.request);
+    msg.data = std::move(target.frames);
+    messages.push_back(std::move(msg));
+    destinations.push_back(std::move(target.destinations));
+  }
+  Track(std::move(messages), std::move(destinations));
+}
+
+void DistKVStore::Track(std::vector<Message> messages,
+                        std::vector<std::vector<Destination>> destinations) {
+  if (messages.empty()) return;
+  // Which destinations belong to which server's response.
+  std::map<int, std::vector<Destination>> by_node;
+  for (std::size_t m = 0; m < destinations.size(); ++m) {
+    by_node[messages[m].meta.recipient] = std::move(destinations[m]);
+  }
+  {
+    std::lock_guard lock(ops_mu_);
+    ++outstanding_;
+  }
+  runtime_->Request(std::move(messages),
+                    [this, by_node = std::move(by_node)](RequestResult&& result) {
+                      std::string error = result.error;
+                      for (const Message& response : result.responses) {
+                        if (!error.empty()) break;
+                        const auto it = by_node.find(response.meta.sender);
+                        if (it == by_node.end()) continue;
+                        const auto& targets = it->second;
+                        if (response.data.size() != targets.size()) {
+                          error = "malformed response from " + runtime_->Describe(response.meta.sender);
+                          break;
+                        }
+                        for (std::size_t j = 0; j < targets.size(); ++j) {
+                          if (response.data[j].bytes() != targets[j].bytes) {
+                            error = "response from " + runtime_->Describe(response.meta.sender) +
+                                    " has the wrong size";
+                            break;
+                          }
+                          std::memcpy(targets[j].data, response.data[j].data(), targets[j].bytes);
+                        }
+                      }
+                      Complete(error);
+                    });
+}
+
+}  // namespace ps

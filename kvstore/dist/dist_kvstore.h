@@ -1,0 +1,86 @@
+#pragma once
+// DistKVStore: the worker side of dist_sync and dist_async.
+//
+// Push/Pull/PushPull split each call into one message per server (a big key's slices go to
+// all servers) and return at once; WaitAll() waits for every outstanding one and throws the
+// first error any of them met. Pushed tensors are sent zero-copy from the caller's memory;
+// pulled values are copied once, from the received frame into the caller's tensor, on the
+// receive thread.
+//
+// Threads: Push/Pull/PushPull/WaitAll from any thread; Init/SetOptimizer/Barrier are
+// collective (one thread per worker). `keys_` is written only by Init.
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ps/kvstore.h>
+
+#include "key_layout.h"
+#include "kv_protocol.h"
+#include "ps/runtime.h"
+
+namespace ps {
+
+class DistKVStore final : public KVStore {
+ public:
+  DistKVStore(std::unique_ptr<Runtime> runtime, bool sync);
+  // Waits for outstanding operations (logging their errors) and tells the scheduler this
+  // worker finished.
+  ~DistKVStore() override;
+
+  void WaitAll() override;
+  void Barrier() override;
+  void SetOptimizer(const OptimizerConfig& config) override;
+  int Rank() const override { return runtime_->rank(); }
+  int NumWorkers() const override { return runtime_->num_workers(); }
+  std::string Type() const override { return sync_ ? "dist_sync" : "dist_async"; }
+
+ protected:
+  void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) override;
+  void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                int priority) override;
+  void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+                int priority) override;
+  void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                    const std::vector<Tensor>& outs, int priority) override;
+
+ private:
+  struct KeyInfo {
+    DType dtype;
+    std::size_t size;
+    std::vector<KeySlice> slices;
+  };
+  // Where a pulled slice goes: the caller's tensor and the slice's place in it.
+  struct Destination {
+    std::byte* data;
+    std::size_t bytes;
+  };
+
+  // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
+  void Issue(kv::Command command, const std::vector<Key>& keys, const std::vector<Tensor>& sends,
+             const std::vector<Tensor>& outs, int priority);
+  void Track(std::vector<Message> messages, std::vector<std::vector<Destination>> destinations);
+  void Complete(const std::string& error);
+  // Runs a collective step on rank 0 (`work`), then a worker barrier; every worker throws
+  // rank 0's error, if any, after the barrier, so none is left waiting.
+  void Collective(const std::string& what, const std::function<void()>& work);
+
+  std::unique_ptr<Runtime> runtime_;
+  const bool sync_;
+  const KeyLayout layout_;
+
+  mutable std::shared_mutex keys_mu_;
+  std::unordered_map<Key, KeyInfo> keys_;  // GUARDED_BY(keys_mu_)
+  bool optimizer_set_ = false;             // collective calls only
+
+  std::mutex ops_mu_;
+  std::condition_variable ops_done_;
+  std::size_t outstanding_ = 0;  // GUARDED_BY(ops_mu_)
+  std::string first_error_;      // GUARDED_BY(ops_mu_)
+};
+
+}  // namespace ps

@@ -1,0 +1,121 @@
+#include "kv_protocol.h"
+
+#include "kv.pb.h"
+
+namespace ps::kv {
+namespace {
+
+constexpr std::size_t kMaxSlicesPerMessage = 4000;  // below the wire's data-frame cap
+
+bool CarriesValues(int command) {
+  return command == kInit || command == kPush || command == kPushPull;
+}
+
+}  // namespace
+
+std::string CommandName(int command) {
+  switch (command) {
+    case kInit:
+      return "Init";
+    case kPush:
+      return "Push";
+    case kPull:
+      return "Pull";
+    case kPushPull:
+      return "PushPull";
+    case kSetOptimizer:
+      return "SetOptimizer";
+  }
+  return "command " + std::to_string(command);
+}
+
+std::string EncodeBody(const Request& request) {
+  pb::KVBody body;
+  for (const SliceRef& slice : request.slices) {
+    body.add_keys(slice.key);
+    body.add_offsets(slice.offset);
+    body.add_totals(slice.total);
+  }
+  body.set_sync(request.sync);
+  if (request.command == kSetOptimizer) {
+    const OptimizerConfig& c = request.optimizer;
+    auto* spec = body.mutable_optimizer();
+    spec->set_name(c.name);
+    spec->set_learning_rate(c.learning_rate);
+    spec->set_momentum(c.momentum);
+    spec->set_weight_decay(c.weight_decay);
+    spec->set_rescale_grad(c.rescale_grad);
+    spec->set_clip_gradient(c.clip_gradient);
+    spec->set_beta1(c.beta1);
+    spec->set_beta2(c.beta2);
+    spec->set_epsilon(c.epsilon);
+  }
+  return body.SerializeAsString();
+}
+
+std::optional<std::vector<SliceRef>> DecodeSlices(const std::string& bytes) {
+  pb::KVBody body;
+  if (!body.ParseFromString(bytes) || body.keys_size() != body.offsets_size() ||
+      body.keys_size() != body.totals_size() ||
+      static_cast<std::size_t>(body.keys_size()) > kMaxSlicesPerMessage) {
+    return std::nullopt;
+  }
+  std::vector<SliceRef> slices;
+  for (int i = 0; i < body.keys_size(); ++i) {
+    slices.push_back(SliceRef{body.keys(i), body.offsets(i), body.totals(i)});
+  }
+  return slices;
+}
+
+std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
+  if (msg.meta.head < kInit || msg.meta.head > kSetOptimizer) {
+    *error = "unknown KVStore command " + std::to_string(msg.meta.head);
+    return std::nullopt;
+  }
+  pb::KVBody body;
+  if (!body.ParseFromString(msg.meta.body)) {
+    *error = "malformed KVStore request body";
+    return std::nullopt;
+  }
+  Request request;
+  request.command = static_cast<Command>(msg.meta.head);
+  request.sync = body.sync();
+  auto slices = DecodeSlices(msg.meta.body);
+  if (!slices) {
+    *error = "inconsistent key lists in a " + CommandName(request.command) + " request";
+    return std::nullopt;
+  }
+  request.slices = std::move(*slices);
+  const std::size_t frames = CarriesValues(request.command) ? request.slices.size() : 0;
+  if (msg.data.size() != frames) {
+    *error = CommandName(request.command) + " request with " + std::to_string(msg.data.size()) +
+             " value frames for " + std::to_string(request.slices.size()) + " keys";
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const SliceRef& slice = request.slices[i];
+    const std::uint64_t length = frames ? msg.data[i].count() : 0;
+    if (slice.offset > slice.total || length > slice.total - slice.offset) {
+      *error = "key " + std::to_string(slice.key) + ": slice [" + std::to_string(slice.offset) +
+               ", +" + std::to_string(length) + ") outside its " + std::to_string(slice.total) +
+               " elements";
+      return std::nullopt;
+    }
+  }
+  if (request.command == kSetOptimizer) {
+    const auto& spec = body.optimizer();
+    OptimizerConfig& c = request.optimizer;
+    c.name = spec.name();
+    c.learning_rate = spec.learning_rate();
+    c.momentum = spec.momentum();
+    c.weight_decay = spec.weight_decay();
+    c.rescale_grad = spec.rescale_grad();
+    c.clip_gradient = spec.clip_gradient();
+    c.beta1 = spec.beta1();
+    c.beta2 = spec.beta2();
+    c.epsilon = spec.epsilon();
+  }
+  return request;
+}
+
+}  // namespace ps::kv

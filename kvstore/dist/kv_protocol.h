@@ -1,0 +1,50 @@
+#pragma once
+// The KVStore's application protocol on top of the runtime: commands, the body, and the one
+// encoder / one decoder of a request. Decoding validates everything against the message's
+// data frames, because the server must survive anything a peer sends.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ps/kvstore.h>
+
+#include "ps/message.h"
+
+namespace ps::kv {
+
+constexpr int kAppId = 1;
+
+enum Command : int {
+  kInit = 1,          // frames: one value per slice
+  kPush = 2,          // frames: one gradient per slice
+  kPull = 3,          // no frames; the response carries one value per slice
+  kPushPull = 4,      // a push whose response carries the value after it (the round's, in sync)
+  kSetOptimizer = 5,  // no frames
+};
+std::string CommandName(int command);
+
+struct SliceRef {
+  Key key = 0;
+  std::uint64_t offset = 0;  // elements into the key
+  std::uint64_t total = 0;   // the key's full length
+  friend bool operator==(const SliceRef&, const SliceRef&) = default;
+};
+
+struct Request {
+  Command command = kPush;
+  std::vector<SliceRef> slices;
+  bool sync = true;
+  OptimizerConfig optimizer;  // kSetOptimizer only
+};
+
+std::string EncodeBody(const Request& request);
+
+// Decodes msg.meta.head/body and checks them against msg.data. nullopt with `error` set when
+// anything is inconsistent.
+std::optional<Request> DecodeRequest(const Message& msg, std::string* error);
+
+// For responses: the slices of a body (a response repeats the request's slices).
+std::optional<std::vector<SliceRef>> DecodeSlices(const std::string& body);
+
+}  // namespace ps::kv

@@ -1,0 +1,404 @@
+// dist_sync and dist_async over the real ps-server and ps-scheduler processes, with exact
+// values (integer-valued gradients keep float sums exact).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "kv_cluster.h"
+
+namespace {
+
+using ps::test::Expect;
+using ps::test::KVCluster;
+using namespace std::chrono_literals;
+
+std::string AllOk(const std::vector<std::string>& outcomes) {
+  std::string failures;
+  for (std::size_t w = 0; w < outcomes.size(); ++w) {
+    if (!outcomes[w].empty()) failures += "worker thread " + std::to_string(w) + ": " + outcomes[w] + "\n";
+  }
+  return failures;
+}
+
+// `keys` keys of `size` elements, plus one sliced key of `big` elements when big > 0.
+std::vector<std::size_t> KeySizes(int keys, std::size_t size, std::size_t big) {
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(keys), size);
+  if (big > 0) sizes.push_back(big);
+  return sizes;
+}
+
+// Every round, each worker pushes (rank+1)*(round)*(k+1)+i%3 into element i of key k; with no
+// optimizer the stored value is the round's sum over workers, which each worker checks.
+void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes, int rounds,
+                   bool use_pushpull) {
+  const int rank = kv.Rank();
+  const int workers = kv.NumWorkers();
+  const std::size_t n = sizes.size();
+  std::vector<ps::Key> keys(n);
+  std::vector<std::vector<float>> init(n), grads(n), outs(n);
+  std::vector<ps::Tensor> init_views, grad_views, out_views;
+  for (std::size_t k = 0; k < n; ++k) {
+    keys[k] = 100 + k;
+    init[k].assign(sizes[k], static_cast<float>(rank + 7));  // rank 0's value must win
+    grads[k].resize(sizes[k]);
+    outs[k].resize(sizes[k]);
+    init_views.emplace_back(init[k].data(), sizes[k]);
+    grad_views.emplace_back(grads[k].data(), sizes[k]);
+    out_views.emplace_back(outs[k].data(), sizes[k]);
+  }
+  kv.Init(keys, init_views);
+  kv.Pull(keys, out_views);
+  kv.WaitAll();
+  for (std::size_t k = 0; k < n; ++k) Expect(outs[k] == std::vector<float>(sizes[k], 7.0f), "init value");
+  for (int round = 1; round <= rounds; ++round) {
+    for (std::size_t k = 0; k < n; ++k) {
+      for (std::size_t i = 0; i < sizes[k]; ++i) {
+        grads[k][i] = static_cast<float>((rank + 1) * round * static_cast<int>(k + 1) + static_cast<int>(i % 3));
+      }
+    }
+    if (use_pushpull) {
+      kv.PushPull(keys, grad_views, out_views);
+    } else {
+      kv.Push(keys, grad_views);
+      kv.Pull(keys, out_views);  // after a push of the same key: the round's result
+    }
+    kv.WaitAll();
+    const int rank_sum = workers * (workers + 1) / 2;
+    for (std::size_t k = 0; k < n; ++k) {
+      for (std::size_t i = 0; i < sizes[k]; ++i) {
+        const float expected = static_cast<float>(rank_sum * round * static_cast<int>(k + 1) +
+                                                  workers * static_cast<int>(i % 3));
+        if (outs[k][i] != expected) {
+          Expect(false, "round " + std::to_string(round) + " key " + std::to_string(keys[k]) +
+                            " element " + std::to_string(i) + ": expected " +
+                            std::to_string(expected) + ", got " + std::to_string(outs[k][i]));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("dist_sync: exact sums for 1 to 4 workers over 1 to 3 servers with a sliced key",
+          "[dist]") {
+  const auto shape = GENERATE(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 3},
+                              std::pair{4, 3});
+  const auto [workers, servers] = shape;
+  INFO(workers << " workers, " << servers << " servers");
+  KVCluster cluster(servers, workers, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}});
+  const auto sizes = KeySizes(10, 33, 2501);  // the 2501-element key is sliced over all servers
+  const auto outcomes = cluster.RunWorkers(
+      "dist_sync", [&](ps::KVStore& kv) { SyncSumRounds(kv, sizes, 5, workers % 2 == 0); });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: push then pull of the same key sees that round", "[dist]") {
+  KVCluster cluster(2, 3);
+  const auto outcomes = cluster.RunWorkers(
+      "dist_sync", [&](ps::KVStore& kv) { SyncSumRounds(kv, KeySizes(3, 5, 0), 20, false); });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_async: every push is applied exactly once", "[dist]") {
+  KVCluster cluster(2, 3, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "100"}});
+  constexpr int kRounds = 30;
+  const auto outcomes = cluster.RunWorkers("dist_async", [&](ps::KVStore& kv) {
+    std::vector<ps::Key> keys = {1, 2, 3};
+    std::vector<std::vector<float>> values = {std::vector<float>(10, 0.0f),
+                                              std::vector<float>(250, 0.0f),  // sliced
+                                              std::vector<float>(1, 0.0f)};
+    std::vector<ps::Tensor> views;
+    for (auto& v : values) views.emplace_back(v.data(), v.size());
+    kv.Init(keys, views);
+    ps::OptimizerConfig sgd;
+    sgd.learning_rate = 1.0f;
+    kv.SetOptimizer(sgd);
+    std::vector<std::vector<float>> grads;
+    std::vector<ps::Tensor> grad_views;
+    for (auto& v : values) grads.emplace_back(v.size(), static_cast<float>(kv.Rank() + 1));
+    for (auto& g : grads) grad_views.emplace_back(g.data(), g.size());
+    for (int round = 0; round < kRounds; ++round) kv.Push(keys, grad_views);
+    kv.WaitAll();
+    kv.Barrier();
+    kv.Pull(keys, views);
+    kv.WaitAll();
+    const float expected = -static_cast<float>(kRounds * (1 + 2 + 3));
+    for (const auto& v : values) Expect(v == std::vector<float>(v.size(), expected), "async sum");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: server-side optimizers match a reference computed here", "[dist]") {
+  const std::string name = GENERATE(std::string("sgd"), std::string("adam"), std::string("adagrad"));
+  INFO(name);
+  constexpr std::size_t kSize = 1500;  // sliced over both servers (bound 1000)
+  constexpr int kRounds = 6;
+  ps::OptimizerConfig config;
+  config.name = name;
+  config.learning_rate = 0.05f;
+  config.momentum = name == "sgd" ? 0.9f : 0.0f;
+  config.weight_decay = 0.01f;
+  config.rescale_grad = 0.5f;
+  config.clip_gradient = 2.0f;
+  const auto gradient = [](int rank, int round, std::size_t i) {
+    return static_cast<float>((static_cast<int>(i % 7) - 3) * (rank + 1) + round) * 0.25f;
+  };
+  const auto initial = [](std::size_t i) { return static_cast<float>(i % 11) * 0.1f - 0.5f; };
+
+  // The reference: MXNet's update rules, in double, on the sum of both workers' gradients.
+  std::vector<double> w(kSize), state1(kSize, 0.0), state2(kSize, 0.0);
+  for (std::size_t i = 0; i < kSize; ++i) w[i] = initial(i);
+  for (int round = 1; round <= kRounds; ++round) {
+    for (std::size_t i = 0; i < kSize; ++i) {
+      double g = (static_cast<double>(gradient(0, round, i)) + gradient(1, round, i)) * config.rescale_grad;
+      g = std::clamp(g, -2.0, 2.0);
+      if (name == "sgd") {
+        state1[i] = 0.9 * state1[i] - 0.05 * (g + 0.01 * w[i]);
+        w[i] += state1[i];
+      } else if (name == "adam") {
+        g += 0.01 * w[i];
+        state1[i] = 0.9 * state1[i] + 0.1 * g;
+        state2[i] = 0.999 * state2[i] + 0.001 * g * g;
+        const double lr_t = 0.05 * std::sqrt(1 - std::pow(0.999, round)) / (1 - std::pow(0.9, round));
+        w[i] -= lr_t * state1[i] / (std::sqrt(state2[i]) + 1e-8);
+      } else {
+        state1[i] += g * g;
+        w[i] -= 0.05 * (g / (std::sqrt(state1[i]) + 1e-8) + 0.01 * w[i]);
+      }
+    }
+  }
+
+  KVCluster cluster(2, 2, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}});
+  std::vector<float> result(kSize);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(kSize), grad(kSize);
+    for (std::size_t i = 0; i < kSize; ++i) value[i] = initial(i);
+    kv.Init(9, ps::Tensor(value.data(), kSize));
+    kv.SetOptimizer(config);
+    for (int round = 1; round <= kRounds; ++round) {
+      for (std::size_t i = 0; i < kSize; ++i) grad[i] = gradient(kv.Rank(), round, i);
+      kv.PushPull(9, ps::Tensor(grad.data(), kSize), ps::Tensor(value.data(), kSize));
+      kv.WaitAll();
+    }
+    if (kv.Rank() == 0) result = value;
+  });
+  REQUIRE(AllOk(outcomes) == "");
+  for (std::size_t i = 0; i < kSize; ++i) {
+    INFO("element " << i);
+    REQUIRE(result[i] == Approx(w[i]).epsilon(1e-4).margin(1e-5));
+  }
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: pushes and pulls issued from several threads of each worker", "[dist]") {
+  KVCluster cluster(2, 2);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 10;
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<std::vector<float>> values(kThreads, std::vector<float>(64, 0.0f));
+    std::vector<std::vector<float>> grads, outs(kThreads, std::vector<float>(64));
+    std::vector<ps::Key> keys;
+    std::vector<ps::Tensor> views;
+    for (int t = 0; t < kThreads; ++t) {
+      keys.push_back(static_cast<ps::Key>(t));
+      views.emplace_back(values[static_cast<std::size_t>(t)].data(), 64);
+      grads.emplace_back(64, static_cast<float>(t + 1));
+    }
+    kv.Init(keys, views);
+    for (int round = 1; round <= kRounds; ++round) {
+      // Each thread issues its own key's operations concurrently with the others...
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          const auto index = static_cast<std::size_t>(t);
+          kv.Push(keys[index], ps::Tensor(grads[index].data(), 64));
+          kv.Pull(keys[index], ps::Tensor(outs[index].data(), 64));
+        });
+      }
+      for (auto& thread : threads) thread.join();
+      // ...and one WaitAll covers all of them (see the thread-safety note in kvstore.h).
+      kv.WaitAll();
+      for (int t = 0; t < kThreads; ++t) {
+        Expect(outs[static_cast<std::size_t>(t)] == std::vector<float>(64, static_cast<float>(2 * (t + 1))),
+               "thread " + std::to_string(t) + " round " + std::to_string(round));
+      }
+    }
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: bad input raises ps::Error naming key and values and changes nothing",
+          "[dist][errors]") {
+  KVCluster cluster(2, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(10, 3.0f), out(10), wrong_size(11, 1.0f);
+    std::vector<double> wrong_dtype(10, 1.0);
+    kv.Init(3, ps::Tensor(value.data(), 10));
+    const auto error_of = [](const std::function<void()>& call) -> std::string {
+      try {
+        call();
+      } catch (const ps::Error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    std::string e = error_of([&] { kv.Push(3, ps::Tensor(wrong_size.data(), 11)); });
+    Expect(e.find("key 3") != std::string::npos && e.find("expected 10") != std::string::npos &&
+               e.find("given 11") != std::string::npos,
+           "size mismatch message: " + e);
+    e = error_of([&] { kv.Push(3, ps::Tensor(wrong_dtype.data(), 10)); });
+    Expect(e.find("key 3: dtype mismatch: expected float32") != std::string::npos &&
+               e.find("given float64") != std::string::npos,
+           "dtype mismatch message: " + e);
+    e = error_of([&] { kv.Pull(99, ps::Tensor(out.data(), 10)); });
+    Expect(e.find("key 99") != std::string::npos && e.find("never initialized") != std::string::npos,
+           "unknown key message: " + e);
+    e = error_of([&] { kv.Init(3, ps::Tensor(value.data(), 10)); });
+    Expect(e.find("key 3") != std::string::npos && e.find("already initialized") != std::string::npos,
+           "double init message: " + e);
+    // Nothing changed, and the servers still serve.
+    kv.Pull(3, ps::Tensor(out.data(), 10));
+    kv.WaitAll();
+    Expect(out == std::vector<float>(10, 3.0f), "value untouched after errors");
+    std::vector<float> grad(10, 1.0f);
+    kv.PushPull(3, ps::Tensor(grad.data(), 10), ps::Tensor(out.data(), 10));
+    kv.WaitAll();
+    Expect(out == std::vector<float>(10, 2.0f), "servers still serve");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: a size only the server can catch comes back through WaitAll",
+          "[dist][errors]") {
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    // The workers disagree on key 5's size: rank 0's Init (10 elements) is what the server has.
+    const std::size_t size = kv.Rank() == 0 ? 10 : 12;
+    std::vector<float> value(size, 4.0f), out(size);
+    kv.Init(5, ps::Tensor(value.data(), size));
+    if (kv.Rank() == 1) {
+      kv.Push(5, ps::Tensor(value.data(), size));  // passes the local check (12 == 12)
+      try {
+        kv.WaitAll();
+        Expect(false, "the server accepted a push of the wrong size");
+      } catch (const ps::Error& e) {
+        const std::string text = e.what();
+        Expect(text.find("server 0: key 5: size mismatch: expected 10 elements, given 12") !=
+                   std::string::npos,
+               "server message: " + text);
+      }
+    }
+    kv.Barrier();
+    if (kv.Rank() == 0) {
+      kv.Pull(5, ps::Tensor(out.data(), size));
+      kv.WaitAll();
+      Expect(out == std::vector<float>(10, 4.0f), "stored value untouched");
+    }
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_async: a push before SetOptimizer is an error", "[dist][errors]") {
+  KVCluster cluster(1, 1);
+  const auto outcomes = cluster.RunWorkers("dist_async", [&](ps::KVStore& kv) {
+    std::vector<float> value(4, 1.0f);
+    kv.Init(1, ps::Tensor(value.data(), 4));
+    try {
+      kv.Push(1, ps::Tensor(value.data(), 4));
+      Expect(false, "push accepted without an optimizer");
+    } catch (const ps::Error& e) {
+      Expect(std::string(e.what()).find("SetOptimizer") != std::string::npos, e.what());
+    }
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: a worker that finishes early fails the round it left open instead of a hang",
+          "[dist][errors]") {
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(8, 0.0f), grad(8, 1.0f);
+    kv.Init(1, ps::Tensor(value.data(), 8));
+    const int rounds = kv.Rank() == 0 ? 3 : 4;  // rank 1 pushes one round more
+    for (int round = 0; round < rounds; ++round) {
+      kv.PushPull(1, ps::Tensor(grad.data(), 8), ps::Tensor(value.data(), 8));
+      kv.WaitAll();
+    }
+  });
+  CHECK(outcomes[0].empty() != outcomes[1].empty());  // exactly the rank-1 thread failed
+  const std::string error = outcomes[0].empty() ? outcomes[1] : outcomes[0];
+  CHECK_THAT(error, Catch::Contains("worker 0 (") && Catch::Contains("has finished") &&
+                        Catch::Contains("every worker must push each key equally often"));
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: a worker killed mid-round makes the others fail naming it", "[dist][errors]") {
+  KVCluster cluster(2, 2);
+  using ps::test::ChildProcess;
+  const auto check = ps::test::BinPath("ps-kvstore-check");
+  auto env = cluster.env();
+  env["DMLC_ROLE"] = "worker";
+  ChildProcess victim({check, "--rounds", "50", "--pause_at_round", "5"}, env);
+  ChildProcess survivor({check, "--rounds", "50"}, env);
+  REQUIRE(victim.WaitForOutput("paused at round 5", 30s));
+  victim.Kill(SIGKILL);
+  REQUIRE(victim.Wait(5s) == 128 + SIGKILL);
+  CHECK(survivor.Wait(15s) == 1);
+  CHECK_THAT(survivor.Output(), Catch::Contains("kvstore-check: error:") && Catch::Contains("died"));
+  CHECK(cluster.scheduler().Wait(15s) == 1);
+  for (auto& server : cluster.servers()) CHECK(server->Wait(15s) == 1);
+}
+
+namespace {
+
+long RssKiB(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("dist_sync: 4 workers run 1000 rounds over 16 keys exactly with flat server memory",
+          "[dist][soak]") {
+  KVCluster cluster(2, 4);
+  auto env = cluster.env();
+  env["DMLC_ROLE"] = "worker";
+  std::vector<std::unique_ptr<ps::test::ChildProcess>> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.push_back(std::make_unique<ps::test::ChildProcess>(
+        std::vector<std::string>{ps::test::BinPath("ps-kvstore-check"), "--rounds", "1000",
+                                 "--keys", "16", "--size", "256", "--report_every", "100"},
+        env));
+  }
+  REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 200", 120s));
+  std::vector<long> early;
+  for (auto& server : cluster.servers()) early.push_back(RssKiB(server->pid()));
+  REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 900", 120s));
+  std::vector<long> late;
+  for (auto& server : cluster.servers()) late.push_back(RssKiB(server->pid()));
+  for (auto& worker : workers) {
+    CHECK(worker->Wait(120s) == 0);
+    CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: ok") && Catch::Contains("rounds=1000"));
+  }
+  for (std::size_t s = 0; s < early.size(); ++s) {
+    INFO("server " << s << " RSS " << early[s] << " KiB at round 200, " << late[s] << " at 900");
+    CHECK(early[s] > 0);
+    CHECK(late[s] - early[s] < 2048);  // 700 rounds may not grow a server by 2 MiB
+  }
+  CHECK(cluster.EndedCleanly());
+}

@@ -1,0 +1,369 @@
+"""tools/launch.py: command line, hostfile, placement, environment, quoting, --dry-run.
+
+Unit tests of the launcher's pure parts (imported as a module), plus --help, usage errors and
+--dry-run run as commands. Nothing here starts a job.
+"""
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import threading
+import unittest
+
+from launcher_testlib import LAUNCH, PY, LauncherTest
+
+spec = importlib.util.spec_from_file_location("launch", LAUNCH)
+launch = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(launch)
+
+
+def names(hosts):
+    return [h.name for h in hosts]
+
+
+class Hostfile(unittest.TestCase):
+
+    def test_formats(self):
+        hosts = launch.parse_hostfile_text(
+            "# comment line\n"
+            "node1\n"
+            "\n"
+            "  node2:2222   # trailing comment\n"
+            "node3 slots=4\n"
+            "alice@node4:22 slots=2\n"
+            "10.0.0.5\n"
+            "[::1]:2200\n"
+            "fe80::1\n")
+        self.assertEqual(names(hosts), ["node1", "node2", "node3", "node4", "10.0.0.5", "::1",
+                                        "fe80::1"])
+        self.assertEqual([h.port for h in hosts], [None, 2222, None, 22, None, 2200, None])
+        self.assertEqual([h.slots for h in hosts], [1, 1, 4, 2, 1, 1, 1])
+        self.assertEqual(hosts[3].target, "alice@node4")
+        self.assertEqual(hosts[3].name, "node4")  # DMLC_NODE_HOST has no user part
+
+    def test_errors_name_the_line(self):
+        for text, want in [("node1\nnode2:99999\n", "hosts:2: bad ssh port"),
+                           ("node1 slots=0\n", "hosts:1: bad slots"),
+                           ("node1 slots=x\n", "bad slots"),
+                           ("node1 cpus=4\n", "unknown field 'cpus=4'"),
+                           ("# only comments\n\n", "no hosts"),
+                           ("[::1\n", "unbalanced"),
+                           ("@node\n", "empty user")]:
+            with self.subTest(text=text):
+                with self.assertRaises(launch.UsageError) as cm:
+                    launch.parse_hostfile_text(text, "hosts")
+                self.assertIn(want, str(cm.exception))
+
+
+class Placement(unittest.TestCase):
+
+    def hosts(self, *spec):
+        return [launch.Host(n, slots=s) for n, s in spec]
+
+    def test_servers_on_distinct_hosts_then_round_robin(self):
+        hosts = self.hosts(("a", 1), ("b", 1), ("c", 1), ("d", 1))
+        servers, workers = launch.place(hosts, 2, 4)
+        self.assertEqual(names(servers), ["a", "b"])
+        self.assertEqual(names(workers), ["c", "d", "a", "b"])  # MXNet: one global counter
+
+    def test_more_servers_than_hosts_wraps(self):
+        servers, workers = launch.place(self.hosts(("a", 1), ("b", 1)), 3, 3)
+        self.assertEqual(names(servers), ["a", "b", "a"])
+        self.assertEqual(names(workers), ["b", "a", "b"])
+
+    def test_slots_weight_the_rotation(self):
+        # slot list: round 0 = a b c, round 1 = a c, round 2 = c -> a b c a c c
+        hosts = self.hosts(("a", 2), ("b", 1), ("c", 3))
+        servers, workers = launch.place(hosts, 3, 5)
+        self.assertEqual(names(servers), ["a", "b", "c"])
+        self.assertEqual(names(workers), ["a", "c", "c", "a", "b"])
+
+    def test_single_host(self):
+        servers, workers = launch.place(self.hosts(("only", 1)), 2, 2)
+        self.assertEqual(names(servers + workers), ["only"] * 4)
+
+
+class EnvItems(unittest.TestCase):
+
+    def parse(self, items, flag="--env", environ=None):
+        return launch.parse_env_items(items, flag, environ or {})
+
+    def test_forms(self):
+        self.assertEqual(self.parse(["A=1", "B=x=y", "C:mx:form", "D=", "E"], environ={"E": "e"}),
+                         {"A": "1", "B": "x=y", "C": "mx:form", "D": "", "E": "e"})
+
+    def test_errors(self):
+        for items, flag, want in [
+                (["NOPE"], "--env", "NOPE is not set in the launcher's environment"),
+                (["1A=1"], "--env", "not a valid variable name"),
+                (["A-B=1"], "--env", "not a valid variable name"),
+                (["DMLC_ROLE=server"], "--env", "set by the launcher"),
+                (["DMLC_NUM_WORKER=3"], "--env-worker", "set by the launcher"),
+                (["DMLC_NODE_HOST=h"], "--env", "set by the launcher"),
+                (["DMLC_PS_ROOT_PORT=9000"], "--env-server", "give it with --env")]:
+            with self.subTest(items=items, flag=flag):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(items, flag)
+                self.assertIn(want, str(cm.exception))
+
+
+class Args(LauncherTest):
+
+    def parse(self, argv, **environ):
+        env = {"PATH": "/nonexistent", "PS_BIN_DIR": self.fake_bin_dir()}
+        env.update(environ)
+        return launch.parse_args(argv, environ=env, cwd=self.tmp, launcher_dir="/nonexistent/t")
+
+    def test_defaults_follow_mxnet(self):
+        c = self.parse(["-n", "3", "prog", "--flag"])
+        self.assertEqual((c.num_workers, c.num_servers, c.launcher), (3, 3, "local"))
+        self.assertEqual(c.worker_cmd, ["prog", "--flag"])
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("h1\nh2\n")
+        c = self.parse(["-n", "2", "-s", "1", "-H", hosts, "prog"])
+        self.assertEqual((c.num_servers, c.launcher, names(c.hosts)), (1, "ssh", ["h1", "h2"]))
+        c = self.parse(["-n", "2", "--launcher", "local", "-H", hosts, "prog"])
+        self.assertEqual(c.launcher, "local")
+        self.assertIn("ignores the hostfile", c.warnings[0])
+
+    def test_options_after_the_command_belong_to_it(self):
+        c = self.parse(["-n", "2", "prog", "-n", "5", "--env", "X=1", "-q"])
+        self.assertEqual(c.worker_cmd, ["prog", "-n", "5", "--env", "X=1", "-q"])
+        self.assertFalse(c.quiet)
+        c = self.parse(["-n", "2", "--", "-prog-with-dash"])
+        self.assertEqual(c.worker_cmd, ["-prog-with-dash"])
+
+    def test_dash_values(self):
+        c = self.parse(["-n", "1", "--ssh-opts", "-i key -o 'A=b c'", "--server-cmd",
+                        "-weird 'a b'", "--scheduler-cmd", "sched --x", "prog"])
+        self.assertEqual(c.ssh_opts, ["-i", "key", "-o", "A=b c"])
+        self.assertEqual(c.server_cmd, ["-weird", "a b"])
+        self.assertEqual(c.scheduler_cmd, ["sched", "--x"])
+        self.assertFalse(c.scheduler_reports_port)
+
+    def test_default_binaries_and_port_mode(self):
+        c = self.parse(["-n", "1", "prog"])
+        bindir = os.path.join(self.tmp, "bin")
+        self.assertEqual(c.server_cmd, [os.path.join(bindir, "ps-server")])
+        self.assertEqual(c.scheduler_cmd, [os.path.join(bindir, "ps-scheduler")])
+        self.assertTrue(c.scheduler_reports_port)
+        c = self.parse(["-n", "1", "--same-cmd-for-all-roles", "prog", "x"])
+        self.assertEqual(c.server_cmd, ["prog", "x"])
+        self.assertEqual(c.scheduler_cmd, ["prog", "x"])
+        self.assertFalse(c.scheduler_reports_port)
+
+    def test_binary_search_order(self):
+        # $PS_BIN_DIR first
+        bindir = self.fake_bin_dir()
+        self.assertEqual(launch.find_binary("ps-server", {"PS_BIN_DIR": bindir}, "/x/tools"),
+                         os.path.join(bindir, "ps-server"))
+        # then <repo>/build/bin for a launcher at <repo>/tools
+        repo = os.path.join(self.tmp, "repo")
+        self.fake_bin_dir(where=os.path.join(repo, "build", "bin"))
+        self.assertEqual(launch.find_binary("ps-server", {}, os.path.join(repo, "tools")),
+                         os.path.join(repo, "build", "bin", "ps-server"))
+        # then next to launch.py, as installed in <prefix>/bin
+        prefix_bin = self.fake_bin_dir(where=os.path.join(self.tmp, "prefix", "bin"))
+        self.assertEqual(launch.find_binary("ps-scheduler", {}, prefix_bin),
+                         os.path.join(prefix_bin, "ps-scheduler"))
+        # then PATH
+        self.assertEqual(launch.find_binary("ps-scheduler", {"PATH": prefix_bin}, "/x/tools"),
+                         os.path.join(prefix_bin, "ps-scheduler"))
+        self.assertIsNone(launch.find_binary("ps-scheduler", {"PATH": "/nonexistent"},
+                                             "/x/tools"))
+
+    def test_scheduler_address(self):
+        self.assertEqual(launch.local_address_towards("127.0.0.2"), "127.0.0.1")
+        self.assertTrue(launch.is_loopback("127.0.0.2"))
+        self.assertTrue(launch.is_loopback("localhost"))
+        self.assertFalse(launch.is_loopback("10.0.0.1"))
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("127.0.0.1\n127.0.0.2\n")
+        c = self.parse(["-n", "1", "-H", hosts, "prog"])
+        self.assertEqual(launch.Launch(c).root_uri(), "127.0.0.1")
+        c = self.parse(["-n", "1", "-H", hosts, "--scheduler-host", "127.0.0.2:22", "prog"])
+        self.assertEqual(launch.Launch(c).root_uri(), "127.0.0.2")
+        c = self.parse(["-n", "1", "-H", hosts, "prog"], DMLC_PS_ROOT_URI="sched.example")
+        self.assertEqual(launch.Launch(c).root_uri(), "sched.example")
+
+    def test_missing_binaries(self):
+        env = {"PATH": "/nonexistent"}
+        with self.assertRaises(launch.UsageError) as cm:
+            launch.parse_args(["-n", "1", "prog"], environ=env, cwd=self.tmp,
+                              launcher_dir="/nonexistent/tools")
+        self.assertIn("ps-server not found", str(cm.exception))
+        self.assertIn("--server-cmd", str(cm.exception))
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("h1\n")
+        with_ssh = launch.parse_args(["-n", "1", "-H", hosts, "prog"], environ=env, cwd=self.tmp,
+                                     launcher_dir="/nonexistent/tools")
+        self.assertEqual(with_ssh.server_cmd, ["ps-server"])  # the remote PATH's
+        self.assertIn("not found locally", with_ssh.warnings[0])
+
+    def test_synced_binaries_run_from_the_copy(self):
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("h1\n")
+        c = self.parse(["-n", "1", "-H", hosts, "--sync-dst-dir", "/remote/job",
+                        os.path.join(self.tmp, "prog"), "/elsewhere/x"])
+        la = launch.Launch(c)
+        server, worker = la.make_specs("10.0.0.1", 9000)
+        self.assertEqual(la.command_for(server), ["/remote/job/bin/ps-server"])
+        self.assertEqual(la.command_for(worker), ["/remote/job/prog", "/elsewhere/x"])
+        # the scheduler runs on the launching host: the original path
+        sched = la.scheduler_spec("10.0.0.1", 0)
+        self.assertEqual(la.command_for(sched), [os.path.join(self.tmp, "bin", "ps-scheduler")])
+
+    def test_root_port_and_uri_overrides(self):
+        c = self.parse(["-n", "1", "--env", "DMLC_PS_ROOT_PORT=9100", "--env",
+                        "DMLC_PS_ROOT_URI=10.1.2.3", "prog"], DMLC_PS_ROOT_PORT="9200")
+        self.assertEqual((c.user_root_port, c.user_root_uri), (9100, "10.1.2.3"))
+        self.assertNotIn("DMLC_PS_ROOT_PORT", c.env_all)
+        c = self.parse(["-n", "1", "prog"], DMLC_PS_ROOT_PORT="9200")
+        self.assertEqual(c.user_root_port, 9200)
+
+    def test_usage_errors(self):
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("h1\n")
+        for argv, want in [
+                (["-n", "0", "prog"], "at least one worker"),
+                (["-n", "1", "-s", "-1", "prog"], "cannot be negative"),
+                (["-n", "1"], "no worker command"),
+                (["-n", "1", "--launcher", "ssh", "prog"], "needs -H HOSTFILE"),
+                (["-n", "1", "-H", "/nonexistent/hosts", "prog"], "No such file"),
+                (["-n", "1", "-H", hosts, "--ssh-opts", "-n", "prog"], "-n cannot be used"),
+                (["-n", "1", "--scheduler-host", "h", "prog"], "needs the ssh launcher"),
+                (["-n", "1", "--same-cmd-for-all-roles", "--server-cmd", "x", "prog"],
+                 "conflicts"),
+                (["-n", "1", "--env", "DMLC_PS_ROOT_PORT=http", "prog"], "want a port")]:
+            with self.subTest(argv=argv):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(argv)
+                self.assertIn(want, str(cm.exception))
+
+
+class RemoteCommand(LauncherTest):
+    """The command line sent to a remote host, run through a local POSIX shell as the remote
+    login shell would: every value and word must arrive unchanged."""
+
+    ODD = ["plain", "a b", "\"dq\"", "'sq'", "$HOME", "`id`", "$(id)", ";", "&&", "|", "*",
+           "~", "\\", "\\n", "é", "tab\there", "new\nline", "", "-dash", "x=y"]
+
+    def test_remote_string_survives_a_shell(self):
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("h1:2222\n")
+        c = self.parse(["-n", "1", "-s", "0", "-H", hosts, "--ssh-opts", "-i k",
+                        "--env", "T_ODD=" + " ".join(self.ODD), "--env-worker", "T_W=it's"]
+                       + [PY, "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], "
+                                    "{k: v for k, v in os.environ.items() "
+                                    "if k.startswith(('T_', 'DMLC_'))}]))"]
+                       + self.ODD)
+        la = launch.Launch(c)
+        spec, = la.make_specs("10.0.0.1", 9999)
+        argv, _ = la.argv_for(spec)
+        self.assertEqual(argv[:3], ["ssh", "-p", "2222"])
+        self.assertEqual(argv[3:5], ["-i", "k"])
+        self.assertEqual(argv[-2], "h1")
+        # stdin stays open, as ssh's does while the launcher runs (EOF would stop the command)
+        proc = subprocess.Popen(["bash", "-c", argv[-1]], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        timer = threading.Timer(30, proc.kill)  # bounded, whatever happens
+        timer.start()
+        try:
+            stdout = proc.stdout.read()
+            self.assertEqual(proc.wait(timeout=30), 0, stdout)
+        finally:
+            timer.cancel()
+            proc.stdin.close()
+            proc.stdout.close()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        lines = [ln for ln in stdout.splitlines() if not ln.startswith("@@ps-launch")]
+        words, env = json.loads(lines[0])
+        self.assertEqual(words, self.ODD)
+        self.assertEqual(env["T_ODD"], " ".join(self.ODD))
+        self.assertEqual(env["T_W"], "it's")
+        self.assertEqual(env["DMLC_ROLE"], "worker")
+        self.assertEqual(env["DMLC_NODE_HOST"], "h1")
+        self.assertEqual(env["DMLC_PS_ROOT_URI"], "10.0.0.1")
+        self.assertEqual(env["DMLC_PS_ROOT_PORT"], "9999")
+
+    parse = Args.parse
+
+
+class CommandLine(LauncherTest):
+
+    def run_cmd(self, args, env=None):
+        return subprocess.run([PY, LAUNCH] + args, capture_output=True, text=True, timeout=30,
+                              env=env or self.env(), cwd=self.tmp, stdin=subprocess.DEVNULL)
+
+    def test_help(self):
+        r = self.run_cmd(["--help"])
+        self.assertEqual(r.returncode, 0)
+        for flag in ("--num-workers", "--num-servers", "--hostfile", "--launcher",
+                     "--sync-dst-dir", "--env", "--env-server", "--env-worker", "--server-cmd",
+                     "--scheduler-cmd", "--same-cmd-for-all-roles", "--ssh-opts", "--dry-run",
+                     "--quiet", "--scheduler-host", "--interface"):
+            self.assertIn(flag, r.stdout)
+
+    def test_usage_error_exit_2(self):
+        r = self.run_cmd(["-n", "0", "prog"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("error: -n 0: need at least one worker", r.stderr)
+        r = self.run_cmd(["prog"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("required: -n", r.stderr)
+
+    def test_executable_with_shebang(self):
+        self.assertTrue(os.access(LAUNCH, os.X_OK))
+        with open(LAUNCH) as f:
+            self.assertEqual(f.readline().strip(), "#!/usr/bin/env python3")
+
+    def test_dry_run_local_prints_and_starts_nothing(self):
+        bindir = self.fake_bin_dir()
+        r = self.run_cmd(["--dry-run", "-n", "2", "-s", "1", "--env", "T_A=x y"]
+                         + self.fake_cmd(), env=self.env(PS_BIN_DIR=bindir))
+        self.assertEqual(r.returncode, 0, r)
+        comments = [ln for ln in r.stdout.splitlines() if ln.startswith("# [")]
+        self.assertEqual([c.split("]")[0] + "]" for c in comments],
+                         ["# [scheduler]", "# [server 0]", "# [worker 0]", "# [worker 1]"])
+        self.assertIn("DMLC_PS_ROOT_PORT=0", comments[0])
+        self.assertIn(f"{bindir}/ps-scheduler", comments[0])
+        self.assertIn("DMLC_ROLE=worker", comments[2])
+        self.assertIn("T_A='x y'", r.stdout)
+        self.assertIn("<port reported by the scheduler>", comments[2])
+        self.assertEqual(self.records(), [])
+
+    def test_dry_run_ssh_shows_rsync_and_ssh(self):
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("10.9.9.1:2222\n10.9.9.2 slots=2\n")
+        r = self.run_cmd(["--dry-run", "-n", "2", "-s", "2", "-H", hosts, "--sync-dst-dir",
+                          "/scratch/job", "--ssh-opts", "-i key", "--env",
+                          "DMLC_PS_ROOT_PORT=9123", "--env", "DMLC_PS_ROOT_URI=10.9.9.100",
+                          "--same-cmd-for-all-roles", "python3",
+                          "train.py"])
+        self.assertEqual(r.returncode, 0, r)
+        out = r.stdout.splitlines()
+        rsyncs = [shlex.split(ln) for ln in out if ln.startswith("rsync ")]
+        self.assertEqual(len(rsyncs), 2)
+        self.assertEqual(rsyncs[0][-1], "10.9.9.1:/scratch/job/")
+        self.assertIn("-p 2222", rsyncs[0][3])
+        sshs = [shlex.split(ln) for ln in out if ln.startswith("ssh ")]
+        self.assertEqual([s[-2] for s in sshs],
+                         ["10.9.9.1", "10.9.9.2", "10.9.9.2", "10.9.9.1"])
+        self.assertTrue(all("DMLC_PS_ROOT_PORT=9123" in s[-1] for s in sshs))
+        self.assertTrue(all("DMLC_PS_ROOT_URI=10.9.9.100" in s[-1] for s in sshs))
+        self.assertIn("# [scheduler] on localhost", r.stdout)
+        self.assertEqual(self.records(), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,174 @@
+"""tools/launch.py end to end, with the real ps-scheduler and ps-server from PS_BIN_DIR.
+
+- ps-kvstore-check --rounds 20: a dist_sync KVStore job that exits 0 only when the values are
+  exact and prints `kvstore-check: ok rank=R`; run by the local and by the ssh launcher.
+- ps-test-node (the runtime's own test worker): barriers, and --block for the signal tests.
+A test is skipped, saying which binary is missing, only when that binary is not built.
+"""
+import os
+import re
+import shutil
+import signal
+import tempfile
+import unittest
+
+from launcher_testlib import REPO, LauncherTest, Sshd, ssh_missing, wait_until
+
+BIN = os.environ.get("PS_BIN_DIR") or os.path.join(REPO, "build", "bin")
+
+
+def missing(*names):
+    for name in names:
+        if not os.access(os.path.join(BIN, name), os.X_OK):
+            return f"{name} not built in {BIN} (PS_BIN_DIR)"
+    return None
+
+
+def binary(name):
+    return os.path.join(BIN, name)
+
+
+class RealBinaries:
+    """Mixin: launcher runs with the real binaries and a marker in every process' environment."""
+
+    def real_env(self):
+        return self.env(PS_BIN_DIR=BIN)
+
+    def marked(self):
+        return ["--env", f"PSL_TEST_MARK={self.marker}"]
+
+    def assert_kvstore_ok(self, r, workers):
+        self.assertEqual(r.rc, 0, r)
+        oks = self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+\b")
+        self.assertEqual(sorted(oks), list(range(workers)), r)  # every worker printed it
+        lines = [line for found in oks.values() for line in found]
+        ranks = sorted(int(re.search(r"\brank=(\d+)", line).group(1)) for line in lines)
+        self.assertEqual(ranks, list(range(workers)), r)  # ... each with its own rank
+        for line in lines:  # the extra fields, when printed, agree with the job
+            for key, want in (("workers", workers), ("rounds", 20)):
+                m = re.search(rf"\b{key}=(\d+)", line)
+                if m:
+                    self.assertEqual(int(m.group(1)), want, line)
+
+    def assert_nothing_left_here(self):
+        self.assert_nothing_left(timeout=10, environ_marker=True)
+
+    def wait_for_output(self, proc, text, count, timeout=30):
+        ok = wait_until(lambda: proc.poll() is not None or
+                        self.launcher_output(proc).out.count(text) >= count, timeout)
+        self.assertTrue(ok and proc.poll() is None,
+                        f"job not running as expected\n{self.launcher_output(proc)}")
+
+
+class LocalEndToEnd(RealBinaries, LauncherTest):
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_kvstore_job_exact_result(self):
+        r = self.run_launcher(["-n", "3", "-s", "2"] + self.marked()
+                              + [binary("ps-kvstore-check"), "--rounds", "20"],
+                              env=self.real_env(), timeout=60)
+        self.assert_kvstore_ok(r, 3)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-node"),
+                     missing("ps-scheduler", "ps-server", "ps-test-node"))
+    def test_runtime_barriers(self):
+        r = self.run_launcher(["-n", "3", "-s", "2"] + self.marked()
+                              + [binary("ps-test-node"), "--barriers", "5"],
+                              env=self.real_env(), timeout=60)
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(sorted(self.worker_lines(r.out, "5 barriers done")), [0, 1, 2], r)
+        self.assertIn("ps-scheduler: listening on 127.0.0.1:", r.out)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server"), missing("ps-scheduler", "ps-server"))
+    def test_failing_worker_stops_real_scheduler_and_servers(self):
+        r = self.run_launcher(["-n", "2", "-s", "2"] + self.marked()
+                              + ["sh", "-c", "echo worker giving up; exit 3"],
+                              env=self.real_env(), timeout=60)
+        self.assertEqual(r.rc, 3, r)
+        self.assertIn("exited with status 3; last lines:", r.err)
+        self.assertIn("worker giving up", r.err)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-node"),
+                     missing("ps-scheduler", "ps-server", "ps-test-node"))
+    def test_sigint_stops_real_job(self):
+        proc = self.start_launcher(["-n", "2", "-s", "2"] + self.marked()
+                                   + [binary("ps-test-node"), "--block"], env=self.real_env())
+        self.wait_for_output(proc, "registered as worker", 2)
+        proc.send_signal(signal.SIGINT)
+        r = self.finish_launcher(proc, timeout=30)
+        self.assertEqual(r.rc, 130, r)
+        self.assert_nothing_left_here()
+
+
+SSH_SKIP = ssh_missing()
+
+
+@unittest.skipIf(SSH_SKIP, SSH_SKIP)
+class SshEndToEnd(RealBinaries, LauncherTest):
+
+    @classmethod
+    def setUpClass(cls):
+        if missing("ps-scheduler", "ps-server"):
+            raise unittest.SkipTest(missing("ps-scheduler", "ps-server"))
+        cls.sshd_tmp = tempfile.mkdtemp(prefix="psl-sshd-")
+        cls.sshd = Sshd(cls.sshd_tmp)
+        cls.sshd.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sshd.stop()
+        shutil.rmtree(cls.sshd_tmp, ignore_errors=True)
+
+    def ssh_args(self):
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write(f"127.0.0.1:{self.sshd.port}\n127.0.0.2:{self.sshd.port}\n")
+        proj = os.path.join(self.tmp, "proj")
+        os.makedirs(proj, exist_ok=True)
+        with open(os.path.join(proj, "job.txt"), "w") as f:
+            f.write("synced by the launcher\n")
+        return ["-H", hosts, "--ssh-opts", self.sshd.ssh_opts(),
+                "--sync-dst-dir", os.path.join(self.tmp, "dst")] + self.marked()
+
+    @unittest.skipIf(missing("ps-kvstore-check"), missing("ps-kvstore-check"))
+    def test_kvstore_job_exact_result_over_ssh(self):
+        args = self.ssh_args()
+        r = self.run_launcher(["-n", "2", "-s", "2"] + args
+                              + [binary("ps-kvstore-check"), "--rounds", "20"],
+                              env=self.real_env(), cwd=os.path.join(self.tmp, "proj"),
+                              timeout=60)
+        self.assert_kvstore_ok(r, 2)
+        self.assertTrue(os.path.isfile(os.path.join(self.tmp, "dst", "job.txt")))
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-test-node"), missing("ps-test-node"))
+    def test_runtime_barriers_over_ssh(self):
+        args = self.ssh_args()
+        r = self.run_launcher(["-n", "3", "-s", "2"] + args
+                              + [binary("ps-test-node"), "--barriers", "5"],
+                              env=self.real_env(), cwd=os.path.join(self.tmp, "proj"),
+                              timeout=60)
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(sorted(self.worker_lines(r.out, "5 barriers done")), [0, 1, 2], r)
+        self.assertTrue(os.path.isfile(os.path.join(self.tmp, "dst", "job.txt")))
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-test-node"), missing("ps-test-node"))
+    def test_sigint_stops_real_job_over_ssh(self):
+        args = self.ssh_args()
+        proc = self.start_launcher(["-n", "2", "-s", "2"] + args
+                                   + [binary("ps-test-node"), "--block"], env=self.real_env(),
+                                   cwd=os.path.join(self.tmp, "proj"))
+        self.wait_for_output(proc, "registered as worker", 2)
+        proc.send_signal(signal.SIGINT)
+        r = self.finish_launcher(proc, timeout=30)
+        self.assertEqual(r.rc, 130, r)
+        self.assert_nothing_left_here()
+
+
+if __name__ == "__main__":
+    unittest.main()

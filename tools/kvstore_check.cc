@@ -1,0 +1,122 @@
+// ps-kvstore-check: a KVStore program that checks its own results exactly. Run it as every
+// worker of a job (or, MXNet style, as every role: KVStore::Create runs the scheduler or server
+// role when DMLC_ROLE says so). Integer-valued gradients keep every float sum exact.
+//
+// Each round, worker r pushes (r + 1) * (k + 1) into every element of key k; with SGD at
+// learning rate 1 a key's value after R rounds is -R * (k + 1) * W(W+1)/2 (W workers).
+// dist_sync checks that value after every round; dist_async and local check it at the end.
+#include <gflags/gflags.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ps/kvstore.h>
+
+DEFINE_string(type, "dist_sync", "KVStore type: local, dist_sync or dist_async");
+DEFINE_int32(rounds, 20, "Push/pull rounds");
+DEFINE_int32(keys, 4, "Number of keys");
+DEFINE_int32(size, 1000, "Elements per key");
+DEFINE_int32(big_size, 0, "Also use one key of this many elements (0: none)");
+DEFINE_int32(report_every, 0, "Print 'kvstore-check: round N' every N rounds (0: never)");
+DEFINE_int32(pause_at_round, -1, "Stop and wait forever at this round (tests kill it)");
+
+namespace {
+
+[[noreturn]] void Fail(const std::string& message) {
+  std::printf("kvstore-check: error: %s\n", message.c_str());
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
+      "(cluster from the DMLC_* environment)");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  try {
+    std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(FLAGS_type);
+    const int rank = kv->Rank();
+    const int workers = kv->NumWorkers();
+    std::vector<ps::Key> keys;
+    std::vector<std::size_t> sizes;
+    for (int k = 0; k < FLAGS_keys; ++k) {
+      keys.push_back(static_cast<ps::Key>(k));
+      sizes.push_back(static_cast<std::size_t>(FLAGS_size));
+    }
+    if (FLAGS_big_size > 0) {
+      keys.push_back(static_cast<ps::Key>(FLAGS_keys));
+      sizes.push_back(static_cast<std::size_t>(FLAGS_big_size));
+    }
+    std::vector<std::vector<float>> weights, grads, outs;
+    std::vector<ps::Tensor> weight_views, grad_views, out_views;
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      weights.emplace_back(sizes[k], 0.0f);
+      grads.emplace_back(sizes[k], static_cast<float>((rank + 1) * (k + 1)));
+      outs.emplace_back(sizes[k], 0.0f);
+    }
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      weight_views.emplace_back(weights[k].data(), sizes[k]);
+      grad_views.emplace_back(grads[k].data(), sizes[k]);
+      out_views.emplace_back(outs[k].data(), sizes[k]);
+    }
+    kv->Init(keys, weight_views);
+    ps::OptimizerConfig sgd;
+    sgd.name = "sgd";
+    sgd.learning_rate = 1.0f;
+    kv->SetOptimizer(sgd);
+
+    const float per_round = static_cast<float>(workers * (workers + 1) / 2);
+    const bool sync = FLAGS_type == "dist_sync";
+    for (int round = 1; round <= FLAGS_rounds; ++round) {
+      if (round == FLAGS_pause_at_round) {
+        std::printf("kvstore-check: paused at round %d\n", round);
+        std::fflush(stdout);
+        while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // killed by the test
+      }
+      kv->PushPull(keys, grad_views, out_views);
+      kv->WaitAll();
+      if (sync || FLAGS_type == "local") {
+        for (std::size_t k = 0; k < keys.size(); ++k) {
+          const float expected = -static_cast<float>(round) * static_cast<float>(k + 1) *
+                                 (sync ? per_round : static_cast<float>(rank + 1));
+          for (float value : outs[k]) {
+            if (value != expected) {
+              Fail("rank " + std::to_string(rank) + " round " + std::to_string(round) + " key " +
+                   std::to_string(k) + ": expected " + std::to_string(expected) + ", got " +
+                   std::to_string(value));
+            }
+          }
+        }
+      }
+      if (FLAGS_report_every > 0 && round % FLAGS_report_every == 0) {
+        std::printf("kvstore-check: round %d\n", round);
+        std::fflush(stdout);
+      }
+    }
+    kv->Barrier();  // every worker's pushes are in (dist_async applies them on arrival)
+    kv->Pull(keys, out_views);
+    kv->WaitAll();
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      const float expected = -static_cast<float>(FLAGS_rounds) * static_cast<float>(k + 1) *
+                             (FLAGS_type == "local" ? 1.0f : per_round);
+      for (float value : outs[k]) {
+        if (value != expected) {
+          Fail("rank " + std::to_string(rank) + " final key " + std::to_string(k) +
+               ": expected " + std::to_string(expected) + ", got " + std::to_string(value));
+        }
+      }
+    }
+    std::printf("kvstore-check: ok rank=%d workers=%d keys=%zu rounds=%d\n", rank, workers,
+                keys.size(), FLAGS_rounds);
+    return 0;
+  } catch (const ps::Error& e) {
+    Fail(e.what());
+  }
+}

@@ -1,0 +1,1071 @@
+#!/usr/bin/env python3
+"""Start a parameter-server job (1 scheduler, S servers, N workers) locally or over ssh.
+
+    tools/launch.py -n 4 -s 2 -H hosts build/bin/ps-train --kvstore dist_sync
+
+Flags follow MXNet's tools/launch.py; see docs/launcher.md for the full contract.
+Python 3 standard library only.
+
+How processes are run and stopped (the part MXNet gets wrong):
+  Every process, local or remote, runs under a small /bin/sh wrapper (WRAPPER below). The wrapper
+  starts the command in a new session (its own process group), reports that group's id on stdout,
+  and starts a watcher that blocks reading the wrapper's stdin. The launcher holds the write end
+  of that stdin (through ssh for a remote process) and never writes to it. When the launcher closes
+  it (to stop the job), exits, or is killed, or when the ssh connection drops, the watcher reads EOF
+  and kills the whole process group: TERM, then KILL 5 s later. So no process outlives the launcher
+  on any host, even when the launcher itself is killed with SIGKILL.
+"""
+
+import argparse
+import collections
+import ipaddress
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+PROG = "launch.py"
+LISTEN_RE = re.compile(r"^ps-scheduler: listening on (\S+):(\d+)\s*$")
+MARKER_PID_RE = re.compile(r"^@@ps-launch pid=(\d+)$")
+MARKER_WATCH_RE = re.compile(r"^@@ps-launch watch=(\d+)$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Variables the launcher sets itself; --env* may not change them.
+LAUNCHER_OWNED = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_NODE_HOST")
+# Variables that must be equal in every process: settable by --env (all roles) only.
+JOB_WIDE = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+# Forwarded from the launcher's environment to remote processes when set (MXNet forwards a
+# similar list; credentials are deliberately not forwarded).
+FORWARDED = ("PS_VERBOSE", "DMLC_INTERFACE", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
+
+STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
+LAST_LINES = 20  # lines kept per process for failure reports
+PORT_ATTEMPTS = 3  # scheduler starts when the launcher picks the root port itself
+SSH_STARTS_PER_HOST = 8  # ssh connections to one host in their handshake at once
+
+# The wrapper every process runs under: sh -c WRAPPER ps-launch WORKDIR CMD [ARGS...]
+#  - cd WORKDIR; start CMD in a new session (setsid does not fork: a background job of a
+#    non-interactive shell is not a group leader), so its pid is its process-group id; CMD's
+#    first output line is the marker "@@ps-launch pid=PGID";
+#  - start the watcher, in its own session too, reading the wrapper's stdin (saved as fd 3,
+#    because a background job's stdin is /dev/null otherwise); on EOF it sends TERM to CMD's
+#    group, and KILL 5 s later if the group is still there; it exits as soon as the group is gone;
+#  - wait for CMD; then kill the watcher, and whatever CMD left behind in its group (TERM, and
+#    KILL 1 s later); exit with CMD's status (128+N when a signal N ended it).
+WRAPPER = (
+    'd=$1; shift; '
+    'cd "$d" || { echo "ps-launch: cannot cd to $d on $(uname -n)" >&2; exit 126; }; '
+    'exec 3<&0; '
+    "setsid sh -c 'echo \"@@ps-launch pid=$$\"; exec \"$@\"' ps-launch-child \"$@\" "
+    "</dev/null 3<&- & "
+    'p=$!; '
+    "setsid sh -c 'while read -r _; do :; done; kill -s TERM -- -$1 2>/dev/null || exit 0; "
+    "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.5; kill -s 0 -- -$1 2>/dev/null || exit 0; done; "
+    "kill -s KILL -- -$1 2>/dev/null' ps-launch-watch $p <&3 >/dev/null 2>&1 & "
+    'w=$!; exec 3<&-; echo "@@ps-launch watch=$w"; '
+    'wait $p; r=$?; '
+    'kill -s KILL -- -$w 2>/dev/null; '
+    'kill -s TERM -- -$p 2>/dev/null && { sleep 1; kill -s KILL -- -$p 2>/dev/null; }; '
+    'exit $r'
+)
+
+
+class UsageError(Exception):
+    """A mistake in the command line or the hostfile: reported with exit status 2."""
+
+
+# --------------------------------------------------------------------------------------------
+# Hostfile and placement
+
+
+class Host:
+    """One hostfile entry: [user@]name[:sshport] [slots=N]."""
+
+    def __init__(self, name, user=None, port=None, slots=1):
+        self.name = name  # what DMLC_NODE_HOST is set to
+        self.user = user
+        self.port = port  # ssh port, None for ssh's default
+        self.slots = slots
+
+    @property
+    def target(self):
+        """The ssh destination."""
+        return f"{self.user}@{self.name}" if self.user else self.name
+
+    def key(self):
+        return (self.user, self.name, self.port)
+
+    def __repr__(self):
+        port = f":{self.port}" if self.port else ""
+        return f"Host({self.target}{port} slots={self.slots})"
+
+
+def parse_host(text, where):
+    """Parses '[user@]host[:port]' (IPv6 as [addr] or [addr]:port)."""
+    user = None
+    if "@" in text:
+        user, text = text.rsplit("@", 1)
+        if not user:
+            raise UsageError(f"{where}: empty user name in '{text}'")
+    port = None
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise UsageError(f"{where}: unbalanced '[' in '{text}'")
+        name, rest = text[1:end], text[end + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                raise UsageError(f"{where}: unexpected '{rest}' after ']'")
+            port = rest[1:]
+    elif text.count(":") == 1:
+        name, port = text.split(":")
+    else:
+        name = text  # plain name, or a bare IPv6 address without a port
+    if not name:
+        raise UsageError(f"{where}: empty host name")
+    if port is not None:
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"{where}: bad ssh port '{port}' (want 1-65535)")
+        port = int(port)
+    return Host(name, user, port)
+
+
+def parse_hostfile_text(text, path="hostfile"):
+    """Lines: 'host', 'host:sshport', 'host slots=N', '# comment'. Returns [Host]."""
+    hosts = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{lineno}"
+        fields = line.split()
+        host = parse_host(fields[0], where)
+        for field in fields[1:]:
+            key, sep, value = field.partition("=")
+            if key == "slots" and sep:
+                if not value.isdigit() or int(value) < 1:
+                    raise UsageError(f"{where}: bad slots value '{value}' (want an integer >= 1)")
+                host.slots = int(value)
+            else:
+                raise UsageError(f"{where}: unknown field '{field}' (a line is "
+                                 "'host', 'host:sshport' or 'host slots=N')")
+        hosts.append(host)
+    if not hosts:
+        raise UsageError(f"{path}: no hosts in the hostfile")
+    return hosts
+
+
+def place(hosts, num_servers, num_workers):
+    """Assigns a host to each server and worker.
+
+    The slot list takes the hosts in file order, round after round: round r holds every host
+    with more than r slots. Servers then workers are dealt out over the slot list round-robin,
+    one global counter (as MXNet does), so servers land on distinct hosts first and a host with
+    slots=2 takes two processes per cycle. More processes than slots: the cycle repeats.
+    Returns (server_hosts, worker_hosts).
+    """
+    slot_list = []
+    for r in range(max(h.slots for h in hosts)):
+        slot_list.extend(h for h in hosts if h.slots > r)
+    servers = [slot_list[i % len(slot_list)] for i in range(num_servers)]
+    workers = [slot_list[(num_servers + j) % len(slot_list)] for j in range(num_workers)]
+    return servers, workers
+
+
+def is_loopback(name):
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def local_address_towards(name):
+    """The local address the kernel would use to reach host `name` (no packet is sent)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(name, 22, 0, socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except OSError:
+        return socket.getfqdn()
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_env_items(items, flag, environ):
+    """--env items: K=V; MXNet's K:V; or a bare K, whose value is the launcher's own."""
+    out = {}
+    for item in items:
+        if "=" in item:
+            key, value = item.split("=", 1)
+        elif ":" in item:
+            key, value = item.split(":", 1)
+        else:
+            key = item
+            if key not in environ:
+                raise UsageError(f"{flag} {key}: {key} is not set in the launcher's environment "
+                                 f"(write {flag} {key}=VALUE to give a value)")
+            value = environ[key]
+        if not ENV_NAME_RE.match(key):
+            raise UsageError(f"{flag} {item}: '{key}' is not a valid variable name (want K=V)")
+        if key in LAUNCHER_OWNED:
+            raise UsageError(f"{flag} {item}: {key} is set by the launcher "
+                             "(use -n/-s for the counts; the hostfile for the hosts)")
+        if flag != "--env" and key in JOB_WIDE:
+            raise UsageError(f"{flag} {item}: {key} must be the same for every process; "
+                             "give it with --env")
+        out[key] = value
+    return out
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Launch a distributed parameter-server job: one scheduler, S servers and "
+                    "N workers, on this machine or over ssh. Every line of every process is "
+                    "shown prefixed with its role and rank. Exit status 0 only when every "
+                    "process ended cleanly.",
+        epilog="example: tools/launch.py -n 4 -s 2 -H hosts build/bin/ps-train --kvstore dist_sync"
+               "   (see docs/launcher.md)")
+    p.add_argument("-n", "--num-workers", required=True, type=int,
+                   help="number of worker processes to start (required)")
+    p.add_argument("-s", "--num-servers", type=int,
+                   help="number of server processes (default: the number of workers)")
+    p.add_argument("-H", "--hostfile", "--host-file", dest="hostfile",
+                   help="hosts to run servers and workers on, one per line: host, host:sshport "
+                        "or host slots=N; '#' starts a comment")
+    p.add_argument("--launcher", choices=("local", "ssh"),
+                   help="where processes run (default: ssh with a hostfile, local without)")
+    p.add_argument("--sync-dst-dir", metavar="DIR",
+                   help="rsync the current directory to DIR on every host first and run there "
+                        "(ssh launcher)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="set K=V for every process (repeatable); a bare K passes the launcher's "
+                        "value of K; DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT here override the "
+                        "launcher's choice")
+    p.add_argument("--env-server", action="append", default=[], metavar="K=V",
+                   help="set K=V for the servers only (repeatable; wins over --env)")
+    p.add_argument("--env-worker", action="append", default=[], metavar="K=V",
+                   help="set K=V for the workers only (repeatable; wins over --env)")
+    p.add_argument("--env-scheduler", action="append", default=[], metavar="K=V",
+                   help="set K=V for the scheduler only (repeatable; wins over --env)")
+    p.add_argument("--server-cmd", metavar="CMD",
+                   help="server command line, split like a shell would (default: ps-server from "
+                        "the launcher's build or install, else PATH)")
+    p.add_argument("--scheduler-cmd", metavar="CMD",
+                   help="scheduler command line (default: ps-scheduler, found like ps-server)")
+    p.add_argument("--same-cmd-for-all-roles", action="store_true",
+                   help="MXNet style: run the worker command for every role, with DMLC_ROLE "
+                        "set to scheduler, server or worker")
+    p.add_argument("--scheduler-host", metavar="HOST[:SSHPORT]",
+                   help="run the scheduler on this host over ssh instead of on the launching "
+                        "host (ssh launcher)")
+    p.add_argument("-i", "--interface", metavar="IFACE",
+                   help="set DMLC_INTERFACE=IFACE (network interface) for every process")
+    p.add_argument("--ssh-opts", default="", metavar="OPTS",
+                   help="extra ssh options, e.g. \"-i KEY -o StrictHostKeyChecking=no\"; "
+                        "also used by rsync")
+    p.add_argument("--startup-timeout", type=float, default=60.0, metavar="SEC",
+                   help="how long to wait for the scheduler to listen (default 60)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SEC",
+                   help="after every worker succeeded, how long the scheduler and servers may "
+                        "take to exit before they are stopped and the job fails (default 30)")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="show only the workers' output (plus the launcher's own messages)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print every command the launcher would run, and exit")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the worker command and its arguments")
+    return p
+
+
+class Config:
+    """Validated launcher configuration (everything parse_args decides)."""
+
+
+def find_binary(name, environ, launcher_dir):
+    """ps-server/ps-scheduler: $PS_BIN_DIR, <repo>/build/bin, next to launch.py, then PATH."""
+    dirs = []
+    if environ.get("PS_BIN_DIR"):
+        dirs.append(environ["PS_BIN_DIR"])
+    dirs.append(os.path.join(os.path.dirname(launcher_dir), "build", "bin"))
+    dirs.append(launcher_dir)
+    for d in dirs:
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+    return shutil.which(name, path=environ.get("PATH"))
+
+
+# Options whose value often starts with '-' ("--ssh-opts '-i key'"), which argparse would take
+# for an option: join them to their value as --opt=VALUE before parsing.
+DASH_VALUE_OPTIONS = ("--ssh-opts", "--server-cmd", "--scheduler-cmd")
+
+
+def join_dash_values(parser, argv):
+    """Joins each DASH_VALUE_OPTIONS option to its value, up to the worker command."""
+    out = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--" or not tok.startswith("-") or tok == "-":
+            return out + argv[i:]  # the worker command starts here
+        action = parser._option_string_actions.get(tok)
+        takes_value = action is not None and action.nargs is None and action.const is None
+        if takes_value and i + 1 < len(argv):
+            if tok in DASH_VALUE_OPTIONS:
+                out.append(f"{tok}={argv[i + 1]}")
+            else:
+                out += [tok, argv[i + 1]]
+            i += 2
+        else:
+            out.append(tok)
+            i += 1
+    return out
+
+
+def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
+    environ = dict(os.environ if environ is None else environ)
+    cwd = os.path.abspath(cwd or os.getcwd())
+    parser = build_parser()
+    a = parser.parse_args(join_dash_values(parser, list(argv)))
+    c = Config()
+    c.environ = environ
+    c.cwd = cwd
+    command = list(a.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no worker command given (e.g. launch.py -n 2 build/bin/ps-train ...)")
+    if a.num_workers < 1:
+        raise UsageError(f"-n {a.num_workers}: need at least one worker")
+    c.num_workers = a.num_workers
+    c.num_servers = a.num_workers if a.num_servers is None else a.num_servers
+    if c.num_servers < 0:
+        raise UsageError(f"-s {c.num_servers}: the number of servers cannot be negative")
+    c.launcher = a.launcher or ("ssh" if a.hostfile else "local")
+    c.quiet = a.quiet
+    c.dry_run = a.dry_run
+    c.startup_timeout = a.startup_timeout
+    c.shutdown_timeout = a.shutdown_timeout
+    c.interface = a.interface
+    c.warnings = []
+
+    try:
+        c.ssh_opts = shlex.split(a.ssh_opts)
+    except ValueError as e:
+        raise UsageError(f"--ssh-opts: {e}") from None
+    for bad in ("-n", "-f", "-N"):
+        if bad in c.ssh_opts:
+            raise UsageError(f"--ssh-opts: {bad} cannot be used: the launcher needs ssh's stdin "
+                             "and the remote command to stop remote processes")
+
+    # hosts
+    c.hosts = None
+    if c.launcher == "ssh":
+        if not a.hostfile:
+            raise UsageError("the ssh launcher needs -H HOSTFILE")
+        try:
+            with open(a.hostfile, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"-H {a.hostfile}: {e.strerror}") from None
+        c.hosts = parse_hostfile_text(text, a.hostfile)
+    elif a.hostfile:
+        c.warnings.append(f"the local launcher ignores the hostfile {a.hostfile}")
+    c.sync_dst_dir = None
+    if a.sync_dst_dir:
+        if c.launcher != "ssh":
+            c.warnings.append("--sync-dst-dir is ignored by the local launcher")
+        else:
+            c.sync_dst_dir = a.sync_dst_dir
+    c.scheduler_host = None
+    if a.scheduler_host:
+        if c.launcher != "ssh":
+            raise UsageError("--scheduler-host needs the ssh launcher")
+        c.scheduler_host = parse_host(a.scheduler_host, "--scheduler-host")
+
+    # environment
+    c.env_all = parse_env_items(a.env, "--env", environ)
+    c.env_role = {
+        "server": parse_env_items(a.env_server, "--env-server", environ),
+        "worker": parse_env_items(a.env_worker, "--env-worker", environ),
+        "scheduler": parse_env_items(a.env_scheduler, "--env-scheduler", environ),
+    }
+    port = c.env_all.pop("DMLC_PS_ROOT_PORT", None) or environ.get("DMLC_PS_ROOT_PORT") or None
+    if port is not None and (not port.isdigit() or not 0 < int(port) < 65536):
+        raise UsageError(f"DMLC_PS_ROOT_PORT={port}: want a port number 1-65535")
+    c.user_root_port = int(port) if port else None
+    c.user_root_uri = c.env_all.pop("DMLC_PS_ROOT_URI", None) or environ.get("DMLC_PS_ROOT_URI")
+
+    # commands
+    c.worker_cmd = command
+    launcher_dir = launcher_dir or os.path.dirname(os.path.abspath(__file__))
+    if a.same_cmd_for_all_roles:
+        if a.server_cmd or a.scheduler_cmd:
+            raise UsageError("--same-cmd-for-all-roles conflicts with --server-cmd/--scheduler-cmd")
+        c.server_cmd = list(command)
+        c.scheduler_cmd = list(command)
+    else:
+        c.server_cmd = role_command(a.server_cmd, "--server-cmd", "ps-server", c, launcher_dir)
+        c.scheduler_cmd = role_command(a.scheduler_cmd, "--scheduler-cmd", "ps-scheduler", c,
+                                       launcher_dir)
+    # Our ps-scheduler binds port 0 and reports the port it got: no free-port race at all.
+    c.scheduler_reports_port = os.path.basename(c.scheduler_cmd[0]) == "ps-scheduler"
+    return c
+
+
+def role_command(text, flag, default_name, c, launcher_dir):
+    if text:
+        try:
+            cmd = shlex.split(text)
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+        if not cmd:
+            raise UsageError(f"{flag}: empty command")
+        return cmd
+    path = find_binary(default_name, c.environ, launcher_dir)
+    if path is None:
+        if c.launcher == "ssh":
+            c.warnings.append(f"{default_name} not found locally; running '{default_name}' from "
+                              "the PATH of each host")
+            return [default_name]
+        raise UsageError(f"{default_name} not found in $PS_BIN_DIR, the build (build/bin), next "
+                         f"to {PROG} or in PATH: build the project (cmake --build build) or give "
+                         f"{flag}")
+    return [path]
+
+
+# --------------------------------------------------------------------------------------------
+# Processes
+
+
+class Spec:
+    """What to run: one scheduler, server or worker."""
+
+    def __init__(self, role, rank, host, argv, env):
+        self.role = role
+        self.rank = rank
+        self.host = host  # Host for a remote process, None for a local one
+        self.argv = argv
+        self.env = env  # the variables the launcher sets (on top of the base environment)
+
+    @property
+    def label(self):
+        return self.role if self.role == "scheduler" else f"{self.role} {self.rank}"
+
+    @property
+    def where(self):
+        return self.host.target if self.host else "localhost"
+
+
+class Launch:
+    """One job: builds the specs, runs them, watches them, stops them."""
+
+    def __init__(self, c, out=None, err=None):
+        self.c = c
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.events = queue.Queue()
+        self.procs = []
+        self.signal_received = None
+        self.signal_count = 0
+        self.out_broken = False
+
+    # ---- messages
+    def say(self, msg):
+        self.err.write(f"[launch] {msg}\n")
+        self.err.flush()
+
+    # ---- building commands
+    def root_uri(self):
+        c = self.c
+        if c.user_root_uri:
+            return c.user_root_uri
+        if c.launcher == "local":
+            return "127.0.0.1"
+        if c.scheduler_host:
+            return c.scheduler_host.name
+        if all(is_loopback(h.name) for h in c.hosts):
+            return "127.0.0.1"
+        first = next(h for h in c.hosts if not is_loopback(h.name))
+        return local_address_towards(first.name)
+
+    def workdir(self, spec):
+        if spec.host is not None and self.c.sync_dst_dir:
+            return self.c.sync_dst_dir
+        return self.c.cwd
+
+    def dmlc_env(self, role, node_host, root_uri, root_port):
+        c = self.c
+        env = {}
+        if c.interface:
+            env["DMLC_INTERFACE"] = c.interface
+        env.update({
+            "DMLC_ROLE": role,
+            "DMLC_PS_ROOT_URI": root_uri,
+            "DMLC_PS_ROOT_PORT": str(root_port),
+            "DMLC_NUM_SERVER": str(c.num_servers),
+            "DMLC_NUM_WORKER": str(c.num_workers),
+            "DMLC_NODE_HOST": node_host,
+        })
+        env.update(c.env_all)
+        env.update(c.env_role[role])
+        return env
+
+    def make_specs(self, root_uri, root_port_for_others):
+        """Server and worker specs (the scheduler's is made by scheduler_spec)."""
+        c = self.c
+        if c.launcher == "local":
+            server_hosts = [None] * c.num_servers
+            worker_hosts = [None] * c.num_workers
+        else:
+            server_hosts, worker_hosts = place(c.hosts, c.num_servers, c.num_workers)
+        specs = []
+        for i, h in enumerate(server_hosts):
+            node = h.name if h else "127.0.0.1"
+            specs.append(Spec("server", i, h, c.server_cmd,
+                              self.dmlc_env("server", node, root_uri, root_port_for_others)))
+        for i, h in enumerate(worker_hosts):
+            node = h.name if h else "127.0.0.1"
+            specs.append(Spec("worker", i, h, c.worker_cmd,
+                              self.dmlc_env("worker", node, root_uri, root_port_for_others)))
+        return specs
+
+    def scheduler_spec(self, root_uri, port):
+        c = self.c
+        host = c.scheduler_host
+        node = host.name if host else root_uri
+        return Spec("scheduler", 0, host, c.scheduler_cmd,
+                    self.dmlc_env("scheduler", node, root_uri, port))
+
+    def base_env(self, spec):
+        """The environment of the wrapper: all of the launcher's (local) or a forwarded few."""
+        if spec.host is None:
+            env = dict(self.c.environ)
+        else:
+            env = {k: self.c.environ[k] for k in FORWARDED if k in self.c.environ}
+        env.update(spec.env)
+        return env
+
+    def ssh_base(self, host):
+        argv = ["ssh"]
+        if host.port:
+            argv += ["-p", str(host.port)]  # ssh: the first value given wins, so this beats opts
+        argv += self.c.ssh_opts
+        argv += ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        return argv
+
+    def command_for(self, spec):
+        """spec.argv, where it runs. With --sync-dst-dir, a remote process whose program is an
+        absolute path inside the synced directory runs the synced copy."""
+        argv = list(spec.argv)
+        c = self.c
+        if spec.host is not None and c.sync_dst_dir and argv[0].startswith(c.cwd + os.sep):
+            argv[0] = os.path.join(c.sync_dst_dir, os.path.relpath(argv[0], c.cwd))
+        return argv
+
+    def argv_for(self, spec):
+        """(argv, env) of the local process that runs spec: the wrapper, or ssh to it."""
+        wrapped = ["/bin/sh", "-c", WRAPPER, "ps-launch", self.workdir(spec)] + \
+            self.command_for(spec)
+        if spec.host is None:
+            return wrapped, self.base_env(spec)
+        env = self.base_env(spec)
+        assigns = [f"{k}={v}" for k, v in env.items()]
+        remote = "exec env " + shlex.join(assigns + wrapped)
+        return self.ssh_base(spec.host) + [spec.host.target, remote], dict(self.c.environ)
+
+    def rsync_argv(self, host):
+        c = self.c
+        ssh = ["ssh"] + (["-p", str(host.port)] if host.port else []) + c.ssh_opts + [
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"]
+        dst = c.sync_dst_dir.rstrip("/") or "/"
+        return ["rsync", "-az", "-e", shlex.join(ssh),
+                "--rsync-path", f"mkdir -p {shlex.quote(dst)} && rsync",
+                c.cwd.rstrip("/") + "/", f"{host.target}:{dst}/"]
+
+    def sync_hosts(self):
+        hosts = {}
+        servers, workers = place(self.c.hosts, self.c.num_servers, self.c.num_workers)
+        for h in servers + workers + ([self.c.scheduler_host] if self.c.scheduler_host else []):
+            hosts.setdefault(h.key(), h)
+        return list(hosts.values())
+
+    # ---- dry run
+    def dry_run(self):
+        c = self.c
+        root_uri = self.root_uri()
+        if c.user_root_port:
+            sched_port = others_port = c.user_root_port
+        elif c.scheduler_reports_port:
+            sched_port, others_port = 0, "<port reported by the scheduler>"
+        else:
+            sched_port = others_port = "<free port picked at start>"
+        w = self.out.write
+        w(f"# launcher: {c.launcher}; {c.num_servers} server(s), {c.num_workers} worker(s); "
+          f"DMLC_PS_ROOT_URI={root_uri}\n")
+        if c.sync_dst_dir:
+            for h in self.sync_hosts():
+                w(f"# sync to {h.target}\n{shlex.join(self.rsync_argv(h))}\n")
+        specs = [self.scheduler_spec(root_uri, sched_port)] + self.make_specs(root_uri,
+                                                                              others_port)
+        for spec in specs:
+            argv, _ = self.argv_for(spec)
+            shown = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in spec.env.items())
+            w(f"# [{spec.label}] on {spec.where} in {self.workdir(spec)}: {shown} "
+              f"{shlex.join(self.command_for(spec))}\n")
+            if spec.host is None:
+                w(f"{shown} {shlex.join(argv)}\n")
+            else:
+                w(f"{shlex.join(argv)}\n")
+        self.out.flush()
+        return 0
+
+    # ---- running
+    def start(self, spec):
+        argv, env = self.argv_for(spec)
+        popen = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        p = Proc(spec, popen)
+        self.procs.append(p)
+        t = threading.Thread(target=p.read_output, args=(self.events,), daemon=True)
+        t.start()
+        return p
+
+    def on_signal(self, signum, frame):
+        self.signal_count += 1
+        if self.signal_received is None:
+            self.signal_received = signum
+
+    def show(self, p, line):
+        if self.out_broken or (self.c.quiet and p.spec.role != "worker"):
+            return
+        try:
+            self.out.write(f"[{p.spec.label}] {line}\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):
+            # Whoever read our output went away (`launch.py ... | head`): the job goes on,
+            # quietly; its end is still reported on stderr.
+            self.out_broken = True
+
+    def pump(self, timeout):
+        """Handles output events for up to `timeout` s; reaps exited processes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                p, line = self.events.get(timeout=max(0.0, min(remaining, 0.05)))
+            except queue.Empty:
+                p = None
+            if p is not None:
+                if line is None:
+                    p.eof = True
+                else:
+                    p.lines.append(line)
+                    self.show(p, line)
+                    if p.spec.role == "scheduler" and p.port is None:
+                        m = LISTEN_RE.match(line)
+                        if m:
+                            p.port = int(m.group(2))
+            for q in self.procs:
+                q.poll()
+            if remaining <= 0 or self.signal_received is not None:
+                return
+
+    def drain(self, procs, timeout=1.0):
+        """Waits (bounded) for the output of `procs` to reach EOF, showing it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(p.eof for p in procs):
+            self.pump(0.05)
+
+    def wait_scheduler_ready(self, sched, probe_port):
+        """Waits for the scheduler's listening line (or, when probe_port, for the port to accept
+        connections). Returns the root port, or None when the scheduler exited first, or raises
+        TimeoutError."""
+        deadline = time.monotonic() + self.c.startup_timeout
+        next_probe = 0.0
+        while True:
+            self.pump(0.05)
+            if self.signal_received is not None:
+                return None
+            if sched.port is not None:
+                return sched.port
+            if sched.returncode is not None:
+                self.drain([sched])
+                return sched.port
+            now = time.monotonic()
+            if probe_port and now >= next_probe:
+                next_probe = now + 0.2
+                try:
+                    with socket.create_connection((sched.spec.env["DMLC_PS_ROOT_URI"],
+                                                   probe_port), timeout=0.5):
+                        return probe_port
+                except OSError:
+                    pass
+            if now > deadline:
+                raise TimeoutError
+
+    def start_scheduler(self, root_uri):
+        """Starts the scheduler and returns (proc, root port) or (proc, None) on failure."""
+        c = self.c
+        if c.user_root_port or c.scheduler_reports_port:
+            attempts = 1
+        else:
+            attempts = PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            if c.user_root_port:
+                port, probe = c.user_root_port, c.user_root_port
+                if c.scheduler_reports_port:
+                    probe = None
+            elif c.scheduler_reports_port:
+                port, probe = 0, None
+            else:
+                port = pick_free_port(root_uri if c.scheduler_host is None else "")
+                probe = port
+            sched = self.start(self.scheduler_spec(root_uri, port))
+            try:
+                got = self.wait_scheduler_ready(sched, probe)
+            except TimeoutError:
+                self.say(f"scheduler did not report listening within {c.startup_timeout:g} s "
+                         f"(--startup-timeout); last lines:")
+                self.report_lines(sched)
+                return sched, None
+            if self.signal_received is not None:
+                return sched, None
+            if got is not None and sched.returncode is None:
+                return sched, got
+            if sched.returncode is not None and attempt < attempts:
+                self.say(f"scheduler exited with status {sched.status_text()} before listening "
+                         f"on port {port} (in use?); retrying with another port")
+                self.procs.remove(sched)
+                continue
+            self.say(f"scheduler on {sched.spec.where} exited with status "
+                     f"{sched.status_text()} before it was ready; last lines:")
+            self.report_lines(sched)
+            return sched, None
+        return None, None  # not reached
+
+    def report_lines(self, p, count=LAST_LINES):
+        if not p.lines:
+            self.err.write(f"    (no output from {p.spec.label})\n")
+        for line in list(p.lines)[-count:]:
+            self.err.write(f"    [{p.spec.label}] {line}\n")
+        self.err.flush()
+
+    def run_sync(self):
+        hosts = self.sync_hosts()
+        self.say(f"syncing {self.c.cwd} to {self.c.sync_dst_dir} on "
+                 f"{', '.join(h.target for h in hosts)}")
+        running = []
+        for h in hosts:
+            pr = subprocess.Popen(self.rsync_argv(h), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+            running.append((h, pr))
+        failed = False
+        deadline = time.monotonic() + 3600
+        while any(pr.poll() is None for _, pr in running):
+            if self.signal_received is not None or time.monotonic() > deadline:
+                for _, pr in running:
+                    kill_group(pr.pid, signal.SIGKILL)
+                for _, pr in running:
+                    pr.wait()
+                return False
+            time.sleep(0.05)
+        for h, pr in running:
+            output = pr.stdout.read().decode("utf-8", "replace").strip()
+            pr.stdout.close()
+            if pr.returncode != 0:
+                failed = True
+                self.say(f"rsync to {h.target}:{self.c.sync_dst_dir} failed with status "
+                         f"{pr.returncode}: {output}")
+        return not failed
+
+    def run(self):
+        c = self.c
+        for w in c.warnings:
+            self.say(f"warning: {w}")
+        if c.dry_run:
+            return self.dry_run()
+        handlers = {}
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            handlers[s] = signal.signal(s, self.on_signal)
+        try:
+            return self._run()
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+
+    def signal_exit(self):
+        name = signal.Signals(self.signal_received).name
+        self.say(f"{name} received: stopping every process")
+        self.stop_all()
+        return 128 + self.signal_received
+
+    def _run(self):
+        c = self.c
+        if c.sync_dst_dir:
+            if not self.run_sync():
+                if self.signal_received is not None:
+                    return 128 + self.signal_received
+                return 1
+        root_uri = self.root_uri()
+        sched, port = self.start_scheduler(root_uri)
+        if self.signal_received is not None:
+            return self.signal_exit()
+        if port is None:
+            self.stop_all()
+            return 1
+        self.say(f"scheduler listening on {root_uri}:{port}; starting {c.num_servers} server(s) "
+                 f"and {c.num_workers} worker(s)")
+        for spec in self.make_specs(root_uri, port):
+            if spec.host is not None:
+                self.wait_for_ssh_slot(spec.host)
+                if self.signal_received is not None:
+                    break
+            self.start(spec)
+        return self.watch()
+
+    def wait_for_ssh_slot(self, host):
+        """Keeps at most SSH_STARTS_PER_HOST connections to one host in their handshake (sshd
+        drops connections beyond its MaxStartups, 10 by default)."""
+        def connecting():
+            return sum(1 for p in self.procs if p.spec.host is not None and
+                       p.spec.host.key() == host.key() and p.child_pgid is None and
+                       p.returncode is None)
+        while connecting() >= SSH_STARTS_PER_HOST and self.signal_received is None:
+            self.pump(0.05)
+
+    def watch(self):
+        """Waits for the job to end. Returns the launcher's exit status."""
+        c = self.c
+        workers = [p for p in self.procs if p.spec.role == "worker"]
+        shutdown_deadline = None
+        while True:
+            self.pump(0.1)
+            if self.signal_received is not None:
+                return self.signal_exit()
+            failed = [p for p in self.procs if p.returncode not in (None, 0)]
+            if failed:
+                return self.fail()
+            if all(p.returncode == 0 for p in self.procs):
+                self.drain(self.procs)
+                self.say("all processes exited 0")
+                return 0
+            sched_done = any(p.spec.role == "scheduler" and p.returncode == 0 for p in self.procs)
+            if shutdown_deadline is None and (all(p.returncode == 0 for p in workers) or
+                                              sched_done):
+                shutdown_deadline = time.monotonic() + c.shutdown_timeout
+            if shutdown_deadline is not None and time.monotonic() > shutdown_deadline:
+                hung = [p for p in self.procs if p.returncode is None]
+                self.say(f"{', '.join(p.spec.label + ' on ' + p.spec.where for p in hung)} did "
+                         f"not exit within {c.shutdown_timeout:g} s (--shutdown-timeout) after "
+                         "the job finished; stopping")
+                for p in hung:
+                    self.say(f"last lines of {p.spec.label}:")
+                    self.report_lines(p)
+                self.stop_all()
+                return 1
+
+    def fail(self):
+        """A process failed: report it, stop the others, return the exit status."""
+        # Let the consequences of the first failure arrive, to name the cause rather than them.
+        settle = time.monotonic() + 0.3
+        while time.monotonic() < settle:
+            self.pump(0.05)
+        # The culprit: a failed worker, else a server, else the scheduler (it exits 1 when any
+        # node dies, and the others fail when it does); the earliest within a role. Exit times
+        # across hosts are not precise enough to order roles: a remote worker's exit reaches
+        # the launcher through ssh, after the local scheduler may have reacted to it.
+        rank = {"worker": 0, "server": 1, "scheduler": 2}
+        failed = sorted((p for p in self.procs if p.returncode not in (None, 0)),
+                        key=lambda p: (rank[p.spec.role], p.exit_time))
+        primary = failed[0]
+        self.drain(failed)
+        self.say(f"{primary.spec.label} on {primary.spec.where} exited with status "
+                 f"{primary.status_text()}; last lines:")
+        self.report_lines(primary)
+        for p in failed[1:]:
+            self.say(f"also failed: {p.spec.label} on {p.spec.where} "
+                     f"(status {p.status_text()}); last lines:")
+            self.report_lines(p, 3)
+        running = [p for p in self.procs if p.returncode is None]
+        if running:
+            self.say(f"stopping {len(running)} other process(es)")
+        self.stop_all()
+        return primary.exit_status() or 1
+
+    def stop_all(self):
+        """Stops every process still running, on every host; bounded in time."""
+        running = [p for p in self.procs if p.returncode is None]
+        for p in running:
+            p.request_stop()
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(p.returncode is None for p in running):
+            if self.signal_count > 1:
+                break  # a second Ctrl-C: no more grace
+            self.pump(0.05)
+        stubborn = [p for p in running if p.returncode is None]
+        killers = []
+        for p in stubborn:
+            self.say(f"{p.spec.label} on {p.spec.where} did not stop; killing it")
+            killers.extend(p.kill(self))
+        for k in killers:
+            try:
+                k.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                kill_group(k.pid, signal.SIGKILL)
+                k.wait()
+        for p in running:
+            try:
+                p.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                kill_group(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+            p.poll()
+        self.drain(running, timeout=0.5)
+
+
+def pick_free_port(addr):
+    """A port that is free now (another process may take it before the scheduler binds it:
+    the launcher then retries, see start_scheduler)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, 0))
+        except OSError:
+            s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def kill_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Proc:
+    """A running spec: the local process (wrapper, or ssh to the remote wrapper)."""
+
+    def __init__(self, spec, popen):
+        self.spec = spec
+        self.popen = popen
+        self.lines = collections.deque(maxlen=LAST_LINES)
+        self.child_pgid = None  # the command's process group (on its host)
+        self.watch_pgid = None  # the watcher's
+        self.port = None  # scheduler: the port from its listening line
+        self.returncode = None
+        self.exit_time = None
+        self.eof = False
+        self.stop_requested = False
+
+    def read_output(self, events):
+        got_pid = got_watch = False
+        stream = self.popen.stdout
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if not got_pid:
+                m = MARKER_PID_RE.match(line)
+                if m:
+                    self.child_pgid = int(m.group(1))
+                    got_pid = True
+                    continue
+            if not got_watch:
+                m = MARKER_WATCH_RE.match(line)
+                if m:
+                    self.watch_pgid = int(m.group(1))
+                    got_watch = True
+                    continue
+            events.put((self, line))
+        stream.close()
+        events.put((self, None))
+
+    def poll(self):
+        if self.returncode is None:
+            rc = self.popen.poll()
+            if rc is not None:
+                self.returncode = rc
+                self.exit_time = time.monotonic()
+        return self.returncode
+
+    def exit_status(self):
+        rc = self.returncode
+        if rc is None:
+            return None
+        return 128 - rc if rc < 0 else rc
+
+    def status_text(self):
+        rc = self.returncode
+        if rc is None:
+            return "running"
+        if rc < 0:
+            return f"{128 - rc} (killed by {signal.Signals(-rc).name})"
+        if rc > 128 and rc - 128 < signal.NSIG:
+            try:
+                return f"{rc} (killed by {signal.Signals(rc - 128).name})"
+            except ValueError:
+                pass
+        if rc == 255 and self.spec.host is not None:
+            return "255 (ssh failed, or the command exited 255)"
+        return str(rc)
+
+    def request_stop(self):
+        """Closing the wrapper's stdin makes its watcher TERM the command's group (then KILL
+        5 s later); for a local process the launcher also signals the group directly."""
+        self.stop_requested = True
+        try:
+            self.popen.stdin.close()
+        except OSError:
+            pass
+        if self.spec.host is None and self.child_pgid:
+            kill_group(self.child_pgid, signal.SIGTERM)
+
+    def kill(self, launch):
+        """Escalation. Returns helper processes (remote kills) to wait for."""
+        helpers = []
+        if self.spec.host is None:
+            for pgid in (self.child_pgid, self.watch_pgid):
+                if pgid:
+                    kill_group(pgid, signal.SIGKILL)
+        else:
+            groups = " ".join(f"-{g}" for g in (self.child_pgid, self.watch_pgid) if g)
+            if groups:
+                argv = launch.ssh_base(self.spec.host) + [
+                    self.spec.host.target, f"kill -s KILL -- {groups} 2>/dev/null; true"]
+                helpers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                                stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.DEVNULL,
+                                                start_new_session=True))
+        kill_group(self.popen.pid, signal.SIGKILL)
+        return helpers
+
+
+def main(argv=None):
+    try:
+        sys.stdout.reconfigure(errors="replace")
+        sys.stderr.reconfigure(errors="replace")
+    except AttributeError:
+        pass
+    try:
+        c = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 2
+    return Launch(c).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
