@@ -1,1 +1,38 @@
-# Install rules and the CMake package (find_package(ps CONFIG)). Filled in as targets land.
+# Install rules and the CMake package: a user project does
+#   find_package(ps CONFIG REQUIRED)
+#   target_link_libraries(app PRIVATE ps::kvstore)
+include(CMakePackageConfigHelpers)
+
+set(PS_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/ps)
+set(CMAKE_INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+
+install(TARGETS ps_core ps_scheduler ps_kvstore
+  EXPORT psTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ps/include/ps scheduler/include/ps kvstore/include/ps
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+set(PS_INSTALLED_PROGRAMS ps-scheduler ps-server ps-kvstore-check)
+if(TARGET ps-train)
+  list(APPEND PS_INSTALLED_PROGRAMS ps-train)
+endif()
+if(TARGET ps-bench)
+  list(APPEND PS_INSTALLED_PROGRAMS ps-bench)
+endif()
+install(TARGETS ${PS_INSTALLED_PROGRAMS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+set_target_properties(${PS_INSTALLED_PROGRAMS} ps_scheduler ps_kvstore PROPERTIES
+  INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+# The launcher finds ps-server and ps-scheduler next to itself.
+install(PROGRAMS tools/launch.py DESTINATION ${CMAKE_INSTALL_BINDIR})
+
+install(EXPORT psTargets NAMESPACE ps:: DESTINATION ${PS_CMAKE_DIR})
+configure_package_config_file(cmake/psConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/psConfig.cmake INSTALL_DESTINATION ${PS_CMAKE_DIR})
+write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/psConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/psConfig.cmake
+              ${CMAKE_CURRENT_BINARY_DIR}/psConfigVersion.cmake
+  DESTINATION ${PS_CMAKE_DIR})
