@@ -5,9 +5,11 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 #include "ps/error.h"
@@ -92,6 +94,16 @@ std::string RouteSourceAddress(const std::string& ip) {
   socklen_t length = sizeof(local);
   getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &length);
   return ToString(local.sin_addr);
+}
+
+std::string HostIdentity() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  struct stat netns {};
+  if (!std::getline(boot, boot_id) || boot_id.empty() || stat("/proc/self/ns/net", &netns) != 0) {
+    return "";
+  }
+  return boot_id + "/" + std::to_string(netns.st_ino);
 }
 
 bool IsLocalAddress(const std::string& ip) {

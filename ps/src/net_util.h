@@ -15,6 +15,11 @@ std::string InterfaceAddress(const std::string& interface);
 // The local address the kernel would use to reach `ip` (a UDP connect sends nothing).
 std::string RouteSourceAddress(const std::string& ip);
 
+// Identifies "same kernel and same network namespace": the kernel's boot id plus the inode of
+// this process's network namespace. Two nodes with equal identities can reach each other's
+// abstract-namespace ipc sockets. "" when it cannot be read.
+std::string HostIdentity();
+
 // True when `ip` is an address of this machine (can be bound).
 bool IsLocalAddress(const std::string& ip);
 

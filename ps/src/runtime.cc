@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "background.h"
@@ -55,6 +57,11 @@ void Runtime::Register() {
   // address) listen everywhere.
   const bool local = net::IsLocalAddress(self_.host);
   self_.port = transport_->Bind(local ? self_.host : "0.0.0.0", 0);
+  self_.host_id = net::HostIdentity();
+  if (config_.use_ipc && !self_.host_id.empty()) {
+    self_.ipc_endpoint = transport_->BindIpc("ps-" + std::to_string(getpid()) + "-" +
+                                             std::to_string(self_.port));
+  }
   transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port);
   receiver_ = std::make_unique<ReceiveLoop>(*transport_,
                                             [this](Message&& msg) { OnMessage(std::move(msg)); });
@@ -93,7 +100,13 @@ void Runtime::Register() {
   lock.unlock();
 
   for (const NodeInfo& node : nodes_) {
-    if (node.id != self_.id && node.role != Role::kScheduler) {
+    if (node.id == self_.id || node.role == Role::kScheduler) continue;
+    // Same kernel and network namespace: the peer's abstract ipc socket is reachable.
+    const bool same_host = config_.use_ipc && !self_.host_id.empty() &&
+                           node.host_id == self_.host_id && !node.ipc_endpoint.empty();
+    if (same_host) {
+      transport_->ConnectEndpoint(node.id, node.ipc_endpoint);
+    } else {
       transport_->Connect(node.id, node.host, node.port);
     }
   }
@@ -415,6 +428,8 @@ bool Runtime::terminated() const {
   std::lock_guard lock(mu_);
   return terminated_;
 }
+
+std::string Runtime::EndpointOf(int node_id) const { return transport_->EndpointOf(node_id); }
 
 std::size_t Runtime::dropped_messages() const {
   return transport_->dropped_messages() + dropped_.load();

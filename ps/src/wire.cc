@@ -38,6 +38,8 @@ std::string EncodeHeader(const Meta& meta, const std::vector<Blob>& data) {
     info->set_host(node.host);
     info->set_port(node.port);
     info->set_rank(node.rank);
+    info->set_host_id(node.host_id);
+    info->set_ipc_endpoint(node.ipc_endpoint);
   }
   return header.SerializeAsString();
 }
@@ -99,8 +101,13 @@ DecodeResult DecodeHeader(const void* bytes, std::size_t size) {
       result.error = "invalid node entry for " + node.host();
       return result;
     }
-    decoded.meta.nodes.push_back(
-        NodeInfo{node.id(), static_cast<Role>(node.role()), node.host(), node.port(), node.rank()});
+    if (!node.ipc_endpoint().empty() && node.ipc_endpoint().rfind("ipc://@", 0) != 0) {
+      result.error = "invalid ipc endpoint for " + node.host();
+      return result;
+    }
+    decoded.meta.nodes.push_back(NodeInfo{node.id(), static_cast<Role>(node.role()), node.host(),
+                                          node.port(), node.rank(), node.host_id(),
+                                          node.ipc_endpoint()});
   }
   Meta& meta = decoded.meta;
   meta.sender = header.sender();

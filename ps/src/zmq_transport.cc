@@ -71,12 +71,33 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   return bound;
 }
 
+std::string ZmqTransport::BindIpc(const std::string& name) {
+  const std::string endpoint = "ipc://@" + name;
+  try {
+    receiver_.bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw Error("cannot listen on " + endpoint + ": " + e.what());
+  }
+  if (verbose_ >= 1) LOG(INFO) << "listening on " << endpoint;
+  return endpoint;
+}
+
 void ZmqTransport::Connect(int node_id, const std::string& host, int port) {
+  ConnectEndpoint(node_id, "tcp://" + host + ":" + std::to_string(port));
+}
+
+std::string ZmqTransport::EndpointOf(int node_id) const {
+  std::shared_lock lock(peers_mu_);
+  const auto it = peers_.find(node_id);
+  return it == peers_.end() ? "" : it->second->endpoint;
+}
+
+void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   auto peer = std::make_unique<Peer>();
   peer->socket = zmq::socket_t(context_, zmq::socket_type::push);
   peer->socket.set(zmq::sockopt::linger, kLingerMs);
   peer->socket.set(zmq::sockopt::sndhwm, 0);
-  const std::string endpoint = "tcp://" + host + ":" + std::to_string(port);
+  peer->endpoint = endpoint;
   try {
     peer->socket.connect(endpoint);
   } catch (const zmq::error_t& e) {

@@ -32,8 +32,16 @@ class ZmqTransport {
   // Throws ps::Error when the address is in use or not local.
   int Bind(const std::string& ip, int port);
 
+  // Also listens on the abstract-namespace ipc socket "ipc://@<name>" (Linux); returns that
+  // endpoint. Same-host peers send through it instead of TCP.
+  std::string BindIpc(const std::string& name);
+
   // Opens (or replaces) the send socket for `node_id`, connected to host:port.
   void Connect(int node_id, const std::string& host, int port);
+  // The same, to a full ZeroMQ endpoint ("tcp://h:p" or "ipc://@name").
+  void ConnectEndpoint(int node_id, const std::string& endpoint);
+  // The endpoint the send socket for `node_id` is connected to ("" if none).
+  std::string EndpointOf(int node_id) const;
   bool IsConnected(int node_id) const;
   // Closes the send socket for `node_id`; queued messages are still flushed (linger).
   void Disconnect(int node_id);
@@ -53,6 +61,7 @@ class ZmqTransport {
   struct Peer {
     std::mutex mu;  // guards socket: ZeroMQ sockets are not thread-safe
     zmq::socket_t socket;
+    std::string endpoint;
   };
   void Drop(const std::string& why);
 

@@ -294,3 +294,79 @@ TEST_CASE("cluster: garbage and truncated and absurd messages are dropped while 
   for (const auto& outcome : workers.Join()) CHECK(outcome == "");
   CHECK(server.Join()[0] == "");
 }
+
+TEST_CASE("cluster: the advertised address follows DMLC_NODE_HOST then DMLC_INTERFACE then the route",
+          "[cluster]") {
+  auto config = SchedulerConfig(1, 3);
+  config.root_uri = "localhost";  // a host name, resolved by DNS
+  ps::Scheduler scheduler(config);
+  std::vector<std::string> hosts(3);
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  std::vector<ps::ClusterConfig> worker_configs(3, scheduler.NodeConfig(ps::Role::kWorker));
+  worker_configs[0].node_host = "127.0.0.2";  // explicit
+  worker_configs[1].interface = "lo";         // from the interface
+  // worker 2: the local end of the route to the scheduler
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(3);
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        auto runtime = ps::Runtime::Start(worker_configs[static_cast<std::size_t>(i)]);
+        hosts[static_cast<std::size_t>(i)] = runtime->nodes()[static_cast<std::size_t>(runtime->id())].host;
+        runtime->FinishWorker();
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(i)] = e.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(scheduler.Run() == 0);
+  server.Join();
+  CHECK(errors == std::vector<std::string>(3));
+  CHECK(hosts[0] == "127.0.0.2");
+  CHECK(hosts[1] == "127.0.0.1");
+  CHECK(hosts[2] == "127.0.0.1");
+}
+
+TEST_CASE("cluster: an unknown interface or host name is a clear error", "[cluster][fault]") {
+  auto config = SchedulerConfig(1, 1);
+  config.role = ps::Role::kWorker;
+  config.root_port = 9;
+  config.interface = "nosuch0";
+  CHECK_THROWS_WITH(ps::Runtime::Start(config),
+                    Catch::Contains("DMLC_INTERFACE='nosuch0' is not an interface") &&
+                        Catch::Contains("lo"));
+  config.interface.clear();
+  config.root_uri = "no-such-host.invalid";
+  CHECK_THROWS_WITH(ps::Runtime::Start(config),
+                    Catch::Contains("cannot resolve DMLC_PS_ROOT_URI='no-such-host.invalid'"));
+}
+
+TEST_CASE("cluster: same-host peers talk over ipc and PS_USE_IPC=0 keeps them on TCP", "[cluster]") {
+  for (const bool use_ipc : {true, false}) {
+    INFO("use_ipc=" << use_ipc);
+    auto config = SchedulerConfig(1, 1);
+    config.use_ipc = use_ipc;
+    ps::Scheduler scheduler(config);
+    std::string endpoint;
+    NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, [](ps::Runtime& runtime, int) {
+      runtime.Barrier(ps::kWorkerGroup | ps::kServerGroup);
+      return runtime.WaitForTermination();
+    });
+    NodeThreads worker(scheduler.NodeConfig(ps::Role::kWorker), 1, [&](ps::Runtime& runtime, int) {
+      endpoint = runtime.EndpointOf(runtime.ServerId(0));
+      runtime.Barrier(ps::kWorkerGroup | ps::kServerGroup);
+      runtime.FinishWorker();
+      return std::string();
+    });
+    // The server joins the barrier too, proving messages flow both ways on that path.
+    CHECK(scheduler.Run() == 0);
+    CHECK(worker.Join()[0] == "");
+    server.Join();
+    if (use_ipc) {
+      CHECK_THAT(endpoint, Catch::StartsWith("ipc://@ps-"));
+    } else {
+      CHECK_THAT(endpoint, Catch::StartsWith("tcp://127.0.0.1:"));
+    }
+  }
+}

@@ -18,9 +18,9 @@ ps::Meta FullMeta() {
   meta.timestamp = 0x1234567890ULL;
   meta.head = 42;
   meta.body = std::string("body\0bytes", 10);
-  meta.nodes = {{0, ps::Role::kScheduler, "sched.example", 9000, 0},
-                {1, ps::Role::kServer, "10.0.0.2", 4001, 0},
-                {2, ps::Role::kWorker, "10.0.0.3", 4002, 1}};
+  meta.nodes = {{0, ps::Role::kScheduler, "sched.example", 9000, 0, "", ""},
+                {1, ps::Role::kServer, "10.0.0.2", 4001, 0, "", ""},
+                {2, ps::Role::kWorker, "10.0.0.3", 4002, 1, "boot/4026531992", "ipc://@ps-12-4002"}};
   meta.barrier_group = ps::kWorkerGroup | ps::kServerGroup;
   meta.error = "something failed";
   meta.priority = -5;
@@ -130,6 +130,13 @@ TEST_CASE("wire: malformed headers are rejected with a reason", "[wire]") {
     auto header = ValidHeader();
     header.set_barrier_group(1 << 20);
     CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("barrier group"));
+  }
+  SECTION("an ipc endpoint outside the abstract namespace") {
+    auto header = ValidHeader();
+    auto* node = header.add_nodes();
+    node->set_role(ps::pb::WORKER);
+    node->set_ipc_endpoint("ipc:///etc/passwd");
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("invalid ipc endpoint"));
   }
   SECTION("an invalid node entry") {
     auto header = ValidHeader();

@@ -35,6 +35,8 @@ struct ClusterConfig {
   // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are sliced over all
   // servers; smaller ones live whole on one.
   std::size_t big_array_bound = 1000000;
+  // PS_USE_IPC: same-host peers exchange messages over ipc:// instead of TCP loopback.
+  bool use_ipc = true;
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those

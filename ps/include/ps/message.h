@@ -44,6 +44,8 @@ struct NodeInfo {
   std::string host;
   int port = 0;
   int rank = -1;
+  std::string host_id;       // same value: same kernel and network namespace
+  std::string ipc_endpoint;  // "" when the node does not listen on ipc
 
   std::string Describe() const;  // "worker 1 (node 5 at 127.0.0.1:4321)"
   friend bool operator==(const NodeInfo&, const NodeInfo&) = default;

@@ -87,6 +87,8 @@ class Runtime {
   std::string failure() const;
   bool terminated() const;
   std::size_t dropped_messages() const;
+  // The endpoint this node sends to `node_id` through ("ipc://@..." for same-host peers).
+  std::string EndpointOf(int node_id) const;
 
  private:
   explicit Runtime(const ClusterConfig& config);
