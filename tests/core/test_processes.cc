@@ -22,7 +22,7 @@ Env JobEnv(int servers, int workers, int port) {
           {"DMLC_NUM_SERVER", std::to_string(servers)},
           {"DMLC_NUM_WORKER", std::to_string(workers)},
           {"PS_HEARTBEAT_INTERVAL", "0.2"},
-          {"PS_HEARTBEAT_TIMEOUT", "1.5"},
+          {"PS_HEARTBEAT_TIMEOUT", "2.5"},
           {"PS_REGISTER_TIMEOUT", "30"},
           {"DMLC_ROLE", "worker"}};
 }

@@ -26,7 +26,7 @@ class KVCluster {
             {"DMLC_NUM_SERVER", std::to_string(servers)},
             {"DMLC_NUM_WORKER", std::to_string(workers)},
             {"PS_HEARTBEAT_INTERVAL", "0.2"},
-            {"PS_HEARTBEAT_TIMEOUT", "1.5"},
+            {"PS_HEARTBEAT_TIMEOUT", "3"},
             {"PS_REGISTER_TIMEOUT", "30"}};
     for (const auto& [key, value] : extra) env_[key] = value;
     scheduler_ = std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("ps-scheduler")},
@@ -57,7 +57,7 @@ class KVCluster {
     config.num_servers = servers_;
     config.num_workers = workers_;
     config.heartbeat_interval = std::chrono::milliseconds(200);
-    config.heartbeat_timeout = std::chrono::milliseconds(1500);
+    config.heartbeat_timeout = std::chrono::milliseconds(3000);
     config.register_timeout = std::chrono::seconds(30);
     if (const auto it = env_.find("MXNET_KVSTORE_BIGARRAY_BOUND"); it != env_.end()) {
       config.big_array_bound = std::stoul(it->second);

@@ -1,0 +1,118 @@
+#pragma once
+// A single-worker, in-process stand-in for ps::KVStore with MXNet's `local` semantics, for
+// testing the trainer without servers. Push/Pull are deferred until WaitAll, as a real store's
+// may be, and the fake checks the buffer lifetime rule: a pushed buffer must be unchanged at
+// WaitAll, and a pulled buffer is only written there.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ps/kvstore.h>
+
+namespace ps::worker::testing {
+
+class FakeKVStore final : public KVStore {
+ public:
+  struct Op {
+    enum Kind { kPush, kPull } kind;
+    Key key;
+    int priority;
+  };
+
+  void WaitAll() override {
+    ++wait_alls;
+    for (const Pending& p : pending_) {
+      if (p.op.kind == Op::kPush) {
+        INFO("key " << p.op.key << ": pushed buffer modified before WaitAll");
+        REQUIRE(std::memcmp(p.tensor.data(), p.snapshot.data(), p.snapshot.size() * 4) == 0);
+        ApplyPush(p.op.key, p.snapshot);
+      } else {
+        const std::vector<float>& v = store_.at(p.op.key);
+        REQUIRE(v.size() == p.tensor.size());
+        std::memcpy(p.tensor.data(), v.data(), v.size() * sizeof(float));
+      }
+    }
+    pending_.clear();
+  }
+  void Barrier() override { ++barriers; }
+  void SetOptimizer(const OptimizerConfig& config) override {
+    optimizer = config;
+    has_optimizer = true;
+  }
+  int Rank() const override { return 0; }
+  int NumWorkers() const override { return 1; }
+  std::string Type() const override { return "local"; }
+
+  std::vector<Op> ops;  // every push and pull, in call order
+  std::vector<Key> init_keys;
+  OptimizerConfig optimizer;
+  bool has_optimizer = false;
+  int wait_alls = 0;
+  int barriers = 0;
+
+ protected:
+  void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) override {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const auto* data = static_cast<const float*>(values[i].data());
+      store_[keys[i]].assign(data, data + values[i].size());
+      init_keys.push_back(keys[i]);
+    }
+  }
+  void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                int priority) override {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      REQUIRE(store_.count(keys[i]) == 1);
+      REQUIRE(grads[i].dtype() == DType::kFloat32);
+      REQUIRE_FALSE(grads[i].device().is_cuda());
+      const auto* data = static_cast<const float*>(grads[i].data());
+      ops.push_back({Op::kPush, keys[i], priority});
+      pending_.push_back({ops.back(), grads[i], std::vector<float>(data, data + grads[i].size())});
+    }
+  }
+  void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+                int priority) override {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      REQUIRE(store_.count(keys[i]) == 1);
+      ops.push_back({Op::kPull, keys[i], priority});
+      pending_.push_back({ops.back(), outs[i], {}});
+    }
+  }
+  void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+                    const std::vector<Tensor>& outs, int priority) override {
+    PushImpl(keys, grads, priority);
+    PullImpl(keys, outs, priority);
+  }
+
+ private:
+  struct Pending {
+    Op op;
+    Tensor tensor;
+    std::vector<float> snapshot;  // a push's data as it was at Push time
+  };
+
+  // MXNet's local store: with an optimizer, update the stored weight (sgd_mom_update); without,
+  // the stored value becomes the pushed value (the sum over this single worker).
+  void ApplyPush(Key key, const std::vector<float>& grad) {
+    std::vector<float>& w = store_.at(key);
+    if (!has_optimizer) {
+      w = grad;
+      return;
+    }
+    std::vector<float>& mom = momentum_[key];
+    mom.resize(w.size(), 0.0f);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const float g = optimizer.rescale_grad * grad[i] + optimizer.weight_decay * w[i];
+      mom[i] = optimizer.momentum * mom[i] - optimizer.learning_rate * g;
+      w[i] += mom[i];
+    }
+  }
+
+  std::map<Key, std::vector<float>> store_;
+  std::map<Key, std::vector<float>> momentum_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace ps::worker::testing

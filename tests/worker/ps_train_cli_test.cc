@@ -1,0 +1,74 @@
+// The ps-train program's command line: --help, and one-line errors with a non-zero exit for
+// input a user can get wrong. Runs the real binary with the local KVStore.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "worker/device.h"
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Owns a popen() stream; pclose() on scope exit if not closed explicitly.
+struct PipeCloser {
+  void operator()(FILE* f) const { pclose(f); }
+};
+
+Result RunPsTrain(const std::string& args) {
+  const std::string cmd =
+      "env -u DMLC_ROLE " + std::string(PS_BIN_DIR) + "/ps-train " + args + " 2>&1";
+  std::unique_ptr<FILE, PipeCloser> pipe(popen(cmd.c_str(), "r"));
+  REQUIRE(pipe != nullptr);
+  Result r;
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe.get())) > 0)
+    r.output.append(buf.data(), n);
+  const int raw = pclose(pipe.release());
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+// One line, starting "ps-train: error: ", containing `fragment`.
+void CheckOneLineError(const Result& r, const std::string& fragment) {
+  INFO("output: " << r.output);
+  CHECK(r.status == 1);
+  CHECK(r.output.rfind("ps-train: error: ", 0) == 0);
+  CHECK(r.output.find(fragment) != std::string::npos);
+  CHECK(r.output.find('\n') == r.output.size() - 1);
+}
+
+TEST_CASE("ps-train --help describes every flag", "[ps-train]") {
+  const Result r = RunPsTrain("--help");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  for (const char* flag : {"--model", "--device", "--data-dir", "--batch-size", "--epochs", "--lr",
+                           "--momentum", "--wd", "--seed", "--log-interval", "--metrics-out",
+                           "--kvstore", "--update-on-kvstore", "--no-update-on-kvstore"}) {
+    CHECK(r.output.find(flag) != std::string::npos);
+  }
+}
+
+TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", "[ps-train]") {
+  CheckOneLineError(RunPsTrain("--kvstore local --model resnet"),
+                    "unknown --model 'resnet': use mlp or cnn");
+  CheckOneLineError(RunPsTrain("--kvstore local --device tpu"), "unknown --device 'tpu'");
+  CheckOneLineError(RunPsTrain("--kvstore local --device cpu --data-dir /nonexistent"),
+                    "cannot open data file /nonexistent/train-images-idx3-ubyte.gz");
+  CheckOneLineError(RunPsTrain("--kvstore local --batch-size 0"), "--batch-size");
+  CheckOneLineError(RunPsTrain("--kvstore local stray"), "unexpected argument 'stray'");
+  if (ps::worker::CudaDeviceCount() == 0) {
+    CheckOneLineError(RunPsTrain("--kvstore local --device cuda"), "no CUDA device found");
+  }
+}
+
+}  // namespace

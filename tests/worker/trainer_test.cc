@@ -1,0 +1,166 @@
+// The KVStore trainer against a fake single-worker store: the protocol (Init, SetOptimizer,
+// pushes in reverse layer order with priorities, pulls, one WaitAll per step), agreement with
+// local SGD in both update modes, and the ps-train log format.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "fake_kvstore.h"
+#include "test_util.h"
+#include "worker/cpu_backend.h"
+#include "worker/errors.h"
+#include "worker/sgd_trainer.h"
+#include "worker/trainer.h"
+
+namespace ps::worker {
+namespace {
+
+using testing::FakeKVStore;
+
+TrainConfig SmallConfig(bool update_on_kvstore) {
+  TrainConfig c;
+  c.kvstore = "local";
+  c.update_on_kvstore = update_on_kvstore;
+  c.batch_size = 50;
+  c.lr = 0.05f;
+  c.momentum = 0.9f;
+  c.weight_decay = 1e-4f;
+  c.log_interval = 10;
+  return c;
+}
+
+// Trains `steps` batches through the fake store and, from the same seed, locally with
+// SgdOptimizer; every weight must agree.
+void CheckAgainstLocalSgd(bool update_on_kvstore) {
+  const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), 1000);
+  const TrainConfig config = SmallConfig(update_on_kvstore);
+  const ShardSampler sampler(data.count, 0, 1, config.batch_size, 3);
+  std::ostringstream log;
+  MetricsLog metrics(log, "", 0);
+
+  auto backend = MakeCpuBackend();
+  auto via_kv = BuildModel("mlp", *backend, config.batch_size);
+  via_kv->InitParams(11);
+  FakeKVStore kv;
+  KVTrainer trainer(config, kv, *via_kv);
+  trainer.Start();
+  const EpochResult r = trainer.TrainEpoch(data, sampler, 0, metrics);
+
+  auto local = BuildModel("mlp", *backend, config.batch_size);
+  local->InitParams(11);
+  SgdOptimizer sgd(*local, SgdOptions{config.lr, config.momentum, config.weight_decay});
+  const EpochResult expected = TrainEpoch(*local, sgd, data, sampler, 0);
+
+  CHECK(r.train.samples == expected.train.samples);
+  CHECK(r.train.loss_sum == Approx(expected.train.loss_sum).epsilon(1e-5));
+  for (std::size_t i = 0; i < local->params().size(); ++i) {
+    INFO(local->params()[i]->name);
+    CHECK(testing::MaxScaledDiff(via_kv->params()[i]->value.ToHost(),
+                                 local->params()[i]->value.ToHost()) < 1e-5);
+  }
+  CHECK(kv.has_optimizer == update_on_kvstore);
+  CHECK(kv.wait_alls == 1 + sampler.batches_per_epoch());  // Start, then one per step
+  // Two Speedometer lines for 20 batches at an interval of 10.
+  const std::string text = log.str();
+  CHECK(text.find("Epoch[0] Batch[10] Speed: ") != std::string::npos);
+  CHECK(text.find("Epoch[0] Batch[20] Speed: ") != std::string::npos);
+}
+
+TEST_CASE("trainer with update on kvstore matches local SGD", "[trainer]") {
+  CheckAgainstLocalSgd(true);
+}
+
+TEST_CASE("trainer with update on the worker matches local SGD", "[trainer]") {
+  CheckAgainstLocalSgd(false);
+}
+
+TEST_CASE("trainer pushes each layer as its backward finishes, first layer first priority",
+          "[trainer]") {
+  const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), 100);
+  TrainConfig config = SmallConfig(true);
+  const ShardSampler sampler(data.count, 0, 1, config.batch_size, 3);
+  auto backend = MakeCpuBackend();
+  auto model = BuildModel("mlp", *backend, config.batch_size);
+  model->InitParams(1);
+  FakeKVStore kv;
+  KVTrainer trainer(config, kv, *model);
+  trainer.Start();
+  CHECK(kv.init_keys == std::vector<Key>{0, 1, 2, 3, 4, 5});
+  CHECK(kv.optimizer.name == "sgd");
+  CHECK(kv.optimizer.learning_rate == config.lr);
+  CHECK(kv.optimizer.rescale_grad == 1.0f);  // one worker
+  kv.ops.clear();
+  std::ostringstream log;
+  MetricsLog metrics(log, "", 0);
+  trainer.TrainEpoch(data, sampler, 0, metrics);  // 2 steps
+  using Op = FakeKVStore::Op;
+  const std::vector<std::tuple<Op::Kind, Key, int>> one_step = {
+      {Op::kPush, 4, -2}, {Op::kPush, 5, -2}, {Op::kPull, 4, -2}, {Op::kPull, 5, -2},
+      {Op::kPush, 2, -1}, {Op::kPush, 3, -1}, {Op::kPull, 2, -1}, {Op::kPull, 3, -1},
+      {Op::kPush, 0, 0},  {Op::kPush, 1, 0},  {Op::kPull, 0, 0},  {Op::kPull, 1, 0}};
+  REQUIRE(kv.ops.size() == 2 * one_step.size());
+  for (std::size_t i = 0; i < kv.ops.size(); ++i) {
+    const auto& [kind, key, priority] = one_step[i % one_step.size()];
+    INFO("op " << i);
+    CHECK(kv.ops[i].kind == kind);
+    CHECK(kv.ops[i].key == key);
+    CHECK(kv.ops[i].priority == priority);
+  }
+}
+
+TEST_CASE("RunTraining logs Speedometer lines, test accuracy and the final line", "[trainer]") {
+  testing::TempDir dir;
+  TrainConfig config;
+  config.kvstore = "local";
+  config.device = "cpu";
+  config.epochs = 1;
+  config.batch_size = 100;
+  config.lr = 0.05f;
+  config.log_interval = 200;
+  config.metrics_out = dir.file("metrics.jsonl");
+  FakeKVStore kv;
+  std::ostringstream log;
+  const TrainSummary s = RunTraining(config, kv, log);
+  const std::string text = log.str();
+  INFO(text);
+  CHECK(s.test_accuracy > 0.8);
+  CHECK(std::regex_search(text, std::regex(R"(Epoch\[0\] Batch\[200\] Speed: [0-9.]+ samples/sec )"
+                                           R"(loss=[0-9.]+ accuracy=[0-9.]+\n)")));
+  CHECK(std::regex_search(text, std::regex(R"(Epoch\[0\] test_accuracy=0\.[0-9]{4}\n)")));
+  CHECK(std::regex_search(
+      text, std::regex(R"(\nfinal test_accuracy=0\.[0-9]{4} samples_per_sec=[0-9]+\n$)")));
+  CHECK(kv.barriers == 1);
+  std::ifstream json(config.metrics_out);
+  std::string line;
+  std::vector<std::string> lines;
+  while (std::getline(json, line)) lines.push_back(line);
+  REQUIRE(lines.size() == 3 + 1 + 1 + 1);  // batches 200, 400, 600; epoch; test; final
+  CHECK(lines.front().starts_with("{\"event\":\"batch\",\"rank\":0,\"epoch\":0,\"batch\":200,"));
+  CHECK(lines.back().starts_with("{\"event\":\"final\",\"rank\":0,\"test_accuracy\":0."));
+}
+
+TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[trainer]") {
+  TrainConfig c;
+  c.model = "resnet";
+  CHECK_THROWS_WITH(ValidateConfig(c), "unknown --model 'resnet': use mlp or cnn");
+  c = TrainConfig{};
+  c.device = "gpu";
+  CHECK_THROWS_WITH(ValidateConfig(c), Catch::StartsWith("unknown --device 'gpu'"));
+  c = TrainConfig{};
+  c.kvstore = "dist";
+  CHECK_THROWS_WITH(ValidateConfig(c), Catch::StartsWith("unknown --kvstore 'dist'"));
+  c = TrainConfig{};
+  c.batch_size = 0;
+  CHECK_THROWS_AS(ValidateConfig(c), ConfigError);
+  c = TrainConfig{};
+  c.data_dir = "/nonexistent";
+  c.device = "cpu";
+  FakeKVStore kv;
+  std::ostringstream log;
+  CHECK_THROWS_AS(RunTraining(c, kv, log), DataError);
+}
+
+}  // namespace
+}  // namespace ps::worker
