@@ -111,7 +111,10 @@ void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
 void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
   checks::Counts(kStore, "Pull", keys.size(), outs.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    { const Entry& e = FindLocked("Pull", keys[i]); checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size, false); }
+    {
+      const Entry& e = FindLocked("Pull", keys[i]);
+      checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size, false);
+    }
   }
 }
 

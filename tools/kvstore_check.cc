@@ -108,8 +108,8 @@ int main(int argc, char** argv) {
                              (FLAGS_type == "local" ? 1.0f : per_round);
       for (float value : outs[k]) {
         if (value != expected) {
-          Fail("rank " + std::to_string(rank) + " final key " + std::to_string(k) +
-               ": expected " + std::to_string(expected) + ", got " + std::to_string(value));
+          Fail("rank " + std::to_string(rank) + " final key " + std::to_string(k) + ": expected " +
+               std::to_string(expected) + ", got " + std::to_string(value));
         }
       }
     }

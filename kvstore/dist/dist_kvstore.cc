@@ -105,8 +105,8 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
   {
     std::unique_lock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      keys_[keys[i]] = KeyInfo{values[i].dtype(), values[i].size(),
-                               layout_.Slices(keys[i], values[i].size())};
+      keys_[keys[i]] =
+          KeyInfo{values[i].dtype(), values[i].size(), layout_.Slices(keys[i], values[i].size())};
     }
   }
   Collective("Init", [&] { Issue(kv::kInit, keys, values, {}, 0); });
@@ -211,29 +211,29 @@ void DistKVStore::Track(std::vector<Message> messages,
     std::lock_guard lock(ops_mu_);
     ++outstanding_;
   }
-  runtime_->Request(std::move(messages),
-                    [this, by_node = std::move(by_node)](RequestResult&& result) {
-                      std::string error = result.error;
-                      for (const Message& response : result.responses) {
-                        if (!error.empty()) break;
-                        const auto it = by_node.find(response.meta.sender);
-                        if (it == by_node.end()) continue;
-                        const auto& targets = it->second;
-                        if (response.data.size() != targets.size()) {
-                          error = "malformed response from " + runtime_->Describe(response.meta.sender);
-                          break;
-                        }
-                        for (std::size_t j = 0; j < targets.size(); ++j) {
-                          if (response.data[j].bytes() != targets[j].bytes) {
-                            error = "response from " + runtime_->Describe(response.meta.sender) +
-                                    " has the wrong size";
-                            break;
-                          }
-                          std::memcpy(targets[j].data, response.data[j].data(), targets[j].bytes);
-                        }
-                      }
-                      Complete(error);
-                    });
+  runtime_->Request(
+      std::move(messages), [this, by_node = std::move(by_node)](RequestResult&& result) {
+        std::string error = result.error;
+        for (const Message& response : result.responses) {
+          if (!error.empty()) break;
+          const auto it = by_node.find(response.meta.sender);
+          if (it == by_node.end()) continue;
+          const auto& targets = it->second;
+          if (response.data.size() != targets.size()) {
+            error = "malformed response from " + runtime_->Describe(response.meta.sender);
+            break;
+          }
+          for (std::size_t j = 0; j < targets.size(); ++j) {
+            if (response.data[j].bytes() != targets[j].bytes) {
+              error = "response from " + runtime_->Describe(response.meta.sender) +
+                      " has the wrong size";
+              break;
+            }
+            std::memcpy(targets[j].data, response.data[j].data(), targets[j].bytes);
+          }
+        }
+        Complete(error);
+      });
 }
 
 }  // namespace ps

@@ -62,7 +62,8 @@ std::string KVServerStore::Validate(const kv::Request& request,
     if (!seen.insert(id).second) return KeyText(ref.key) + ": given twice in one request";
     const auto it = slices_.find(id);
     if (request.command == kv::kInit) {
-      if (it != slices_.end()) return KeyText(ref.key) + ": already initialized (a key is initialized once)";
+      if (it != slices_.end())
+        return KeyText(ref.key) + ": already initialized (a key is initialized once)";
       if (!IsSummableDType(data[i].dtype())) {
         return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
       }
@@ -124,17 +125,25 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
   runtime_.Reply(meta, Message{});
 }
 
-void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
-                               std::vector<Blob>& data) {
+std::shared_ptr<KVServerStore::Pending> KVServerStore::StartPending(const Meta& meta,
+                                                                    std::size_t slices,
+                                                                    bool with_values) {
   auto pending = std::make_shared<Pending>();
   pending->request = meta;
-  pending->remaining = request.slices.size();
-  pending->with_values = request.command == kv::kPushPull;
-  pending->values.resize(request.slices.size());
-  if (pending->remaining == 0) {
+  pending->remaining = slices;
+  pending->with_values = with_values;
+  pending->values.resize(slices);
+  if (slices == 0) {
     Answer(*pending);
-    return;
+    return nullptr;
   }
+  return pending;
+}
+
+void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
+                               std::vector<Blob>& data) {
+  const auto pending = StartPending(meta, request.slices.size(), request.command == kv::kPushPull);
+  if (!pending) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
@@ -157,15 +166,8 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
 }
 
 void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request) {
-  auto pending = std::make_shared<Pending>();
-  pending->request = meta;
-  pending->remaining = request.slices.size();
-  pending->with_values = true;
-  pending->values.resize(request.slices.size());
-  if (pending->remaining == 0) {
-    Answer(*pending);
-    return;
-  }
+  const auto pending = StartPending(meta, request.slices.size(), true);
+  if (!pending) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
@@ -241,7 +243,8 @@ void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
   Pending& pending = *waiter.pending;
   if (pending.with_values) {
     const std::shared_ptr<const void> owner = slice.value;
-    pending.values[waiter.index] = Blob(owner, slice.value->data(), slice.value->size(), slice.dtype);
+    pending.values[waiter.index] =
+        Blob(owner, slice.value->data(), slice.value->size(), slice.dtype);
   }
   if (--pending.remaining == 0) Answer(pending);
 }
@@ -274,8 +277,8 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
 
 void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   if (peer.role != Role::kWorker) return;
-  const std::string why = peer.Describe() +
-                          (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
+  const std::string why =
+      peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
   gone_workers_[peer.id] = why;
   for (auto& [id, slice] : slices_) {
     const bool waits_on_peer = !slice.pushed.empty() && !slice.pushed.contains(peer.id);

@@ -69,12 +69,12 @@ class KVServerStore {
     std::uint64_t state_id = 0;  // optimizer state of this slice
     std::shared_ptr<Buffer> value;
     // dist_sync rounds.
-    std::uint64_t completed = 0;           // rounds closed so far; the open round's number
-    Buffer merge;                          // the open round's sum
-    std::set<int> pushed;                  // workers in the open round
-    std::map<int, std::uint64_t> last_round;  // worker -> round of its latest push
+    std::uint64_t completed = 0;                   // rounds closed so far; the open round's number
+    Buffer merge;                                  // the open round's sum
+    std::set<int> pushed;                          // workers in the open round
+    std::map<int, std::uint64_t> last_round;       // worker -> round of its latest push
     std::multimap<std::uint64_t, Waiter> waiters;  // released when that round closes
-    std::deque<DeferredPush> deferred;     // pushes for rounds after the open one
+    std::deque<DeferredPush> deferred;             // pushes for rounds after the open one
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
@@ -84,6 +84,8 @@ class KVServerStore {
   // Checks every slice of a request before anything changes; "" when all are fine.
   std::string Validate(const kv::Request& request, const std::vector<Blob>& data) const;
 
+  // A reply waiting on `slices` slices; answered at once (and null returned) when there are none.
+  std::shared_ptr<Pending> StartPending(const Meta& meta, std::size_t slices, bool with_values);
   void MergeIntoRound(Slice& slice, int sender, const Blob& gradient, const Waiter& waiter);
   void CloseRound(Slice& slice);
   void ApplyUpdate(Slice& slice, const void* gradient);

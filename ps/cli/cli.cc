@@ -18,15 +18,15 @@ DEFINE_int32(num_workers, -1, "Number of workers in the job (env DMLC_NUM_WORKER
 DEFINE_string(node_host, "", "Address this node advertises (env DMLC_NODE_HOST)");
 DEFINE_string(interface, "", "Advertise this network interface's address (env DMLC_INTERFACE)");
 DEFINE_int32(verbose, -1, "Logging: 0 quiet, 1 connections, 2 every message (env PS_VERBOSE)");
-DEFINE_double(heartbeat_interval, -1,
-              "Seconds between heartbeats, 0 turns them off (env PS_HEARTBEAT_INTERVAL, default 2)");
+DEFINE_double(
+    heartbeat_interval, -1,
+    "Seconds between heartbeats, 0 turns them off (env PS_HEARTBEAT_INTERVAL, default 2)");
 DEFINE_double(heartbeat_timeout, -1,
               "Seconds without heartbeat before a node is dead (env PS_HEARTBEAT_TIMEOUT, "
               "default 20)");
 DEFINE_double(register_timeout, -1,
               "Seconds to wait for the job to register (env PS_REGISTER_TIMEOUT, default 60)");
-DEFINE_bool(use_kubernetes, false,
-            "The scheduler listens on 0.0.0.0 (env DMLC_USE_KUBERNETES=1)");
+DEFINE_bool(use_kubernetes, false, "The scheduler listens on 0.0.0.0 (env DMLC_USE_KUBERNETES=1)");
 
 namespace ps::cli {
 namespace {
@@ -67,8 +67,9 @@ ClusterConfig ReadClusterConfig(Role role) {
       const auto flag = FlagForVariable().find(std::string(name));
       if (flag != FlagForVariable().end()) {
         const auto info = gflags::GetCommandLineFlagInfoOrDie(flag->second.c_str());
-        if (!info.is_default) return info.type == "bool" ? (info.current_value == "true" ? "1" : "0")
-                                                          : info.current_value;
+        if (!info.is_default)
+          return info.type == "bool" ? (info.current_value == "true" ? "1" : "0")
+                                     : info.current_value;
       }
       const char* value = std::getenv(std::string(name).c_str());
       if (value == nullptr) return std::nullopt;

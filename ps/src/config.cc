@@ -32,7 +32,8 @@ int ReadInt(const SettingLookup& lookup, std::string_view name, long long min, l
   }
   const auto value = ParseInteger(*raw);
   if (!value || *value < min || *value > max) {
-    Invalid(name, *raw, "expected an integer in " + std::to_string(min) + ".." + std::to_string(max));
+    Invalid(name, *raw,
+            "expected an integer in " + std::to_string(min) + ".." + std::to_string(max));
   }
   return static_cast<int>(*value);
 }
@@ -90,8 +91,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
 
   const auto uri = lookup("DMLC_PS_ROOT_URI");
   if (!uri || uri->empty()) {
-    throw Error(
-        "DMLC_PS_ROOT_URI is not set: set it to the scheduler's host name or IP address");
+    throw Error("DMLC_PS_ROOT_URI is not set: set it to the scheduler's host name or IP address");
   }
   config.root_uri = *uri;
   // Only the scheduler may ask for an ephemeral port; the others must be told the real one.

@@ -47,12 +47,13 @@ Blob Blob::Copy(const void* data, std::size_t bytes, DType dtype) {
 std::string Message::DebugString() const {
   std::ostringstream out;
   out << ControlName(meta.control) << (meta.request ? " request" : " response") << " "
-      << meta.sender << "->" << meta.recipient << " app=" << meta.app_id
-      << " ts=" << meta.timestamp << " head=" << meta.head << " body=" << meta.body.size() << "B";
+      << meta.sender << "->" << meta.recipient << " app=" << meta.app_id << " ts=" << meta.timestamp
+      << " head=" << meta.head << " body=" << meta.body.size() << "B";
   if (!meta.nodes.empty()) out << " nodes=" << meta.nodes.size();
   if (meta.barrier_group != 0) out << " group=" << meta.barrier_group;
   if (!meta.error.empty()) out << " error=\"" << meta.error << "\"";
-  for (const Blob& blob : data) out << " [" << DTypeName(blob.dtype()) << " x" << blob.count() << "]";
+  for (const Blob& blob : data)
+    out << " [" << DTypeName(blob.dtype()) << " x" << blob.count() << "]";
   return out.str();
 }
 

@@ -9,16 +9,11 @@
 #include "background.h"
 #include "net_util.h"
 #include "ps/error.h"
+#include "text.h"
 #include "zmq_transport.h"
 
 namespace ps {
 namespace {
-
-std::string Seconds(std::chrono::milliseconds ms) {
-  const auto tenths = ms.count() / 100;
-  return std::to_string(tenths / 10) + (tenths % 10 ? "." + std::to_string(tenths % 10) : "") +
-         " s";
-}
 
 // The address this node tells the others: DMLC_NODE_HOST, else DMLC_INTERFACE's address, else
 // the local end of the route to the scheduler.
@@ -59,8 +54,8 @@ void Runtime::Register() {
   self_.port = transport_->Bind(local ? self_.host : "0.0.0.0", 0);
   self_.host_id = net::HostIdentity();
   if (config_.use_ipc && !self_.host_id.empty()) {
-    self_.ipc_endpoint = transport_->BindIpc("ps-" + std::to_string(getpid()) + "-" +
-                                             std::to_string(self_.port));
+    self_.ipc_endpoint =
+        transport_->BindIpc("ps-" + std::to_string(getpid()) + "-" + std::to_string(self_.port));
   }
   transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port);
   receiver_ = std::make_unique<ReceiveLoop>(*transport_,
@@ -85,14 +80,14 @@ void Runtime::Register() {
     if (acknowledged_) {
       throw Error("the scheduler at " + config_.SchedulerAddress() + " accepted this " +
                   RoleName(self_.role) + " but the job did not fill up within " +
-                  Seconds(config_.register_timeout) +
+                  FormatSeconds(config_.register_timeout) +
                   ": it waits for DMLC_NUM_SERVER=" + std::to_string(config_.num_servers) +
                   " servers and DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) +
                   " workers; start the missing ones or fix the counts (PS_REGISTER_TIMEOUT sets "
                   "this wait)");
     }
     throw Error("cannot reach the scheduler at " + config_.SchedulerAddress() + " within " +
-                Seconds(config_.register_timeout) +
+                FormatSeconds(config_.register_timeout) +
                 ": check that ps-scheduler is running there and that DMLC_PS_ROOT_URI and "
                 "DMLC_PS_ROOT_PORT point to it (PS_REGISTER_TIMEOUT sets this wait)");
   }
@@ -280,7 +275,7 @@ void Runtime::OnTick() {
   }
   if (lost) {
     Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
-         Seconds(config_.heartbeat_timeout) + ": it exited or the network failed");
+         FormatSeconds(config_.heartbeat_timeout) + ": it exited or the network failed");
     return;
   }
   Message beat;
@@ -324,7 +319,7 @@ void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeo
   };
   if (timeout) {
     if (!changed_.wait_for(lock, *timeout, ready)) {
-      throw Error("barrier timed out after " + Seconds(*timeout));
+      throw Error("barrier timed out after " + FormatSeconds(*timeout));
     }
   } else {
     changed_.wait(lock, ready);

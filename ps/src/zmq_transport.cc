@@ -21,7 +21,8 @@ constexpr std::size_t kZeroCopyMinBytes = 512;
 
 // ZeroMQ calls this once it no longer reads a zero-copy frame; drops our reference.
 void ReleaseBlobOwner(void* /*data*/, void* hint) {
-  std::unique_ptr<std::shared_ptr<const void>> owner(static_cast<std::shared_ptr<const void>*>(hint));
+  std::unique_ptr<std::shared_ptr<const void>> owner(
+      static_cast<std::shared_ptr<const void>*>(hint));
 }
 
 zmq::message_t FrameFor(const Blob& blob) {
@@ -131,7 +132,8 @@ bool ZmqTransport::Send(const Message& msg) {
     peer.socket.send(zmq::buffer(header), more);
     for (std::size_t i = 0; i < msg.data.size(); ++i) {
       const bool last = i + 1 == msg.data.size();
-      peer.socket.send(FrameFor(msg.data[i]), last ? zmq::send_flags::none : zmq::send_flags::sndmore);
+      peer.socket.send(FrameFor(msg.data[i]),
+                       last ? zmq::send_flags::none : zmq::send_flags::sndmore);
     }
   } catch (const zmq::error_t& e) {
     if (e.num() != ETERM) LOG(WARNING) << "send to node " << msg.meta.recipient << ": " << e.what();

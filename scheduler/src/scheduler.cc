@@ -7,17 +7,14 @@
 
 #include "background.h"
 #include "net_util.h"
-#include "zmq_transport.h"
 #include "ps/error.h"
+#include "text.h"
+#include "zmq_transport.h"
 
 namespace ps {
 namespace {
 
 constexpr auto kTickPeriod = std::chrono::milliseconds(200);
-
-std::string Seconds(std::chrono::milliseconds ms) {
-  return std::to_string(ms.count() / 1000) + "." + std::to_string(ms.count() % 1000 / 100) + " s";
-}
 
 int RoleBit(Role role) {
   switch (role) {
@@ -181,15 +178,15 @@ void Scheduler::OnRegister(Message&& msg) {
   }
   if (complete_) {
     refuse(node, "the job already has all its nodes (DMLC_NUM_SERVER=" +
-                     std::to_string(config_.num_servers) + ", DMLC_NUM_WORKER=" +
-                     std::to_string(config_.num_workers) + ")");
+                     std::to_string(config_.num_servers) +
+                     ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")");
     return;
   }
   int same_role = 0;
   for (const NodeInfo& other : nodes_) {
     if (other.host == node.host && other.port == node.port) {
-      refuse(node, "a node at " + node.host + ":" + std::to_string(node.port) +
-                       " is already registered");
+      refuse(node,
+             "a node at " + node.host + ":" + std::to_string(node.port) + " is already registered");
       return;
     }
     if (other.role == node.role) ++same_role;
@@ -229,7 +226,8 @@ void Scheduler::CompleteRegistration() {
     std::sort(group.begin(), group.end(), [](const NodeInfo* a, const NodeInfo* b) {
       return std::tie(a->host, a->port) < std::tie(b->host, b->port);
     });
-    for (std::size_t rank = 0; rank < group.size(); ++rank) group[rank]->rank = static_cast<int>(rank);
+    for (std::size_t rank = 0; rank < group.size(); ++rank)
+      group[rank]->rank = static_cast<int>(rank);
   }
   complete_ = true;
   const auto now = Clock::now();
@@ -307,7 +305,7 @@ void Scheduler::OnTick() {
           "only " + std::to_string(servers) + " of " + std::to_string(config_.num_servers) +
           " server(s) and " + std::to_string(workers) + " of " +
           std::to_string(config_.num_workers) + " worker(s) registered within " +
-          Seconds(config_.register_timeout) +
+          FormatSeconds(config_.register_timeout) +
           ": start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER "
           "(PS_REGISTER_TIMEOUT sets this wait)";
       for (std::size_t id = 1; id < nodes_.size(); ++id) {
@@ -325,7 +323,7 @@ void Scheduler::OnTick() {
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
       DeclareDead(static_cast<int>(id), "no heartbeat for over " +
-                                            Seconds(config_.heartbeat_timeout) +
+                                            FormatSeconds(config_.heartbeat_timeout) +
                                             " (PS_HEARTBEAT_TIMEOUT)");
       return;  // the job has ended
     }

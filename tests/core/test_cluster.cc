@@ -12,10 +12,10 @@
 #include <zmq.hpp>
 
 #include "child_process.h"
+#include "ps.pb.h"
 #include "ps/error.h"
 #include "ps/runtime.h"
 #include "ps/scheduler.h"
-#include "ps.pb.h"
 #include "wire.h"
 
 namespace {
@@ -81,8 +81,10 @@ std::string ServeUntilTerminated(ps::Runtime& runtime, int) { return runtime.Wai
 
 }  // namespace
 
-TEST_CASE("cluster: 1 scheduler with 2 servers and 3 workers registers and runs 100 barriers and shuts down",
-          "[cluster]") {
+TEST_CASE(
+    "cluster: 1 scheduler with 2 servers and 3 workers registers and runs 100 barriers and shuts "
+    "down",
+    "[cluster]") {
   // Sanitizers start a helper thread with the process's first thread: let that happen first.
   std::thread([] {}).join();
   const int baseline_threads = ps::test::ThreadCount();
@@ -121,13 +123,12 @@ TEST_CASE("cluster: ranks follow host then port order whoever registers first", 
   std::vector<std::vector<ps::NodeInfo>> tables(3);
   std::vector<int> ids(3);
   NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
-  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 3,
-                      [&](ps::Runtime& runtime, int i) {
-                        tables[i] = runtime.nodes();
-                        ids[i] = runtime.id();
-                        runtime.FinishWorker();
-                        return std::string();
-                      });
+  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 3, [&](ps::Runtime& runtime, int i) {
+    tables[i] = runtime.nodes();
+    ids[i] = runtime.id();
+    runtime.FinishWorker();
+    return std::string();
+  });
   REQUIRE(scheduler.Run() == 0);
   workers.Join();
   server.Join();
@@ -138,13 +139,15 @@ TEST_CASE("cluster: ranks follow host then port order whoever registers first", 
   std::sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.rank < b.rank; });
   REQUIRE(ranked.size() == 3);
   for (std::size_t r = 1; r < ranked.size(); ++r) {
-    CHECK(std::tie(ranked[r - 1].host, ranked[r - 1].port) < std::tie(ranked[r].host, ranked[r].port));
+    CHECK(std::tie(ranked[r - 1].host, ranked[r - 1].port) <
+          std::tie(ranked[r].host, ranked[r].port));
   }
   CHECK(tables[1] == tables[0]);  // everyone got the same table
   CHECK(tables[2] == tables[0]);
 }
 
-TEST_CASE("cluster: an unreachable scheduler is a clear error within the timeout", "[cluster][fault]") {
+TEST_CASE("cluster: an unreachable scheduler is a clear error within the timeout",
+          "[cluster][fault]") {
   auto config = SchedulerConfig(1, 1);
   config.role = ps::Role::kWorker;
   config.root_port = ps::test::FindFreePort();  // nothing listens there
@@ -227,8 +230,9 @@ TEST_CASE("cluster: a node that stops heartbeating is declared dead and nothing 
   CHECK_THAT(server.Join()[0], Catch::Contains("the job failed"));
 }
 
-TEST_CASE("cluster: garbage and truncated and absurd messages are dropped while the node keeps serving",
-          "[cluster][fault]") {
+TEST_CASE(
+    "cluster: garbage and truncated and absurd messages are dropped while the node keeps serving",
+    "[cluster][fault]") {
   ps::Scheduler scheduler(SchedulerConfig(1, 2));
   std::atomic<ps::Runtime*> target{nullptr};
   std::atomic<bool> attacked{false};
@@ -297,8 +301,9 @@ TEST_CASE("cluster: garbage and truncated and absurd messages are dropped while 
   CHECK(server.Join()[0] == "");
 }
 
-TEST_CASE("cluster: the advertised address follows DMLC_NODE_HOST then DMLC_INTERFACE then the route",
-          "[cluster]") {
+TEST_CASE(
+    "cluster: the advertised address follows DMLC_NODE_HOST then DMLC_INTERFACE then the route",
+    "[cluster]") {
   auto config = SchedulerConfig(1, 3);
   config.root_uri = "localhost";  // a host name, resolved by DNS
   ps::Scheduler scheduler(config);
@@ -314,7 +319,8 @@ TEST_CASE("cluster: the advertised address follows DMLC_NODE_HOST then DMLC_INTE
     threads.emplace_back([&, i] {
       try {
         auto runtime = ps::Runtime::Start(worker_configs[static_cast<std::size_t>(i)]);
-        hosts[static_cast<std::size_t>(i)] = runtime->nodes()[static_cast<std::size_t>(runtime->id())].host;
+        hosts[static_cast<std::size_t>(i)] =
+            runtime->nodes()[static_cast<std::size_t>(runtime->id())].host;
         runtime->FinishWorker();
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(i)] = e.what();
@@ -335,16 +341,17 @@ TEST_CASE("cluster: an unknown interface or host name is a clear error", "[clust
   config.role = ps::Role::kWorker;
   config.root_port = 9;
   config.interface = "nosuch0";
-  CHECK_THROWS_WITH(ps::Runtime::Start(config),
-                    Catch::Contains("DMLC_INTERFACE='nosuch0' is not an interface") &&
-                        Catch::Contains("lo"));
+  CHECK_THROWS_WITH(
+      ps::Runtime::Start(config),
+      Catch::Contains("DMLC_INTERFACE='nosuch0' is not an interface") && Catch::Contains("lo"));
   config.interface.clear();
   config.root_uri = "no-such-host.invalid";
   CHECK_THROWS_WITH(ps::Runtime::Start(config),
                     Catch::Contains("cannot resolve DMLC_PS_ROOT_URI='no-such-host.invalid'"));
 }
 
-TEST_CASE("cluster: same-host peers talk over ipc and PS_USE_IPC=0 keeps them on TCP", "[cluster]") {
+TEST_CASE("cluster: same-host peers talk over ipc and PS_USE_IPC=0 keeps them on TCP",
+          "[cluster]") {
   for (const bool use_ipc : {true, false}) {
     INFO("use_ipc=" << use_ipc);
     auto config = SchedulerConfig(1, 1);

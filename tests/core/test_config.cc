@@ -18,8 +18,10 @@ ps::ClusterConfig ParseSettings(const Settings& settings) {
 }
 
 Settings Valid() {
-  return {{"DMLC_ROLE", "worker"},     {"DMLC_PS_ROOT_URI", "127.0.0.1"},
-          {"DMLC_PS_ROOT_PORT", "9000"}, {"DMLC_NUM_SERVER", "2"},
+  return {{"DMLC_ROLE", "worker"},
+          {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+          {"DMLC_PS_ROOT_PORT", "9000"},
+          {"DMLC_NUM_SERVER", "2"},
           {"DMLC_NUM_WORKER", "3"}};
 }
 
@@ -80,10 +82,12 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
   };
   const std::vector<Case> cases = {
       {"DMLC_ROLE", std::nullopt, "DMLC_ROLE is not set: set it to scheduler, server or worker"},
-      {"DMLC_ROLE", "master", "DMLC_ROLE='master' is invalid: expected scheduler, server or worker"},
+      {"DMLC_ROLE", "master",
+       "DMLC_ROLE='master' is invalid: expected scheduler, server or worker"},
       {"DMLC_PS_ROOT_URI", std::nullopt, "DMLC_PS_ROOT_URI is not set"},
       {"DMLC_PS_ROOT_PORT", std::nullopt, "DMLC_PS_ROOT_PORT is not set"},
-      {"DMLC_PS_ROOT_PORT", "http", "DMLC_PS_ROOT_PORT='http' is invalid: expected an integer in 1..65535"},
+      {"DMLC_PS_ROOT_PORT", "http",
+       "DMLC_PS_ROOT_PORT='http' is invalid: expected an integer in 1..65535"},
       {"DMLC_PS_ROOT_PORT", "70000", "DMLC_PS_ROOT_PORT='70000' is invalid"},
       {"DMLC_PS_ROOT_PORT", "0", "DMLC_PS_ROOT_PORT='0' is invalid"},  // only the scheduler
       {"DMLC_PS_ROOT_PORT", "80x", "DMLC_PS_ROOT_PORT='80x' is invalid"},
@@ -91,7 +95,8 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"DMLC_NUM_SERVER", std::nullopt, "DMLC_NUM_SERVER is not set"},
       {"DMLC_NUM_WORKER", "-2", "DMLC_NUM_WORKER='-2' is invalid"},
       {"PS_VERBOSE", "loud", "PS_VERBOSE='loud' is invalid: expected an integer in 0..2"},
-      {"DMLC_USE_KUBERNETES", "yes", "DMLC_USE_KUBERNETES='yes' is invalid: expected 0, 1, true or false"},
+      {"DMLC_USE_KUBERNETES", "yes",
+       "DMLC_USE_KUBERNETES='yes' is invalid: expected 0, 1, true or false"},
       {"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1' is invalid"},
       {"PS_HEARTBEAT_TIMEOUT", "soon", "PS_HEARTBEAT_TIMEOUT='soon' is invalid"},
       {"PS_REGISTER_TIMEOUT", "0", "PS_REGISTER_TIMEOUT='0' is invalid"},

@@ -66,7 +66,8 @@ TEST_CASE("processes: --help and --version answer", "[processes]") {
   for (const std::string binary : {"ps-scheduler", "ps-server"}) {
     auto help = Start(binary, {}, {"--help"});
     help->Wait(10s);
-    CHECK_THAT(help->Output(), Catch::Contains("root_port") && Catch::Contains("DMLC_PS_ROOT_PORT"));
+    CHECK_THAT(help->Output(),
+               Catch::Contains("root_port") && Catch::Contains("DMLC_PS_ROOT_PORT"));
     auto version = Start(binary, {}, {"--version"});
     CHECK(version->Wait(10s) == 0);
     CHECK_THAT(version->Output(), Catch::Contains("version 0."));
@@ -134,8 +135,8 @@ TEST_CASE("processes: a worker killed with SIGKILL is reported dead and nothing 
   // The survivors' barrier fails with an error naming the dead worker.
   for (auto* survivor : {first.get(), second.get()}) {
     CHECK(survivor->Wait(15s) == 2);
-    CHECK_THAT(survivor->Output(), Catch::Contains("barrier failed: " + victim_name) &&
-                                       Catch::Contains("died"));
+    CHECK_THAT(survivor->Output(),
+               Catch::Contains("barrier failed: " + victim_name) && Catch::Contains("died"));
   }
   CHECK(scheduler->Wait(15s) == 1);
   CHECK(std::chrono::steady_clock::now() - killed_at < 10s);

@@ -72,8 +72,8 @@ TEST_CASE("tracker: deadlines expire", "[tracker]") {
   ps::RequestTracker tracker;
   const auto now = ps::RequestTracker::Clock::now();
   std::optional<ps::RequestResult> timed, untimed;
-  tracker.Start({1}, [&](ps::RequestResult&& r) { timed = std::move(r); },
-                now + std::chrono::seconds(1));
+  tracker.Start(
+      {1}, [&](ps::RequestResult&& r) { timed = std::move(r); }, now + std::chrono::seconds(1));
   tracker.Start({1}, [&](ps::RequestResult&& r) { untimed = std::move(r); });
   tracker.ExpireOverdue(now);
   CHECK_FALSE(timed);

@@ -18,9 +18,10 @@ ps::Meta FullMeta() {
   meta.timestamp = 0x1234567890ULL;
   meta.head = 42;
   meta.body = std::string("body\0bytes", 10);
-  meta.nodes = {{0, ps::Role::kScheduler, "sched.example", 9000, 0, "", ""},
-                {1, ps::Role::kServer, "10.0.0.2", 4001, 0, "", ""},
-                {2, ps::Role::kWorker, "10.0.0.3", 4002, 1, "boot/4026531992", "ipc://@ps-12-4002"}};
+  meta.nodes = {
+      {0, ps::Role::kScheduler, "sched.example", 9000, 0, "", ""},
+      {1, ps::Role::kServer, "10.0.0.2", 4001, 0, "", ""},
+      {2, ps::Role::kWorker, "10.0.0.3", 4002, 1, "boot/4026531992", "ipc://@ps-12-4002"}};
   meta.barrier_group = ps::kWorkerGroup | ps::kServerGroup;
   meta.error = "something failed";
   meta.priority = -5;
@@ -151,5 +152,6 @@ TEST_CASE("wire: frame sizes must match the descriptors", "[wire]") {
   const std::vector<ps::wire::DataDesc> descs = {{ps::DType::kFloat32, 4}, {ps::DType::kUInt8, 3}};
   CHECK(ps::wire::CheckFrames(descs, {16, 3}).empty());
   CHECK_THAT(ps::wire::CheckFrames(descs, {16}), Catch::Contains("describes 2 data frames but 1"));
-  CHECK_THAT(ps::wire::CheckFrames(descs, {15, 3}), Catch::Contains("has 15 bytes, header claims 16"));
+  CHECK_THAT(ps::wire::CheckFrames(descs, {15, 3}),
+             Catch::Contains("has 15 bytes, header claims 16"));
 }

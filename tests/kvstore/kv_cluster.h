@@ -29,8 +29,8 @@ class KVCluster {
             {"PS_HEARTBEAT_TIMEOUT", "3"},
             {"PS_REGISTER_TIMEOUT", "30"}};
     for (const auto& [key, value] : extra) env_[key] = value;
-    scheduler_ = std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("ps-scheduler")},
-                                                env_);
+    scheduler_ =
+        std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("ps-scheduler")}, env_);
     if (!scheduler_->WaitForOutput("ps-scheduler: listening on", std::chrono::seconds(10))) {
       throw std::runtime_error("scheduler did not start: " + scheduler_->Output());
     }
@@ -89,7 +89,8 @@ class KVCluster {
   // After the workers finished: the servers and the scheduler end cleanly.
   bool EndedCleanly() {
     bool clean = scheduler_->Wait(std::chrono::seconds(20)) == 0;
-    for (auto& server : server_processes_) clean = server->Wait(std::chrono::seconds(20)) == 0 && clean;
+    for (auto& server : server_processes_)
+      clean = server->Wait(std::chrono::seconds(20)) == 0 && clean;
     return clean;
   }
 

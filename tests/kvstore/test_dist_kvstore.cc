@@ -18,7 +18,8 @@ using namespace std::chrono_literals;
 std::string AllOk(const std::vector<std::string>& outcomes) {
   std::string failures;
   for (std::size_t w = 0; w < outcomes.size(); ++w) {
-    if (!outcomes[w].empty()) failures += "worker thread " + std::to_string(w) + ": " + outcomes[w] + "\n";
+    if (!outcomes[w].empty())
+      failures += "worker thread " + std::to_string(w) + ": " + outcomes[w] + "\n";
   }
   return failures;
 }
@@ -52,11 +53,13 @@ void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes, int r
   kv.Init(keys, init_views);
   kv.Pull(keys, out_views);
   kv.WaitAll();
-  for (std::size_t k = 0; k < n; ++k) Expect(outs[k] == std::vector<float>(sizes[k], 7.0f), "init value");
+  for (std::size_t k = 0; k < n; ++k)
+    Expect(outs[k] == std::vector<float>(sizes[k], 7.0f), "init value");
   for (int round = 1; round <= rounds; ++round) {
     for (std::size_t k = 0; k < n; ++k) {
       for (std::size_t i = 0; i < sizes[k]; ++i) {
-        grads[k][i] = static_cast<float>((rank + 1) * round * static_cast<int>(k + 1) + static_cast<int>(i % 3));
+        grads[k][i] = static_cast<float>((rank + 1) * round * static_cast<int>(k + 1) +
+                                         static_cast<int>(i % 3));
       }
     }
     if (use_pushpull) {
@@ -85,8 +88,8 @@ void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes, int r
 
 TEST_CASE("dist_sync: exact sums for 1 to 4 workers over 1 to 3 servers with a sliced key",
           "[dist]") {
-  const auto shape = GENERATE(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 3},
-                              std::pair{4, 3});
+  const auto shape =
+      GENERATE(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 3});
   const auto [workers, servers] = shape;
   INFO(workers << " workers, " << servers << " servers");
   KVCluster cluster(servers, workers, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}});
@@ -136,7 +139,8 @@ TEST_CASE("dist_async: every push is applied exactly once", "[dist]") {
 }
 
 TEST_CASE("dist_sync: server-side optimizers match a reference computed here", "[dist]") {
-  const std::string name = GENERATE(std::string("sgd"), std::string("adam"), std::string("adagrad"));
+  const std::string name =
+      GENERATE(std::string("sgd"), std::string("adam"), std::string("adagrad"));
   INFO(name);
   constexpr std::size_t kSize = 1500;  // sliced over both servers (bound 1000)
   constexpr int kRounds = 6;
@@ -157,7 +161,8 @@ TEST_CASE("dist_sync: server-side optimizers match a reference computed here", "
   for (std::size_t i = 0; i < kSize; ++i) w[i] = initial(i);
   for (int round = 1; round <= kRounds; ++round) {
     for (std::size_t i = 0; i < kSize; ++i) {
-      double g = (static_cast<double>(gradient(0, round, i)) + gradient(1, round, i)) * config.rescale_grad;
+      double g = (static_cast<double>(gradient(0, round, i)) + gradient(1, round, i)) *
+                 config.rescale_grad;
       g = std::clamp(g, -2.0, 2.0);
       if (name == "sgd") {
         state1[i] = 0.9 * state1[i] - 0.05 * (g + 0.01 * w[i]);
@@ -166,7 +171,8 @@ TEST_CASE("dist_sync: server-side optimizers match a reference computed here", "
         g += 0.01 * w[i];
         state1[i] = 0.9 * state1[i] + 0.1 * g;
         state2[i] = 0.999 * state2[i] + 0.001 * g * g;
-        const double lr_t = 0.05 * std::sqrt(1 - std::pow(0.999, round)) / (1 - std::pow(0.9, round));
+        const double lr_t =
+            0.05 * std::sqrt(1 - std::pow(0.999, round)) / (1 - std::pow(0.9, round));
         w[i] -= lr_t * state1[i] / (std::sqrt(state2[i]) + 1e-8);
       } else {
         state1[i] += g * g;
@@ -226,7 +232,8 @@ TEST_CASE("dist_sync: pushes and pulls issued from several threads of each worke
       // ...and one WaitAll covers all of them (see the thread-safety note in kvstore.h).
       kv.WaitAll();
       for (int t = 0; t < kThreads; ++t) {
-        Expect(outs[static_cast<std::size_t>(t)] == std::vector<float>(64, static_cast<float>(2 * (t + 1))),
+        Expect(outs[static_cast<std::size_t>(t)] ==
+                   std::vector<float>(64, static_cast<float>(2 * (t + 1))),
                "thread " + std::to_string(t) + " round " + std::to_string(round));
       }
     }
@@ -259,11 +266,13 @@ TEST_CASE("dist kvstore: bad input raises ps::Error naming key and values and ch
                e.find("given float64") != std::string::npos,
            "dtype mismatch message: " + e);
     e = error_of([&] { kv.Pull(99, ps::Tensor(out.data(), 10)); });
-    Expect(e.find("key 99") != std::string::npos && e.find("never initialized") != std::string::npos,
-           "unknown key message: " + e);
+    Expect(
+        e.find("key 99") != std::string::npos && e.find("never initialized") != std::string::npos,
+        "unknown key message: " + e);
     e = error_of([&] { kv.Init(3, ps::Tensor(value.data(), 10)); });
-    Expect(e.find("key 3") != std::string::npos && e.find("already initialized") != std::string::npos,
-           "double init message: " + e);
+    Expect(
+        e.find("key 3") != std::string::npos && e.find("already initialized") != std::string::npos,
+        "double init message: " + e);
     // Nothing changed, and the servers still serve.
     kv.Pull(3, ps::Tensor(out.data(), 10));
     kv.WaitAll();
@@ -343,7 +352,8 @@ TEST_CASE("dist_sync: a worker that finishes early fails the round it left open 
   CHECK(cluster.EndedCleanly());
 }
 
-TEST_CASE("dist_sync: a worker killed mid-round makes the others fail naming it", "[dist][errors]") {
+TEST_CASE("dist_sync: a worker killed mid-round makes the others fail naming it",
+          "[dist][errors]") {
   KVCluster cluster(2, 2);
   using ps::test::ChildProcess;
   const auto check = ps::test::BinPath("ps-kvstore-check");
@@ -355,7 +365,8 @@ TEST_CASE("dist_sync: a worker killed mid-round makes the others fail naming it"
   victim.Kill(SIGKILL);
   REQUIRE(victim.Wait(5s) == 128 + SIGKILL);
   CHECK(survivor.Wait(15s) == 1);
-  CHECK_THAT(survivor.Output(), Catch::Contains("kvstore-check: error:") && Catch::Contains("died"));
+  CHECK_THAT(survivor.Output(),
+             Catch::Contains("kvstore-check: error:") && Catch::Contains("died"));
   CHECK(cluster.scheduler().Wait(15s) == 1);
   for (auto& server : cluster.servers()) CHECK(server->Wait(15s) == 1);
 }
@@ -393,7 +404,8 @@ TEST_CASE("dist_sync: 4 workers run 1000 rounds over 16 keys exactly with flat s
   for (auto& server : cluster.servers()) late.push_back(RssKiB(server->pid()));
   for (auto& worker : workers) {
     CHECK(worker->Wait(120s) == 0);
-    CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: ok") && Catch::Contains("rounds=1000"));
+    CHECK_THAT(worker->Output(),
+               Catch::Contains("kvstore-check: ok") && Catch::Contains("rounds=1000"));
   }
   for (std::size_t s = 0; s < early.size(); ++s) {
     INFO("server " << s << " RSS " << early[s] << " KiB at round 200, " << late[s] << " at 900");

@@ -40,7 +40,7 @@ class ChildProcess {
   std::optional<int> status_;
   mutable std::mutex mu_;
   mutable std::condition_variable grew_;
-  std::string output_;  // GUARDED_BY(mu_)
+  std::string output_;   // GUARDED_BY(mu_)
   bool closed_ = false;  // GUARDED_BY(mu_)
   std::thread reader_;
 };

@@ -26,13 +26,13 @@ namespace ps {
 struct OptimizerConfig {
   std::string name = "sgd";  // "sgd", "adam", "adagrad"
   float learning_rate = 0.01f;
-  float momentum = 0.0f;       // sgd
-  float weight_decay = 0.0f;   // all
-  float rescale_grad = 1.0f;   // grad is multiplied by this first
-  float clip_gradient = -1.0f; // < 0: off; else grad clipped to [-c, c] after rescale
-  float beta1 = 0.9f;          // adam
-  float beta2 = 0.999f;        // adam
-  float epsilon = 1e-8f;       // adam, adagrad
+  float momentum = 0.0f;        // sgd
+  float weight_decay = 0.0f;    // all
+  float rescale_grad = 1.0f;    // grad is multiplied by this first
+  float clip_gradient = -1.0f;  // < 0: off; else grad clipped to [-c, c] after rescale
+  float beta1 = 0.9f;           // adam
+  float beta2 = 0.999f;         // adam
+  float epsilon = 1e-8f;        // adam, adagrad
 };
 
 struct ClusterConfig;  // ps/config.h: a validated cluster description

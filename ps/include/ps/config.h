@@ -21,13 +21,13 @@ using SettingLookup = std::function<std::optional<std::string>(std::string_view 
 
 struct ClusterConfig {
   Role role = Role::kWorker;
-  std::string root_uri;   // DMLC_PS_ROOT_URI: scheduler host name or IP
-  int root_port = 0;      // DMLC_PS_ROOT_PORT: 0 lets the scheduler pick a free port
-  int num_servers = 0;    // DMLC_NUM_SERVER
-  int num_workers = 0;    // DMLC_NUM_WORKER
-  std::string node_host;  // DMLC_NODE_HOST: the address this node advertises ("" = derive)
-  std::string interface;  // DMLC_INTERFACE: derive the advertised address from this NIC
-  int verbose = 0;        // PS_VERBOSE: 1 connections, 2 every message
+  std::string root_uri;         // DMLC_PS_ROOT_URI: scheduler host name or IP
+  int root_port = 0;            // DMLC_PS_ROOT_PORT: 0 lets the scheduler pick a free port
+  int num_servers = 0;          // DMLC_NUM_SERVER
+  int num_workers = 0;          // DMLC_NUM_WORKER
+  std::string node_host;        // DMLC_NODE_HOST: the address this node advertises ("" = derive)
+  std::string interface;        // DMLC_INTERFACE: derive the advertised address from this NIC
+  int verbose = 0;              // PS_VERBOSE: 1 connections, 2 every message
   bool use_kubernetes = false;  // DMLC_USE_KUBERNETES: the scheduler binds 0.0.0.0
   std::chrono::milliseconds heartbeat_interval{2000};  // PS_HEARTBEAT_INTERVAL (s); 0: off
   std::chrono::milliseconds heartbeat_timeout{20000};  // PS_HEARTBEAT_TIMEOUT (s)

@@ -93,11 +93,11 @@ class Runtime {
  private:
   explicit Runtime(const ClusterConfig& config);
   void Register();
-  void OnMessage(Message&& msg);             // receive thread
-  void OnControl(Message&& msg);             // receive thread
-  void OnNodeDead(const NodeInfo& dead);     // receive thread
+  void OnMessage(Message&& msg);                           // receive thread
+  void OnControl(Message&& msg);                           // receive thread
+  void OnNodeDead(const NodeInfo& dead);                   // receive thread
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
-  void OnTick();                             // timer thread
+  void OnTick();                                           // timer thread
   void Fail(const std::string& why);
   bool SendToNode(Message msg);
 
@@ -109,25 +109,25 @@ class Runtime {
   RequestTracker tracker_;
 
   mutable std::mutex mu_;
-  std::condition_variable changed_;                // signals any change below
-  bool acknowledged_ = false;                      // GUARDED_BY(mu_): scheduler saw REGISTER
-  bool registered_ = false;                        // GUARDED_BY(mu_)
-  std::string register_error_;                     // GUARDED_BY(mu_)
-  std::set<int> barrier_released_;                 // GUARDED_BY(mu_): groups released
-  std::string barrier_error_;                      // GUARDED_BY(mu_)
-  bool terminated_ = false;                        // GUARDED_BY(mu_)
-  std::string failure_;                            // GUARDED_BY(mu_)
-  std::set<int> dead_;                             // GUARDED_BY(mu_)
+  std::condition_variable changed_;  // signals any change below
+  bool acknowledged_ = false;        // GUARDED_BY(mu_): scheduler saw REGISTER
+  bool registered_ = false;          // GUARDED_BY(mu_)
+  std::string register_error_;       // GUARDED_BY(mu_)
+  std::set<int> barrier_released_;   // GUARDED_BY(mu_): groups released
+  std::string barrier_error_;        // GUARDED_BY(mu_)
+  bool terminated_ = false;          // GUARDED_BY(mu_)
+  std::string failure_;              // GUARDED_BY(mu_)
+  std::set<int> dead_;               // GUARDED_BY(mu_)
   static constexpr std::size_t kMaxHeldMessages = 65536;
-  std::vector<Message> held_until_registered_;     // GUARDED_BY(mu_): peers' early messages
+  std::vector<Message> held_until_registered_;  // GUARDED_BY(mu_): peers' early messages
   RequestTracker::Clock::time_point last_scheduler_contact_;  // GUARDED_BY(mu_)
 
   std::atomic<std::size_t> dropped_{0};  // messages from unknown senders
 
-  std::mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
-  RequestHandler request_handler_;         // GUARDED_BY(handler_mu_)
-  std::vector<Message> early_requests_;    // GUARDED_BY(handler_mu_)
-  PeerHandler peer_handler_;               // GUARDED_BY(handler_mu_)
+  std::mutex handler_mu_;           // held while a handler runs, so Set*Handler never races a call
+  RequestHandler request_handler_;  // GUARDED_BY(handler_mu_)
+  std::vector<Message> early_requests_;  // GUARDED_BY(handler_mu_)
+  PeerHandler peer_handler_;             // GUARDED_BY(handler_mu_)
 
   // Declared last: destroyed first, so no thread runs while the members above die.
   std::unique_ptr<PeriodicTask> timer_;

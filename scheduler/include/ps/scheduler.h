@@ -55,14 +55,14 @@ class Scheduler {
   void OnMessage(Message&& msg);   // receive thread
   void OnRegister(Message&& msg);  // receive thread, mu_ held
   void OnBarrier(const Meta& meta);
-  void OnTick();  // timer thread
-  void CompleteRegistration();      // mu_ held
-  void DeclareDead(int id, const std::string& why);  // mu_ held
+  void OnTick();                                             // timer thread
+  void CompleteRegistration();                               // mu_ held
+  void DeclareDead(int id, const std::string& why);          // mu_ held
   void ReleaseBarrier(int group, const std::string& error);  // mu_ held
-  void MaybeFinish();               // mu_ held
-  void Finish(int status, const std::string& why);  // mu_ held
+  void MaybeFinish();                                        // mu_ held
+  void Finish(int status, const std::string& why);           // mu_ held
   void Send(Message msg);
-  bool IsLive(int id) const;        // mu_ held
+  bool IsLive(int id) const;                       // mu_ held
   std::vector<int> GroupMembers(int group) const;  // mu_ held
 
   const ClusterConfig config_;
@@ -72,16 +72,16 @@ class Scheduler {
 
   mutable std::mutex mu_;
   std::condition_variable finished_cv_;
-  std::vector<NodeInfo> nodes_;             // GUARDED_BY(mu_): index = id; [0] is us
+  std::vector<NodeInfo> nodes_;               // GUARDED_BY(mu_): index = id; [0] is us
   std::vector<Clock::time_point> last_seen_;  // GUARDED_BY(mu_): index = id
-  bool complete_ = false;                   // GUARDED_BY(mu_): the table was sent
-  std::set<int> done_;                      // GUARDED_BY(mu_): workers that finished
-  std::set<int> dead_;                      // GUARDED_BY(mu_)
-  std::map<int, std::set<int>> barriers_;   // GUARDED_BY(mu_): group -> arrived ids
-  int next_reject_id_ = 1 << 30;            // GUARDED_BY(mu_): socket ids for refusals
-  bool finished_ = false;                   // GUARDED_BY(mu_)
-  int status_ = 0;                          // GUARDED_BY(mu_)
-  std::string failure_;                     // GUARDED_BY(mu_)
+  bool complete_ = false;                     // GUARDED_BY(mu_): the table was sent
+  std::set<int> done_;                        // GUARDED_BY(mu_): workers that finished
+  std::set<int> dead_;                        // GUARDED_BY(mu_)
+  std::map<int, std::set<int>> barriers_;     // GUARDED_BY(mu_): group -> arrived ids
+  int next_reject_id_ = 1 << 30;              // GUARDED_BY(mu_): socket ids for refusals
+  bool finished_ = false;                     // GUARDED_BY(mu_)
+  int status_ = 0;                            // GUARDED_BY(mu_)
+  std::string failure_;                       // GUARDED_BY(mu_)
 
   std::unique_ptr<PeriodicTask> timer_;
   std::unique_ptr<ReceiveLoop> receiver_;
