@@ -18,8 +18,9 @@ void Counts(std::string_view store, std::string_view op, std::size_t keys, std::
 void TensorBasics(std::string_view store, std::string_view op, Key key, const Tensor& t,
                   bool cuda_ok) {
   if (t.device().is_cuda() && !cuda_ok) {
-    throw Error(Where(store, op, key) + "CUDA tensors need a CUDA build (given a tensor on " +
-                t.device().ToString() + "; copy it to CPU memory first)");
+    throw Error(Where(store, op, key) + "tensors in GPU memory (" + t.device().ToString() +
+                ") are not accepted yet: stage them in host memory first (ps-train stages "
+                "through one pinned buffer)");
   }
   if (DTypeSize(t.dtype()) == 0) {
     throw Error(Where(store, op, key) + "invalid dtype value " +

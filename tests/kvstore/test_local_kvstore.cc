@@ -217,7 +217,7 @@ TEST_CASE("user errors name the key, the expected and the given value", "[kvstor
     Vec x(3);
     REQUIRE_THROWS_WITH(
         kv->Push(7, ps::Tensor(x.data(), 3, ps::DType::kFloat32, ps::Device::CUDA(0))),
-        Contains("key 7") && Contains("CUDA build"));
+        Contains("key 7") && Contains("GPU memory (cuda:0)"));
     REQUIRE_THROWS_WITH(kv->Pull(7, ps::Tensor(nullptr, 3, ps::DType::kFloat32)),
                         Contains("key 7") && Contains("null"));
   }
