@@ -11,7 +11,7 @@ PACKAGES=(
   libgflags-dev libgoogle-glog-dev
   catch2 zlib1g-dev libopenblas-dev
   dataset-fashion-mnist
-  python3 python3-yaml
+  python3 python3-yaml python3-matplotlib
   openssh-server openssh-client rsync procps iproute2
 )
 

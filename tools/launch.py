@@ -507,9 +507,12 @@ class Launch:
             return self.c.sync_dst_dir
         return self.c.cwd
 
-    def dmlc_env(self, role, node_host, root_uri, root_port):
+    def dmlc_env(self, role, node_host, root_uri, root_port, rank=None):
         c = self.c
         env = {}
+        if rank is not None:
+            # Ask for the rank the output prefix shows, so "[worker 1]" is KVStore rank 1.
+            env["PS_RANK"] = str(rank)
         if c.interface:
             env["DMLC_INTERFACE"] = c.interface
         env.update({
@@ -536,11 +539,11 @@ class Launch:
         for i, h in enumerate(server_hosts):
             node = h.name if h else "127.0.0.1"
             specs.append(Spec("server", i, h, c.server_cmd,
-                              self.dmlc_env("server", node, root_uri, root_port_for_others)))
+                              self.dmlc_env("server", node, root_uri, root_port_for_others, i)))
         for i, h in enumerate(worker_hosts):
             node = h.name if h else "127.0.0.1"
             specs.append(Spec("worker", i, h, c.worker_cmd,
-                              self.dmlc_env("worker", node, root_uri, root_port_for_others)))
+                              self.dmlc_env("worker", node, root_uri, root_port_for_others, i)))
         return specs
 
     def scheduler_spec(self, root_uri, port):

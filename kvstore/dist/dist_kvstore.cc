@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <cstring>
+#include <exception>
 #include <map>
 #include <unordered_set>
 
@@ -28,7 +29,10 @@ DistKVStore::~DistKVStore() {
     LOG(ERROR) << "worker " << Rank() << ": an operation failed before shutdown: " << e.what();
   }
   try {
-    runtime_->FinishWorker();
+    // Destroyed while an exception unwinds: this worker failed, and the job must not end as a
+    // success (or wait for a heartbeat timeout).
+    runtime_->FinishWorker(
+        std::uncaught_exceptions() > 0 ? "its program left the KVStore through an exception" : "");
   } catch (const Error& e) {
     LOG(ERROR) << "worker " << Rank() << ": " << e.what();
   }

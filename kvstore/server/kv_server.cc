@@ -183,9 +183,15 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request) {
 void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradient,
                                    const Waiter& waiter) {
   if (slice.pushed.empty()) {
-    slice.merge.resize(gradient.bytes());
-    CopyInto(slice.merge.data(), gradient.data(), gradient.bytes());
+    slice.first = gradient;  // keeps the received frame; copied only if a second push comes
+    slice.merged = false;
   } else {
+    if (!slice.merged) {
+      slice.merge.resize(slice.first.bytes());
+      CopyInto(slice.merge.data(), slice.first.data(), slice.first.bytes());
+      slice.first = Blob();
+      slice.merged = true;
+    }
     AddInto(slice.dtype, slice.merge.data(), gradient.data(), slice.length);
   }
   slice.pushed.insert(sender);
@@ -195,7 +201,8 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradien
 void KVServerStore::CloseRound(Slice& slice) {
   const auto full = static_cast<std::size_t>(num_workers_);
   while (slice.pushed.size() == full) {
-    ApplyUpdate(slice, slice.merge.data());
+    ApplyUpdate(slice, slice.merged ? slice.merge.data() : slice.first.data());
+    slice.first = Blob();  // releases the frame of a one-push round
     slice.pushed.clear();
     ++slice.completed;
     // Answer everyone whose round is now closed.
@@ -267,6 +274,7 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
   slice.waiters.clear();
   slice.deferred.clear();
   slice.pushed.clear();
+  slice.first = Blob();
   slice.last_round.clear();
   for (const Waiter& waiter : failed) {
     Pending& pending = *waiter.pending;

@@ -69,8 +69,12 @@ class KVServerStore {
     std::uint64_t state_id = 0;  // optimizer state of this slice
     std::shared_ptr<Buffer> value;
     // dist_sync rounds.
-    std::uint64_t completed = 0;                   // rounds closed so far; the open round's number
-    Buffer merge;                                  // the open round's sum
+    std::uint64_t completed = 0;  // rounds closed so far; the open round's number
+    // The open round's sum: while only one worker pushed, that push's received frame itself
+    // (no copy); from the second push on, `merge`.
+    Blob first;
+    bool merged = false;
+    Buffer merge;
     std::set<int> pushed;                          // workers in the open round
     std::map<int, std::uint64_t> last_round;       // worker -> round of its latest push
     std::multimap<std::uint64_t, Waiter> waiters;  // released when that round closes

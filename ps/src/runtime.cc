@@ -66,6 +66,7 @@ void Runtime::Register() {
   hello.meta.request = true;
   hello.meta.recipient = kSchedulerId;
   hello.meta.nodes.push_back(self_);
+  hello.meta.nodes.back().rank = config_.rank_hint;  // a request; the table has the real rank
   transport_->Send(hello);
   if (config_.verbose >= 1) {
     LOG(INFO) << RoleName(self_.role) << " at " << self_.host << ":" << self_.port
@@ -385,13 +386,14 @@ void Runtime::ReplyError(const Meta& request, const std::string& error) {
   Reply(request, std::move(response));
 }
 
-void Runtime::FinishWorker() {
+void Runtime::FinishWorker(const std::string& failure) {
   std::mutex done_mu;
   std::condition_variable done_cv;
   std::optional<RequestResult> outcome;
   Message msg;
   msg.meta.control = Control::kWorkerDone;
   msg.meta.recipient = kSchedulerId;
+  msg.meta.error = failure;
   std::vector<Message> messages;
   messages.push_back(std::move(msg));
   Request(

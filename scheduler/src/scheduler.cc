@@ -15,6 +15,7 @@ namespace ps {
 namespace {
 
 constexpr auto kTickPeriod = std::chrono::milliseconds(200);
+constexpr int kNoRequest = 1 << 30;  // sorts after every requested rank
 
 int RoleBit(Role role) {
   switch (role) {
@@ -49,6 +50,7 @@ Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Cl
   self.rank = 0;
   nodes_.push_back(self);
   last_seen_.push_back(started_);
+  requested_rank_.push_back(0);
   receiver_ = std::make_unique<ReceiveLoop>(*transport_,
                                             [this](Message&& msg) { OnMessage(std::move(msg)); });
   timer_ = std::make_unique<PeriodicTask>(kTickPeriod, [this] { OnTick(); });
@@ -128,6 +130,16 @@ void Scheduler::OnMessage(Message&& msg) {
       break;
     case Control::kWorkerDone: {
       if (nodes_[meta.sender].role != Role::kWorker) break;
+      if (!meta.error.empty()) {  // the worker failed: the job cannot succeed
+        Message reply;
+        reply.meta.control = Control::kWorkerDone;
+        reply.meta.recipient = meta.sender;
+        reply.meta.timestamp = meta.timestamp;
+        Send(std::move(reply));
+        done_.insert(meta.sender);
+        Finish(1, nodes_[meta.sender].Describe() + " failed: " + meta.error);
+        break;
+      }
       done_.insert(meta.sender);
       Message reply;
       reply.meta.control = Control::kWorkerDone;
@@ -200,6 +212,7 @@ void Scheduler::OnRegister(Message&& msg) {
     return;
   }
   node.id = static_cast<int>(nodes_.size());
+  requested_rank_.push_back(node.rank);
   node.rank = -1;
   nodes_.push_back(node);
   last_seen_.push_back(Clock::now());
@@ -223,9 +236,14 @@ void Scheduler::CompleteRegistration() {
     for (NodeInfo& node : nodes_) {
       if (node.role == role) group.push_back(&node);
     }
-    std::sort(group.begin(), group.end(), [](const NodeInfo* a, const NodeInfo* b) {
-      return std::tie(a->host, a->port) < std::tie(b->host, b->port);
-    });
+    // A requested rank sorts first; nodes without one (-1) after all that have one.
+    const auto key = [this](const NodeInfo* node) {
+      const int requested = requested_rank_[static_cast<std::size_t>(node->id)];
+      return std::tuple<int, const std::string&, int>(requested < 0 ? kNoRequest : requested,
+                                                      node->host, node->port);
+    };
+    std::sort(group.begin(), group.end(),
+              [&](const NodeInfo* a, const NodeInfo* b) { return key(a) < key(b); });
     for (std::size_t rank = 0; rank < group.size(); ++rank)
       group[rank]->rank = static_cast<int>(rank);
   }

@@ -379,3 +379,23 @@ TEST_CASE("cluster: same-host peers talk over ipc and PS_USE_IPC=0 keeps them on
     }
   }
 }
+
+TEST_CASE("cluster: PS_RANK requests order ranks before host and port", "[cluster]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 3));
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  std::vector<int> ranks(3, -1);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      auto config = scheduler.NodeConfig(ps::Role::kWorker);
+      config.rank_hint = 2 - i;  // reversed: thread 0 asks for rank 2
+      auto runtime = ps::Runtime::Start(config);
+      ranks[static_cast<std::size_t>(i)] = runtime->rank();
+      runtime->FinishWorker();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(scheduler.Run() == 0);
+  server.Join();
+  CHECK(ranks == std::vector<int>{2, 1, 0});
+}

@@ -62,6 +62,8 @@ TEST_CASE("config: optional settings are read", "[config]") {
   settings["PS_HEARTBEAT_INTERVAL"] = "0.5";
   settings["PS_HEARTBEAT_TIMEOUT"] = "3";
   settings["PS_REGISTER_TIMEOUT"] = "7.25";
+  settings["PS_RANK"] = "3";
+  settings["PS_USE_IPC"] = "0";
   const auto config = ParseSettings(settings);
   CHECK(config.role == ps::Role::kScheduler);
   CHECK(config.root_port == 0);
@@ -72,6 +74,8 @@ TEST_CASE("config: optional settings are read", "[config]") {
   CHECK(config.heartbeat_interval == std::chrono::milliseconds(500));
   CHECK(config.heartbeat_timeout == std::chrono::milliseconds(3000));
   CHECK(config.register_timeout == std::chrono::milliseconds(7250));
+  CHECK(config.rank_hint == 3);
+  CHECK_FALSE(config.use_ipc);
 }
 
 TEST_CASE("config: every invalid value names the variable and what is accepted", "[config]") {
@@ -100,6 +104,9 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1' is invalid"},
       {"PS_HEARTBEAT_TIMEOUT", "soon", "PS_HEARTBEAT_TIMEOUT='soon' is invalid"},
       {"PS_REGISTER_TIMEOUT", "0", "PS_REGISTER_TIMEOUT='0' is invalid"},
+      {"PS_RANK", "-3", "PS_RANK='-3' is invalid: expected an integer in 0..65535"},
+      {"PS_USE_IPC", "maybe", "PS_USE_IPC='maybe' is invalid: expected 0, 1, true or false"},
+      {"MXNET_KVSTORE_BIGARRAY_BOUND", "0", "MXNET_KVSTORE_BIGARRAY_BOUND='0' is invalid"},
   };
   for (const Case& c : cases) {
     auto settings = Valid();

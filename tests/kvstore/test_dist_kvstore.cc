@@ -414,3 +414,24 @@ TEST_CASE("dist_sync: 4 workers run 1000 rounds over 16 keys exactly with flat s
   }
   CHECK(cluster.EndedCleanly());
 }
+
+TEST_CASE("dist kvstore: a worker that leaves through an exception fails the job at once",
+          "[dist][errors]") {
+  KVCluster cluster(1, 2);
+  const auto start = std::chrono::steady_clock::now();
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(4, 0.0f);
+    kv.Init(1, ps::Tensor(value.data(), 4));
+    if (kv.Rank() == 0) throw std::runtime_error("the training step blew up");
+    kv.PushPull(1, ps::Tensor(value.data(), 4), ps::Tensor(value.data(), 4));
+    kv.WaitAll();  // fails: the job ends while this round waits for rank 0
+  });
+  CHECK(std::chrono::steady_clock::now() - start < 10s);  // well inside the heartbeat timeout
+  CHECK(cluster.scheduler().Wait(15s) == 1);
+  CHECK_THAT(
+      cluster.scheduler().Output(),
+      Catch::Contains("worker 0 (") && Catch::Contains("left the KVStore through an exception"));
+  const std::string all = outcomes[0] + outcomes[1];
+  CHECK_THAT(all, Catch::Contains("the training step blew up"));
+  CHECK_THAT(all, Catch::Contains("the job failed: worker 0 ("));
+}

@@ -35,15 +35,19 @@ TEST_CASE("mlp has the 784-256-128-10 parameters", "[model]") {
   CHECK(mlp->num_weights() == 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
 }
 
-TEST_CASE("cnn has two conv+pool stages and a dense layer", "[model]") {
+TEST_CASE("cnn has two conv+pool stages and a hidden dense layer", "[model]") {
   auto backend = MakeCpuBackend();
   auto cnn = BuildModel("cnn", *backend, 4);
   CHECK(ParamNames(*cnn) == std::vector<std::string>{"conv0.weight", "conv0.bias", "conv1.weight",
-                                                     "conv1.bias", "dense0.weight", "dense0.bias"});
+                                                     "conv1.bias", "dense0.weight", "dense0.bias",
+                                                     "dense1.weight", "dense1.bias"});
   CHECK(cnn->params()[0]->shape == std::vector<int>{32, 1, 5, 5});
   CHECK(cnn->params()[2]->shape == std::vector<int>{64, 32, 5, 5});
-  CHECK(cnn->params()[4]->shape == std::vector<int>{10, 64 * 7 * 7});
-  CHECK(cnn->num_param_layers() == 3);
+  CHECK(cnn->params()[4]->shape == std::vector<int>{128, 64 * 7 * 7});
+  CHECK(cnn->params()[6]->shape == std::vector<int>{10, 128});
+  CHECK(cnn->num_param_layers() == 4);
+  CHECK(cnn->params()[7]->index == 7);
+  CHECK(cnn->params()[7]->layer == 3);
 }
 
 TEST_CASE("unknown model names are a clear configuration error", "[model]") {

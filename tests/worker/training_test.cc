@@ -69,7 +69,7 @@ TEST_CASE("cnn loss falls over a few CPU steps", "[training]") {
   const int batch = 32;
   auto model = BuildModel("cnn", *backend, batch);
   model->InitParams(2);
-  SgdOptimizer sgd(*model, SgdOptions{0.05f, 0.9f, 0.0f});
+  SgdOptimizer sgd(*model, SgdOptions{0.02f, 0.9f, 0.0f});
   const ShardSampler sampler(train.count, 0, 1, batch, 3);
   const EpochResult r = TrainEpoch(*model, sgd, train, sampler, 0);  // 20 steps
   CHECK(r.train.samples == 640);

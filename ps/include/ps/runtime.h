@@ -79,8 +79,10 @@ class Runtime {
   void ReplyError(const Meta& request, const std::string& error);
 
   // --- end of the job ---
-  // Worker: tells the scheduler this worker is done and waits for its acknowledgement.
-  void FinishWorker();
+  // Worker: tells the scheduler this worker is done and waits for its acknowledgement. With a
+  // non-empty `failure` the worker reports that it failed, and the scheduler ends the job
+  // with an error naming it instead of waiting for a heartbeat timeout.
+  void FinishWorker(const std::string& failure = "");
   // Blocks until the scheduler ends the job (returns "") or the node fails (returns why).
   std::string WaitForTermination();
   // Why this node failed ("" while healthy): lost scheduler, terminated with an error.

@@ -3,8 +3,8 @@
 // and DMLC_NUM_WORKER workers, gives each an id and a rank, sends everyone the node table,
 // runs barriers, watches heartbeats, and ends the job.
 //
-// Ranks: within each role, nodes are ranked by (host, port) in ascending order once all have
-// registered, so ranks do not depend on who registered first.
+// Ranks: within each role, once all have registered, nodes are ranked by (requested rank
+// (PS_RANK; none sorts last), host, port), so ranks do not depend on who registered first.
 // Ids: 0 is the scheduler; the others are numbered 1, 2, ... in registration order.
 //
 // Threads: the receive thread handles every message; a timer thread checks heartbeats and the
@@ -74,6 +74,7 @@ class Scheduler {
   std::condition_variable finished_cv_;
   std::vector<NodeInfo> nodes_;               // GUARDED_BY(mu_): index = id; [0] is us
   std::vector<Clock::time_point> last_seen_;  // GUARDED_BY(mu_): index = id
+  std::vector<int> requested_rank_;           // GUARDED_BY(mu_): index = id; -1: none
   bool complete_ = false;                     // GUARDED_BY(mu_): the table was sent
   std::set<int> done_;                        // GUARDED_BY(mu_): workers that finished
   std::set<int> dead_;                        // GUARDED_BY(mu_)

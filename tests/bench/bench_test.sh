@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Tests of ps-bench (registered with ctest by tests/bench/CMakeLists.txt, label "bench").
+# usage: bench_test.sh smoke|server_failure|bad_flags PS_BENCH OUT_DIR
+#        bench_test.sh plot PLOT_BENCH_PY OUT_DIR
+# Correctness only: no assertion on any timing.
+set -uo pipefail
+
+what=$1
+tool=$2
+out=$3
+mkdir -p "$out"
+json=$out/bench_smoke.json
+
+fail() {
+  echo "bench_test $what: FAILED: $*"
+  exit 1
+}
+
+case $what in
+smoke)
+  rm -f "$json"
+  log=$out/bench_smoke.log
+  timeout 50 "$tool" --quick --verify --sizes=4B,4KB --workers=1,2 --servers=1,2 \
+    --transports=ipc,tcp --json "$json" >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  ((rc == 0)) || fail "ps-bench exited with status $rc"
+  grep -q "^Parameter server" "$log" || fail "no parameter-server table"
+  grep -q "^Raw limits measured in this run" "$log" || fail "no raw-limits table"
+  grep -qE "^pushpull +4 KB +2 +2 dist_async +tcp +[0-9]+" "$log" || fail "no 2x2 dist_async row"
+  grep -qE "^zmq_echo_ipc +4 B " "$log" || fail "no ipc echo row"
+  grep -q "^Targets (issue 6)" "$log" || fail "no targets section"
+  grep -q "every value verified" "$log" || fail "the run was not verified"
+  python3 - "$json" <<'PY' || fail "bad JSON"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+cases = doc["cases"]
+ps = [c for c in cases if c["mode"] in ("dist_sync", "dist_async")]
+# 2 transports x 2 modes x 2 worker counts x 2 server counts x 2 sizes x 3 ops
+assert len(ps) == 96, len(ps)
+keys = {(c["op"], c["size"], c["workers"], c["servers"], c["mode"], c["transport"]) for c in ps}
+assert len(keys) == 96, "duplicate cases"
+for c in ps:
+    assert c["iterations"] >= 5, c
+    assert c["samples"] == c["iterations"] * c["workers"], c
+    assert 0 < c["min_us"] <= c["p50_us"] <= c["p99_us"] <= c["max_us"], c
+    assert c["throughput_gbps"] > 0, c
+ops = {c["op"] for c in cases}
+for raw in ("memcpy", "zmq_echo_tcp", "zmq_echo_ipc", "server_agg_sgd"):
+    assert raw in ops, raw
+assert doc["failures"] == [], doc["failures"]
+assert any(r["id"] == "b" and r["ratio"] is not None for r in doc["ratios"])
+print("bench_test smoke: JSON ok: %d cases, %d ratios" % (len(cases), len(doc["ratios"])))
+PY
+  ;;
+server_failure)
+  # "false ps-server": every server exits 1 at once; the workers wait for servers that never
+  # come. ps-bench must notice, stop everything, and fail well before the case timeout.
+  log=$out/bench_server_failure.log
+  start=$SECONDS
+  timeout 50 "$tool" --raw=false --sizes=4B --workers=1 --servers=1 --modes=dist_sync \
+    --transports=tcp --server_prefix=false --case_timeout=40 >"$log" 2>&1
+  rc=$?
+  elapsed=$((SECONDS - start))
+  cat "$log"
+  ((rc == 1)) || fail "expected exit status 1, got $rc"
+  grep -q "server 0 exited with status 1 while the workers were running" "$log" ||
+    fail "the failure does not name the server"
+  ((elapsed < 30)) || fail "took ${elapsed}s: the failure was not noticed promptly"
+  ;;
+bad_flags)
+  for args in "--sizes=3B" "--modes=local" "--ops=push,fly" "--workers=0" "--transports=udp" \
+    "--min_iterations=10 --max_iterations=5" "--warmup=0"; do
+    # shellcheck disable=SC2086
+    message=$(timeout 20 "$tool" $args 2>&1)
+    rc=$?
+    echo "$args -> $rc: $message"
+    ((rc == 2)) || fail "$args: expected exit status 2, got $rc"
+    flag=${args%%=*}
+    grep -q -- "$flag" <<<"$message" || fail "$args: the message does not name $flag"
+  done
+  ;;
+plot)
+  [[ -f $json ]] || fail "no $json (bench.smoke writes it)"
+  # --summary needs no matplotlib.
+  summary=$(python3 "$tool" --summary "$json" "$json") || fail "plot_bench.py --summary failed"
+  echo "$summary"
+  row="^\| b <= 1.15x \| 4 B push, 1 worker 1 server, dist_sync over ipc.* \| 2 \| "
+  grep -qE "$row" <<<"$summary" || fail "--summary has no row for target (b) over 2 runs"
+  # PATH's python3 may be a private one (pyenv, venv) without Debian's python3-matplotlib.
+  python=""
+  for candidate in python3 /usr/bin/python3; do
+    if "$candidate" -c "import matplotlib" 2>/dev/null; then
+      python=$candidate
+      break
+    fi
+  done
+  [[ -n $python ]] || {
+    echo "bench_test plot: python3-matplotlib is not installed: skipped"
+    exit 77
+  }
+  png=$out/bench_smoke.png
+  rm -f "$png"
+  "$python" "$tool" "$json" -o "$png" || fail "plot_bench.py failed"
+  [[ -s $png ]] || fail "no PNG written"
+  [[ $(head -c 8 "$png" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] || fail "not a PNG"
+  ;;
+*)
+  fail "unknown test '$what'"
+  ;;
+esac
+echo "bench_test $what: ok"

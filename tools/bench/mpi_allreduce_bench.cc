@@ -1,0 +1,121 @@
+// ps-bench-mpi-allreduce: MPI_Allreduce (sum of float32) timings, the collective baseline
+// ps-bench compares a push+pull round with. Built only when CMake finds MPI. Run it under
+// mpirun, e.g. 2 ranks over TCP loopback:
+//   mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ob1 --mca btl tcp,self
+//     --mca btl_tcp_if_include lo ps-bench-mpi-allreduce --sizes=16MB
+// Rank 0 prints one line per size:
+//   mpi-allreduce: size=BYTES ranks=N iterations=I min_us=.. p50_us=.. p99_us=.. max_us=..
+//   mean_us=.. algbw_gbps=..   (algbw: size / mean time, the usual allreduce "algorithm bandwidth")
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+
+namespace {
+
+struct Options {
+  std::string sizes = "16MB";
+  ps::bench::Calibration calibration;
+  bool verify = false;
+};
+
+bool StartsWith(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+Options Parse(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&](const std::string& name) { return arg.substr(name.size()); };
+    if (StartsWith(arg, "--sizes=")) {
+      options.sizes = value("--sizes=");
+    } else if (StartsWith(arg, "--target_seconds=")) {
+      options.calibration.target_seconds = std::stod(value("--target_seconds="));
+    } else if (StartsWith(arg, "--min_iterations=")) {
+      options.calibration.min_iterations = std::stoi(value("--min_iterations="));
+    } else if (StartsWith(arg, "--max_iterations=")) {
+      options.calibration.max_iterations = std::stoi(value("--max_iterations="));
+    } else if (StartsWith(arg, "--iterations=")) {
+      options.calibration.fixed_iterations = std::stoi(value("--iterations="));
+    } else if (arg == "--verify") {
+      options.verify = true;
+    } else {
+      throw std::invalid_argument("unknown argument '" + arg +
+                                  "' (accepted: --sizes= --target_seconds= --min_iterations= "
+                                  "--max_iterations= --iterations= --verify)");
+    }
+  }
+  return options;
+}
+
+int Run(const Options& options, int rank, int ranks) {
+  for (std::size_t bytes : ps::bench::ParseSizes(options.sizes)) {
+    const std::size_t n = bytes / sizeof(float);
+    const int count = static_cast<int>(n);
+    std::vector<float> send(n), receive(n, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) send[i] = static_cast<float>((rank + 1) * (i % 7 + 1));
+    const auto once = [&] {
+      const auto start = ps::bench::Clock::now();
+      MPI_Allreduce(send.data(), receive.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      return ps::bench::SecondsSince(start);
+    };
+    const int warmup = ps::bench::WarmupFor(options.calibration, bytes);
+    double warm_seconds = 0;
+    for (int i = 0; i < warmup; ++i) {
+      const double seconds = once();
+      if (i > 0 || warmup == 1) warm_seconds += seconds;
+    }
+    int iterations = ps::bench::CalibratedIterations(options.calibration,
+                                                     warm_seconds / std::max(1, warmup - 1));
+    MPI_Bcast(&iterations, 1, MPI_INT, 0, MPI_COMM_WORLD);  // every rank runs rank 0's count
+    std::vector<double> samples;
+    for (int i = 0; i < iterations; ++i) {
+      samples.push_back(once() * 1e6);
+      if (options.verify) {
+        const float sum = static_cast<float>(ranks * (ranks + 1) / 2);
+        for (std::size_t j = 0; j < n; ++j) {
+          if (receive[j] != sum * static_cast<float>(j % 7 + 1)) {
+            std::fprintf(stderr, "mpi-allreduce: verify failed: rank %d element %zu\n", rank, j);
+            return 1;
+          }
+        }
+      }
+    }
+    const ps::bench::Latency latency = ps::bench::Summarize(samples);
+    if (rank == 0) {
+      std::printf(
+          "mpi-allreduce: size=%zu ranks=%d iterations=%d min_us=%.3f p50_us=%.3f p99_us=%.3f "
+          "max_us=%.3f mean_us=%.3f algbw_gbps=%.6f\n",
+          bytes, ranks, iterations, latency.min_us, latency.p50_us, latency.p99_us, latency.max_us,
+          latency.mean_us, ps::bench::Gbps(bytes, latency.mean_us));
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  int status = 0;
+  try {
+    status = Run(Parse(argc, argv), rank, ranks);
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "mpi-allreduce: error: %s\n", e.what());
+    status = 2;
+  }
+  if (status != 0) MPI_Abort(MPI_COMM_WORLD, status);
+  MPI_Finalize();
+  return status;
+}

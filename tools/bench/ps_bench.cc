@@ -1,0 +1,948 @@
+// ps-bench: push, pull and push+pull throughput and latency of the parameter server, measured
+// through the public ps::KVStore API, next to the raw limits measured in the same run
+// (single-thread memcpy, a ZeroMQ echo over TCP loopback and ipc://, the server's aggregation
+// and optimizer kernels, MPI_Allreduce when MPI is installed), with the issue's target ratios.
+//
+// ps-bench is the driver: for each job (workers, servers, mode, transport) it starts ps-scheduler,
+// the ps-servers and the workers, which are ps-bench itself re-executed with --worker_mode; every
+// child is stopped by its pid at the end of the job, or on failure. See docs/performance.md.
+#include <gflags/gflags.h>
+
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_util.h"
+#include "child.h"
+#include "raw.h"
+#include "worker.h"
+
+DEFINE_string(sizes, "4B,4KB,1MB,16MB,100MB", "Tensor sizes (binary units: 4B, 4KB, 16MB)");
+DEFINE_string(workers, "1,2,4", "Worker counts to run (1..16)");
+DEFINE_string(servers, "1,2,4", "Server counts to run (1..16)");
+DEFINE_string(modes, "dist_sync,dist_async", "KVStore modes: dist_sync, dist_async");
+DEFINE_string(ops, "push,pull,pushpull", "Operations: push, pull, pushpull");
+DEFINE_string(transports, "ipc,tcp",
+              "How the job's nodes talk (PS_USE_IPC=1 or 0): ipc (the runtime's same-host "
+              "default), tcp (loopback, as between hosts). Without --full, transports after the "
+              "first run the smallest job only");
+DEFINE_bool(full, false,
+            "Run every combination of the selected sizes, ops, workers and servers. Default: the "
+            "smallest job (first --workers x first --servers) runs every size and op; bigger jobs "
+            "run pushpull at sizes up to 16 MB");
+DEFINE_bool(quick, false,
+            "A fast correctness run: sizes 4B,4KB, 1-2 workers and servers, every combination, "
+            "short cases, no MPI (flags given explicitly still win)");
+DEFINE_bool(verify, false,
+            "Check every pulled value exactly (integer-valued data), and every echo and merge; "
+            "timings then include no checking but the caches are colder");
+DEFINE_string(json, "", "Also write the results to this file as JSON");
+DEFINE_double(target_seconds, 0.5, "Timed work per case; iterations are calibrated to it");
+DEFINE_int32(min_iterations, 5, "Fewest timed iterations per case");
+DEFINE_int32(max_iterations, 10000, "Most timed iterations per case");
+DEFINE_int32(iterations, 0, "Exactly this many timed iterations per case (0: calibrate)");
+DEFINE_int32(warmup, -1, "Warm-up iterations per case (-1: ~128 MB of traffic, 2..50)");
+DEFINE_bool(ps, true, "Measure the parameter server (--ps=false: raw limits only)");
+DEFINE_bool(raw, true,
+            "Measure the raw limits: memcpy, ZeroMQ echo (tcp, ipc), server aggregation, MPI");
+DEFINE_string(mpi, "auto",
+              "MPI_Allreduce baseline: auto (when mpirun and ps-bench-mpi-allreduce are found), "
+              "on, off");
+DEFINE_string(server_prefix, "",
+              "Command prefix for every ps-server, split at spaces (profiling, e.g. 'valgrind "
+              "--tool=callgrind --callgrind-out-file=/tmp/cg.%p')");
+DEFINE_string(worker_prefix, "",
+              "Command prefix for every worker, split at spaces (profiling the worker side)");
+DEFINE_double(case_timeout, 120, "Seconds one case may take before its job is stopped");
+// Internal: how the driver re-executes itself.
+DEFINE_bool(worker_mode, false, "Internal: run as one worker of a ps-bench job (DMLC_* env)");
+DEFINE_string(mode, "dist_sync", "Internal (--worker_mode): the KVStore type");
+DEFINE_string(echo_peer, "", "Internal: run as the echo peer over tcp or ipc");
+
+namespace ps::bench {
+namespace {
+
+constexpr std::size_t k4B = 4;
+constexpr std::size_t k16MB = std::size_t{16} << 20;
+
+struct Settings {
+  std::vector<std::size_t> sizes;
+  std::vector<int> workers;
+  std::vector<int> servers;
+  std::vector<std::string> modes;
+  std::vector<std::string> ops;
+  std::vector<std::string> transports;
+  bool full = false;
+  bool verify = false;
+  bool quick = false;
+  std::string json;
+  Calibration calibration;
+  bool run_ps = true;
+  bool run_raw = true;
+  std::string mpi = "auto";
+  std::vector<std::string> server_prefix;
+  std::vector<std::string> worker_prefix;
+  std::chrono::milliseconds case_timeout{120000};
+  std::string bin_dir;  // where ps-bench, ps-scheduler and ps-server are
+};
+
+// A job: one scheduler, `servers` servers, `workers` workers, running its cases in order.
+struct Job {
+  int workers = 1;
+  int servers = 1;
+  std::string mode;
+  std::string transport;  // ipc or tcp
+  std::vector<std::size_t> sizes;
+  std::vector<std::string> ops;
+
+  std::string Label() const {
+    return std::to_string(workers) + " worker(s), " + std::to_string(servers) + " server(s), " +
+           mode + " over " + transport;
+  }
+};
+
+struct Ratio {
+  std::string id;
+  std::string what;
+  std::string label;  // a short form of `what`, for plots
+  std::optional<double> numerator, denominator;
+  std::string unit;    // of numerator and denominator
+  std::string target;  // ">= 0.9", "<= 1.15", "" (information)
+  double bound = 0;
+  bool at_least = true;
+
+  std::optional<double> Value() const {
+    if (!numerator || !denominator || *denominator == 0) return std::nullopt;
+    return *numerator / *denominator;
+  }
+  std::optional<bool> Met() const {
+    const auto value = Value();
+    if (!value || target.empty()) return std::nullopt;
+    return at_least ? *value >= bound : *value <= bound;
+  }
+};
+
+std::string Fixed(double value, int precision) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", precision, value);
+  return text;
+}
+
+// The first three fields of /proc/loadavg ("1.02 0.80 0.71"): benchmarks on a shared machine
+// are only as good as its load while they ran.
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  if (!(in >> one >> five >> fifteen)) return "unknown";
+  return one + " " + five + " " + fifteen;
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// "key=value" tokens of one line.
+std::map<std::string, std::string> Fields(const std::string& line) {
+  std::map<std::string, std::string> fields;
+  std::istringstream stream(line);
+  std::string token;
+  while (stream >> token) {
+    const auto eq = token.find('=');
+    if (eq != std::string::npos) fields[token.substr(0, eq)] = token.substr(eq + 1);
+  }
+  return fields;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream stream(text);
+  std::string line;
+  while (std::getline(stream, line)) lines.push_back(line);
+  return lines;
+}
+
+std::size_t CountLinesStartingWith(const std::string& text, const std::string& prefix) {
+  std::size_t count = 0;
+  std::size_t pos = 0;
+  while ((pos = text.find(prefix, pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') ++count;
+    pos += prefix.size();
+  }
+  return count;
+}
+
+class Driver {
+ public:
+  explicit Driver(Settings settings) : s_(std::move(settings)) {}
+
+  int Run() {
+    const auto start = Clock::now();
+    load_start_ = LoadAverage();
+    std::fprintf(stderr, "ps-bench: %u hardware threads, load average %s; GB/s = 1e9 bytes/s\n",
+                 std::thread::hardware_concurrency(), load_start_.c_str());
+    if (s_.run_raw) RunRaw();
+    if (s_.run_ps) {
+      const std::vector<Job> jobs = Plan();
+      for (std::size_t j = 0; j < jobs.size(); ++j) {
+        std::fprintf(stderr, "ps-bench: job %zu/%zu: %s: %zu case(s)\n", j + 1, jobs.size(),
+                     jobs[j].Label().c_str(), jobs[j].sizes.size() * jobs[j].ops.size());
+        RunJob(jobs[j]);
+      }
+    }
+    PrintTable(
+        "Parameter server (through ps::KVStore; latency per iteration = op + WaitAll; GB/s "
+        "= tensor bytes per iteration, summed over workers)",
+        ps_results_);
+    PrintTable("Raw limits measured in this run", raw_results_);
+    const std::vector<Ratio> ratios = Ratios();
+    PrintRatios(ratios);
+    load_end_ = LoadAverage();
+    std::printf(
+        "\nps-bench: %u hardware threads; load average (1, 5, 15 min) %s at the start, %s "
+        "at the end: other load on the machine skews every number above\n",
+        std::thread::hardware_concurrency(), load_start_.c_str(), load_end_.c_str());
+    if (!s_.json.empty()) WriteJson(ratios);
+    std::printf("\nps-bench: %zu case(s) in %.1f s%s\n", ps_results_.size() + raw_results_.size(),
+                SecondsSince(start),
+                s_.verify && failures_.empty() ? ", every value verified" : "");
+    for (const std::string& failure : failures_)
+      std::printf("ps-bench: FAILED: %s", failure.c_str());
+    if (!failures_.empty()) {
+      std::printf("ps-bench: %zu failure(s)\n", failures_.size());
+      return 1;
+    }
+    return 0;
+  }
+
+ private:
+  std::vector<Job> Plan() const {
+    std::vector<Job> jobs;
+    const bool has_pushpull = std::find(s_.ops.begin(), s_.ops.end(), "pushpull") != s_.ops.end();
+    for (const std::string& transport : s_.transports) {
+      for (const std::string& mode : s_.modes) {
+        for (int w : s_.workers) {
+          for (int s : s_.servers) {
+            Job job{w, s, mode, transport, s_.sizes, s_.ops};
+            const bool smallest = w == s_.workers.front() && s == s_.servers.front();
+            if (!s_.full && !smallest && transport != s_.transports.front()) continue;
+            if (!s_.full && !smallest) {
+              // Bigger jobs: the training op, at sizes that fit the time budget.
+              job.ops = has_pushpull ? std::vector<std::string>{"pushpull"} : s_.ops;
+              job.sizes.clear();
+              for (std::size_t size : s_.sizes) {
+                if (size <= k16MB) job.sizes.push_back(size);
+              }
+            }
+            if (!job.sizes.empty() && !job.ops.empty()) jobs.push_back(job);
+          }
+        }
+      }
+    }
+    return jobs;
+  }
+
+  std::string Sibling(const std::string& name) const {
+    const std::string path = s_.bin_dir + "/" + name;
+    if (access(path.c_str(), X_OK) != 0) {
+      throw std::runtime_error(name + " not found next to ps-bench in " + s_.bin_dir +
+                               ": build it (cmake --build build --target " + name + ")");
+    }
+    return path;
+  }
+
+  void Fail(const std::string& what, const Child* who) {
+    std::string message = what + "\n";
+    if (who) message += "  last output of " + who->name() + ":\n" + who->Tail();
+    std::fprintf(stderr, "ps-bench: FAILED: %s", message.c_str());
+    failures_.push_back(message);
+  }
+
+  // ---- the raw limits ----
+
+  void RunRaw() {
+    std::fprintf(stderr, "ps-bench: raw limits: memcpy, ZeroMQ echo (tcp, ipc), server kernels%s\n",
+                 s_.mpi == "off" ? "" : ", MPI");
+    try {
+      // 16 MB always: target (d) compares with it.
+      std::set<std::size_t> sizes(s_.sizes.begin(), s_.sizes.end());
+      sizes.insert(k16MB);
+      for (std::size_t size : sizes) {
+        raw_results_.push_back(MeasureMemcpy(size, s_.calibration, s_.verify));
+      }
+    } catch (const std::exception& e) {
+      Fail(std::string("memcpy: ") + e.what(), nullptr);
+    }
+    RunEcho("tcp");
+    RunEcho("ipc");
+    try {
+      // Target (d): a server merging 4 workers' 16 MB pushes and applying SGD with momentum.
+      Calibration calibration = s_.calibration;
+      calibration.warmup = std::min(calibration.warmup < 0 ? 3 : calibration.warmup, 3);
+      raw_results_.push_back(MeasureServerAggregation(k16MB, 4, 0, calibration, s_.verify));
+      raw_results_.push_back(MeasureServerAggregation(k16MB, 4, 1, calibration, s_.verify));
+    } catch (const std::exception& e) {
+      Fail(std::string("server aggregation: ") + e.what(), nullptr);
+    }
+    if (s_.mpi != "off") RunMpi();
+  }
+
+  void RunEcho(const std::string& transport) {
+    const std::string op = "zmq_echo_" + transport;
+    try {
+      Child peer("echo peer (" + transport + ")", {SelfPathChecked(), "--echo_peer=" + transport},
+                 {});
+      const std::string listening = std::string(kEchoListening) + " ";
+      if (!peer.WaitForOutput(
+              [&](const std::string& out) {
+                const auto at = out.find(listening);
+                return at != std::string::npos && out.find('\n', at) != std::string::npos;
+              },
+              std::chrono::seconds(10))) {
+        Fail(op + ": the echo peer did not start listening within 10 s", &peer);
+        return;
+      }
+      const std::string output = peer.Output();
+      std::smatch match;
+      if (!std::regex_search(output, match, std::regex("in=(\\S+) out=(\\S+)"))) {
+        Fail(op + ": cannot read the echo peer's endpoints", &peer);
+        return;
+      }
+      const std::string in = match[1], out = match[2];
+      try {
+        for (Result& r : MeasureEcho(op, in, out, s_.sizes, s_.calibration, s_.verify)) {
+          raw_results_.push_back(std::move(r));
+        }
+      } catch (const std::exception& e) {
+        Fail(e.what(), &peer);
+      }
+      StopEchoPeer(in);
+      const auto status = peer.Wait(std::chrono::seconds(10));
+      if (!status || *status != 0) {
+        Fail(op + ": the echo peer " +
+                 (status ? "exited with status " + std::to_string(*status) : "did not exit"),
+             &peer);
+      }
+      // peer's destructor stops it by pid if it is still running.
+    } catch (const std::exception& e) {
+      Fail(op + ": " + e.what(), nullptr);
+    }
+  }
+
+  void RunMpi() {
+    const std::string mpirun = FindInPath("mpirun");
+    const std::string bench = s_.bin_dir + "/ps-bench-mpi-allreduce";
+    const bool have = !mpirun.empty() && access(bench.c_str(), X_OK) == 0;
+    if (!have) {
+      const std::string why =
+          mpirun.empty() ? "mpirun is not in PATH" : bench + " was not built (CMake found no MPI)";
+      if (s_.mpi == "on") {
+        Fail("MPI baseline requested (--mpi=on) but " + why, nullptr);
+      } else {
+        std::fprintf(stderr, "ps-bench: skipping the MPI baseline: %s\n", why.c_str());
+      }
+      return;
+    }
+    struct Variant {
+      std::string op;
+      std::vector<std::string> mca;
+    };
+    const std::vector<Variant> variants = {
+        {"mpi_allreduce_tcp",
+         {"--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"}},
+        {"mpi_allreduce_shm", {"--mca", "pml", "ob1", "--mca", "btl", "vader,self"}},
+    };
+    for (const Variant& variant : variants) {
+      std::vector<std::string> argv = {mpirun, "--allow-run-as-root", "--oversubscribe", "-np",
+                                       "2"};
+      argv.insert(argv.end(), variant.mca.begin(), variant.mca.end());
+      argv.insert(
+          argv.end(),
+          {bench, "--sizes=16MB", "--target_seconds=" + Fixed(s_.calibration.target_seconds, 3),
+           "--min_iterations=" + std::to_string(s_.calibration.min_iterations),
+           "--max_iterations=" + std::to_string(s_.calibration.max_iterations)});
+      if (s_.calibration.fixed_iterations > 0) {
+        argv.push_back("--iterations=" + std::to_string(s_.calibration.fixed_iterations));
+      }
+      if (s_.verify) argv.push_back("--verify");
+      try {
+        Child run(variant.op, argv, {});
+        const auto status = run.Wait(s_.case_timeout);
+        if (!status || *status != 0) {
+          Fail(variant.op + ": mpirun " +
+                   (status ? "exited with status " + std::to_string(*status)
+                           : "did not finish within the case timeout"),
+               &run);
+          continue;
+        }
+        bool found = false;
+        for (const std::string& line : Lines(run.Output())) {
+          if (line.rfind("mpi-allreduce: size=", 0) != 0) continue;
+          const auto f = Fields(line);
+          Result r;
+          r.op = variant.op;
+          r.size = std::stoull(f.at("size"));
+          r.workers = std::stoi(f.at("ranks"));
+          r.mode = "raw";
+          r.iterations = std::stol(f.at("iterations"));
+          r.latency.count = static_cast<std::size_t>(r.iterations);
+          r.latency.min_us = std::stod(f.at("min_us"));
+          r.latency.p50_us = std::stod(f.at("p50_us"));
+          r.latency.p99_us = std::stod(f.at("p99_us"));
+          r.latency.max_us = std::stod(f.at("max_us"));
+          r.latency.mean_us = std::stod(f.at("mean_us"));
+          r.gbps = std::stod(f.at("algbw_gbps"));
+          r.note = "MPI_Allreduce sum, 2 ranks, btl " + variant.mca[5] +
+                   "; GB/s = size / time (algorithm bandwidth)";
+          raw_results_.push_back(r);
+          found = true;
+        }
+        if (!found) Fail(variant.op + ": no result line from ps-bench-mpi-allreduce", &run);
+      } catch (const std::exception& e) {
+        Fail(variant.op + ": " + e.what(), nullptr);
+      }
+    }
+  }
+
+  std::string SelfPathChecked() const { return Sibling("ps-bench"); }
+
+  // ---- the parameter-server jobs ----
+
+  void RunJob(const Job& job) {
+    try {
+      RunJobOrThrow(job);
+    } catch (const std::exception& e) {
+      Fail(job.Label() + ": " + e.what(), nullptr);
+    }
+  }
+
+  void RunJobOrThrow(const Job& job) {
+    const std::string label = job.Label();
+    Env env = {{"DMLC_PS_ROOT_URI", "127.0.0.1"},
+               {"DMLC_PS_ROOT_PORT", "0"},
+               {"DMLC_NUM_SERVER", std::to_string(job.servers)},
+               {"DMLC_NUM_WORKER", std::to_string(job.workers)},
+               {"DMLC_NODE_HOST", "127.0.0.1"},
+               {"DMLC_INTERFACE", ""},
+               // Generous: a loaded 2-core machine; a server under valgrind (--server_prefix)
+               // is ~50x slower still.
+               {"PS_HEARTBEAT_INTERVAL", "1"},
+               {"PS_HEARTBEAT_TIMEOUT",
+                s_.server_prefix.empty() && s_.worker_prefix.empty() ? "30" : "300"},
+               {"PS_REGISTER_TIMEOUT", "60"},
+               {"PS_USE_IPC", job.transport == "ipc" ? "1" : "0"}};
+    // Every child is stopped by its pid when this vector goes, whatever path leaves here.
+    std::vector<std::unique_ptr<Child>> children;
+    env["DMLC_ROLE"] = "scheduler";
+    children.push_back(std::make_unique<Child>(
+        "ps-scheduler", std::vector<std::string>{Sibling("ps-scheduler")}, env));
+    Child& scheduler = *children.back();
+    const std::string listening = "ps-scheduler: listening on ";
+    if (!scheduler.WaitForOutput(
+            [&](const std::string& out) {
+              const auto at = out.find(listening);
+              return at != std::string::npos && out.find('\n', at) != std::string::npos;
+            },
+            std::chrono::seconds(30))) {
+      return Fail(label + ": ps-scheduler did not print '" + listening + "HOST:PORT' within 30 s",
+                  &scheduler);
+    }
+    std::smatch match;
+    const std::string scheduler_output = scheduler.Output();
+    if (!std::regex_search(scheduler_output, match,
+                           std::regex("ps-scheduler: listening on \\S+:(\\d+)"))) {
+      return Fail(label + ": cannot read the scheduler's port", &scheduler);
+    }
+    env["DMLC_PS_ROOT_PORT"] = match[1];
+
+    env["DMLC_ROLE"] = "server";
+    std::vector<Child*> servers;
+    for (int s = 0; s < job.servers; ++s) {
+      std::vector<std::string> argv = s_.server_prefix;
+      argv.push_back(Sibling("ps-server"));
+      children.push_back(std::make_unique<Child>("server " + std::to_string(s), argv, env));
+      servers.push_back(children.back().get());
+    }
+    env["DMLC_ROLE"] = "worker";
+    std::vector<std::string> worker_argv = s_.worker_prefix;
+    worker_argv.insert(worker_argv.end(),
+                       {SelfPathChecked(), "--worker_mode", "--mode=" + job.mode,
+                        "--sizes=" + JoinSizes(job.sizes), "--ops=" + Join(job.ops),
+                        "--target_seconds=" + Fixed(s_.calibration.target_seconds, 6),
+                        "--min_iterations=" + std::to_string(s_.calibration.min_iterations),
+                        "--max_iterations=" + std::to_string(s_.calibration.max_iterations),
+                        "--iterations=" + std::to_string(s_.calibration.fixed_iterations),
+                        "--warmup=" + std::to_string(s_.calibration.warmup),
+                        std::string("--verify=") + (s_.verify ? "true" : "false")});
+    std::vector<Child*> workers;
+    for (int w = 0; w < job.workers; ++w) {
+      children.push_back(std::make_unique<Child>("worker " + std::to_string(w), worker_argv, env));
+      workers.push_back(children.back().get());
+    }
+
+    // Each worker prints one result line per case; a case may take up to --case_timeout. The
+    // scheduler and servers must live until the workers are done: checked between slices of
+    // the wait, so a crashed server fails the job at once instead of at the timeout.
+    const std::size_t cases = job.sizes.size() * job.ops.size();
+    std::vector<Child*> infrastructure = servers;
+    infrastructure.push_back(&scheduler);
+    for (std::size_t done = 1; done <= cases; ++done) {
+      for (Child* worker : workers) {
+        const auto deadline = Clock::now() + s_.case_timeout;
+        bool ok = false;
+        while (true) {
+          ok = worker->WaitForOutput(
+              [&](const std::string& out) {
+                return CountLinesStartingWith(out, kResultPrefix) >= done;
+              },
+              std::chrono::milliseconds(250));
+          if (ok || Clock::now() >= deadline || worker->Wait(std::chrono::milliseconds(0))) break;
+          // Another worker that failed is the root cause of whatever follows: name it first.
+          for (Child* other : workers) {
+            const auto status = other->Wait(std::chrono::milliseconds(0));
+            if (status && *status != 0) {
+              return Fail(
+                  label + ": " + other->name() + " exited with status " + std::to_string(*status),
+                  other);
+            }
+          }
+          for (Child* node : infrastructure) {
+            if (const auto status = node->Wait(std::chrono::milliseconds(0))) {
+              return Fail(label + ": " + node->name() + " exited with status " +
+                              std::to_string(*status) + " while the workers were running",
+                          node);
+            }
+          }
+        }
+        if (!ok) {
+          const auto status = worker->Wait(std::chrono::milliseconds(0));
+          return Fail(
+              label + ": " + worker->name() +
+                  (status
+                       ? " exited with status " + std::to_string(*status) + " after " +
+                             std::to_string(done - 1) + " of " + std::to_string(cases) + " case(s)"
+                       : " reported no result for case " + std::to_string(done) + " within " +
+                             std::to_string(s_.case_timeout.count() / 1000) +
+                             " s (--case_timeout)"),
+              worker);
+        }
+      }
+    }
+    for (Child* worker : workers) {
+      const auto status = worker->Wait(std::chrono::seconds(60));
+      if (!status || *status != 0) {
+        return Fail(label + ": " + worker->name() +
+                        (status ? " exited with status " + std::to_string(*status)
+                                : " did not exit within 60 s after its last case"),
+                    worker);
+      }
+    }
+    // Once every worker finished the scheduler ends the job: the servers and it exit cleanly.
+    const auto end_timeout =
+        s_.server_prefix.empty() ? std::chrono::seconds(30) : std::chrono::seconds(300);
+    for (Child* node : servers) {
+      const auto status = node->Wait(end_timeout);
+      if (!status || *status != 0) {
+        return Fail(label + ": " + node->name() +
+                        (status ? " exited with status " + std::to_string(*status)
+                                : " did not exit after the job ended"),
+                    node);
+      }
+    }
+    const auto status = scheduler.Wait(std::chrono::seconds(30));
+    if (!status || *status != 0) {
+      return Fail(label + ": ps-scheduler " +
+                      (status ? "exited with status " + std::to_string(*status)
+                              : "did not exit after the job ended"),
+                  &scheduler);
+    }
+    Collect(job, workers);
+  }
+
+  void Collect(const Job& job, const std::vector<Child*>& workers) {
+    struct PerWorker {
+      long iterations = 0;
+      std::vector<double> samples_us;
+    };
+    // (op, size) -> rank -> what that worker measured
+    std::map<std::pair<std::string, std::size_t>, std::map<int, PerWorker>> cases;
+    for (Child* worker : workers) {
+      for (const std::string& line : Lines(worker->Output())) {
+        const bool samples = line.rfind(kSamplesPrefix, 0) == 0;
+        const bool result = line.rfind(kResultPrefix, 0) == 0;
+        if (!samples && !result) continue;
+        const auto f = Fields(line);
+        try {
+          PerWorker& entry =
+              cases[{f.at("op"), std::stoull(f.at("size"))}][std::stoi(f.at("rank"))];
+          if (result) {
+            entry.iterations = std::stol(f.at("iterations"));
+          } else {
+            for (const std::string& ns : ParseList(f.at("ns"))) {
+              entry.samples_us.push_back(std::stod(ns) / 1e3);
+            }
+          }
+        } catch (const std::exception&) {
+          return Fail(job.Label() + ": cannot parse a line of " + worker->name() + ": " +
+                          line.substr(0, 200),
+                      worker);
+        }
+      }
+    }
+    for (std::size_t size : job.sizes) {
+      for (const std::string& op : job.ops) {
+        const auto& per_rank = cases[{op, size}];
+        Result r;
+        r.op = op;
+        r.size = size;
+        r.workers = job.workers;
+        r.servers = job.servers;
+        r.mode = job.mode;
+        r.transport = job.transport;
+        std::vector<double> all;
+        bool complete = static_cast<int>(per_rank.size()) == job.workers;
+        for (const auto& [rank, entry] : per_rank) {
+          complete = complete && entry.iterations > 0 &&
+                     entry.samples_us.size() == static_cast<std::size_t>(entry.iterations);
+          r.iterations = entry.iterations;
+          double sum = 0;
+          for (double us : entry.samples_us) sum += us;
+          if (!entry.samples_us.empty()) {
+            r.gbps += Gbps(size, sum / static_cast<double>(entry.samples_us.size()));
+          }
+          all.insert(all.end(), entry.samples_us.begin(), entry.samples_us.end());
+        }
+        if (!complete) {
+          return Fail(job.Label() + ": incomplete results for " + op + " " + SizeName(size),
+                      nullptr);
+        }
+        r.latency = Summarize(std::move(all));
+        ps_results_.push_back(r);
+        std::fprintf(stderr, "ps-bench:   %-8s %7s  %ld iterations  p50 %.1f us  %.3f GB/s\n",
+                     op.c_str(), SizeName(size).c_str(), r.iterations, r.latency.p50_us, r.gbps);
+      }
+    }
+  }
+
+  // ---- the issue's targets ----
+
+  // transport: "ipc" or "tcp" for ps cases, "" for raw limits.
+  const Result* Find(const std::string& op, std::size_t size, int workers, int servers,
+                     const std::string& mode, const std::string& transport = "") const {
+    for (const auto* list : {&ps_results_, &raw_results_}) {
+      for (const Result& r : *list) {
+        if (r.op == op && r.size == size && r.workers == workers && r.servers == servers &&
+            r.mode == mode && r.transport == transport) {
+          return &r;
+        }
+      }
+    }
+    return nullptr;
+  }
+
+  std::vector<Ratio> Ratios() const {
+    std::vector<Ratio> ratios;
+    const auto gbps = [](const Result* r) {
+      return r ? std::optional<double>(r->gbps) : std::nullopt;
+    };
+    const auto p50 = [](const Result* r) {
+      return r ? std::optional<double>(r->latency.p50_us) : std::nullopt;
+    };
+    const std::vector<std::string> modes = {"dist_sync", "dist_async"};
+    // (a) and (b): ps over a transport against the raw ZeroMQ echo over the same transport.
+    for (const std::string& t : s_.transports) {
+      const Result* echo16 = Find("zmq_echo_" + t, k16MB, 0, 0, "raw");
+      for (const std::string& mode : modes) {
+        ratios.push_back({"a",
+                          "16 MB push+pull, 1 worker 1 server, " + mode + " over " + t +
+                              ": throughput vs ZeroMQ " + t + " echo of 16 MB",
+                          "16MB pushpull 1w1s " + mode + " " + t + " / echo",
+                          gbps(Find("pushpull", k16MB, 1, 1, mode, t)), gbps(echo16), "GB/s",
+                          ">= 0.9", 0.9, true});
+      }
+    }
+    for (const std::string& t : s_.transports) {
+      const Result* echo4 = Find("zmq_echo_" + t, k4B, 0, 0, "raw");
+      for (const std::string& mode : modes) {
+        for (const std::string op : {"push", "pull"}) {
+          ratios.push_back({"b",
+                            "4 B " + op + ", 1 worker 1 server, " + mode + " over " + t +
+                                ": p50 latency vs ZeroMQ " + t + " echo round trip",
+                            "4B " + op + " 1w1s " + mode + " " + t + " / echo",
+                            p50(Find(op, k4B, 1, 1, mode, t)), p50(echo4), "us", "<= 1.15", 1.15,
+                            false});
+        }
+      }
+    }
+    // (c) and (e) on the first transport, the one the full matrix ran on.
+    const std::string t = s_.transports.front();
+    ratios.push_back({"c",
+                      "16 MB push+pull dist_async over " + t +
+                          ": 2 workers 2 servers vs 1+1, aggregate throughput",
+                      "16MB pushpull dist_async " + t + " 2w2s / 1w1s",
+                      gbps(Find("pushpull", k16MB, 2, 2, "dist_async", t)),
+                      gbps(Find("pushpull", k16MB, 1, 1, "dist_async", t)), "GB/s", ">= 1.5", 1.5,
+                      true});
+    ratios.push_back({"c (info)", "the same in dist_sync",
+                      "16MB pushpull dist_sync " + t + " 2w2s / 1w1s",
+                      gbps(Find("pushpull", k16MB, 2, 2, "dist_sync", t)),
+                      gbps(Find("pushpull", k16MB, 1, 1, "dist_sync", t)), "GB/s", "", 0, true});
+    const Result* memcpy16 = Find("memcpy", k16MB, 0, 0, "raw");
+    ratios.push_back({"d",
+                      "server merge of 4 x 16 MB pushes + SGD momentum (the server's "
+                      "default threads) vs 1-thread memcpy",
+                      "merge 4x16MB + SGD momentum / memcpy",
+                      gbps(Find("server_agg_sgd", k16MB, 4, 0, "raw")), gbps(memcpy16), "GB/s",
+                      ">= 0.5", 0.5, true});
+    ratios.push_back({"d (info)", "the same on 1 thread vs 1-thread memcpy",
+                      "merge + SGD, 1 thread / memcpy",
+                      gbps(Find("server_agg_sgd_1thread", k16MB, 4, 0, "raw")), gbps(memcpy16),
+                      "GB/s", "", 0, true});
+    const Result* ps22 = Find("pushpull", k16MB, 2, 2, "dist_sync", t);
+    ratios.push_back({"e",
+                      "16 MB push+pull iteration, 2 workers 2 servers dist_sync over " + t +
+                          ", p50, vs MPI_Allreduce of 16 MB, 2 ranks over TCP loopback",
+                      "16MB pushpull 2w2s / MPI_Allreduce tcp", p50(ps22),
+                      p50(Find("mpi_allreduce_tcp", k16MB, 2, 0, "raw")), "us", "", 0, false});
+    ratios.push_back({"e", "the same vs MPI_Allreduce 2 ranks over shared memory (vader)",
+                      "16MB pushpull 2w2s / MPI_Allreduce shm", p50(ps22),
+                      p50(Find("mpi_allreduce_shm", k16MB, 2, 0, "raw")), "us", "", 0, false});
+    return ratios;
+  }
+
+  static void PrintRatios(const std::vector<Ratio>& ratios) {
+    if (std::none_of(ratios.begin(), ratios.end(), [](const Ratio& r) { return r.Value(); })) {
+      std::printf("\nTargets (issue 6): none computable from the cases of this run\n");
+      return;
+    }
+    std::printf("\nTargets (issue 6), each from numbers measured in this run\n");
+    for (const Ratio& ratio : ratios) {
+      std::printf("(%s) %s:\n    ", ratio.id.c_str(), ratio.what.c_str());
+      const auto value = ratio.Value();
+      if (!value) {
+        std::printf("n/a: a case it needs was not run in this run (or failed)\n");
+        continue;
+      }
+      std::printf("%.3f / %.3f %s = %.3fx", *ratio.numerator, *ratio.denominator,
+                  ratio.unit.c_str(), *value);
+      if (const auto met = ratio.Met()) {
+        std::printf("   target %sx: %s\n", ratio.target.c_str(), *met ? "MET" : "NOT MET");
+      } else {
+        std::printf("   (information)\n");
+      }
+    }
+    std::fflush(stdout);
+  }
+
+  void WriteJson(const std::vector<Ratio>& ratios) const {
+    std::ofstream out(s_.json);
+    if (!out) {
+      std::fprintf(stderr, "ps-bench: cannot write %s\n", s_.json.c_str());
+      return;
+    }
+    out << "{\n  \"tool\": \"ps-bench\",\n  \"date_utc\": " << JsonString(UtcNow())
+        << ",\n  \"hardware_threads\": " << std::thread::hardware_concurrency()
+        << ",\n  \"load_average_start\": " << JsonString(load_start_)
+        << ",\n  \"load_average_end\": " << JsonString(load_end_) << ",\n  \"throughput_unit\": "
+        << JsonString(
+               "GB/s = 1e9 bytes/s; ps ops: tensor bytes per iteration summed over workers; "
+               "echo: message bytes per round trip; memcpy: bytes copied")
+        << ",\n  \"settings\": {\"target_seconds\": " << s_.calibration.target_seconds
+        << ", \"min_iterations\": " << s_.calibration.min_iterations
+        << ", \"max_iterations\": " << s_.calibration.max_iterations
+        << ", \"fixed_iterations\": " << s_.calibration.fixed_iterations
+        << ", \"verify\": " << (s_.verify ? "true" : "false")
+        << ", \"quick\": " << (s_.quick ? "true" : "false") << "},\n  \"cases\": [\n";
+    bool first = true;
+    for (const auto* list : {&ps_results_, &raw_results_}) {
+      for (const Result& r : *list) {
+        out << (first ? "" : ",\n") << "    " << ToJson(r);
+        first = false;
+      }
+    }
+    out << "\n  ],\n  \"ratios\": [\n";
+    for (std::size_t i = 0; i < ratios.size(); ++i) {
+      const Ratio& ratio = ratios[i];
+      const auto number = [](std::optional<double> v) { return v ? Fixed(*v, 6) : "null"; };
+      const auto met = ratio.Met();
+      out << "    {\"id\": " << JsonString(ratio.id) << ", \"what\": " << JsonString(ratio.what)
+          << ", \"label\": " << JsonString(ratio.label)
+          << ", \"numerator\": " << number(ratio.numerator)
+          << ", \"denominator\": " << number(ratio.denominator)
+          << ", \"unit\": " << JsonString(ratio.unit) << ", \"ratio\": " << number(ratio.Value())
+          << ", \"target\": " << JsonString(ratio.target)
+          << ", \"met\": " << (met ? (*met ? "true" : "false") : "null") << "}"
+          << (i + 1 < ratios.size() ? ",\n" : "\n");
+    }
+    out << "  ],\n  \"failures\": [";
+    for (std::size_t i = 0; i < failures_.size(); ++i) {
+      out << (i ? ", " : "") << JsonString(failures_[i]);
+    }
+    out << "]\n}\n";
+    std::fprintf(stderr, "ps-bench: wrote %s\n", s_.json.c_str());
+  }
+
+  Settings s_;
+  std::string load_start_, load_end_;
+  std::vector<Result> ps_results_;
+  std::vector<Result> raw_results_;
+  std::vector<std::string> failures_;
+};
+
+std::vector<std::string> ParseWords(const std::string& text) {
+  std::vector<std::string> words;
+  std::istringstream stream(text);
+  std::string word;
+  while (stream >> word) words.push_back(word);
+  return words;
+}
+
+bool IsDefault(const char* flag) { return gflags::GetCommandLineFlagInfoOrDie(flag).is_default; }
+
+std::vector<std::string> CheckedList(const std::string& flag, const std::string& text,
+                                     const std::set<std::string>& accepted) {
+  std::vector<std::string> items = ParseList(text);
+  if (items.empty()) throw std::invalid_argument("--" + flag + " is empty");
+  for (const std::string& item : items) {
+    if (!accepted.contains(item)) {
+      std::string names;
+      for (const std::string& name : accepted) names += (names.empty() ? "" : ", ") + name;
+      throw std::invalid_argument("--" + flag + ": unknown '" + item + "' (accepted: " + names +
+                                  ")");
+    }
+  }
+  return items;
+}
+
+// Reads and validates every flag once, here at the edge.
+Settings ReadSettings() {
+  Settings s;
+  s.quick = FLAGS_quick;
+  const auto pick = [&](const char* flag, const std::string& value, const std::string& quick) {
+    return s.quick && IsDefault(flag) ? quick : value;
+  };
+  try {
+    s.sizes = ParseSizes(pick("sizes", FLAGS_sizes, "4B,4KB"));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--sizes: ") + e.what());
+  }
+  try {
+    s.workers = ParseInts(pick("workers", FLAGS_workers, "1,2"), 1, 16);
+    s.servers = ParseInts(pick("servers", FLAGS_servers, "1,2"), 1, 16);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--workers/--servers: ") + e.what());
+  }
+  s.modes = CheckedList("modes", FLAGS_modes, {"dist_sync", "dist_async"});
+  s.ops = CheckedList("ops", FLAGS_ops, {"push", "pull", "pushpull"});
+  s.transports = CheckedList("transports", FLAGS_transports, {"ipc", "tcp"});
+  s.full = FLAGS_full || s.quick;
+  s.verify = FLAGS_verify;
+  s.json = FLAGS_json;
+  s.run_ps = FLAGS_ps;
+  s.run_raw = FLAGS_raw;
+  s.mpi = pick("mpi", FLAGS_mpi, "off");
+  if (s.mpi != "auto" && s.mpi != "on" && s.mpi != "off") {
+    throw std::invalid_argument("--mpi: expected auto, on or off, got '" + s.mpi + "'");
+  }
+  s.calibration.target_seconds =
+      s.quick && IsDefault("target_seconds") ? 0.02 : FLAGS_target_seconds;
+  s.calibration.min_iterations = FLAGS_min_iterations;
+  s.calibration.max_iterations =
+      s.quick && IsDefault("max_iterations") ? 200 : FLAGS_max_iterations;
+  s.calibration.fixed_iterations = FLAGS_iterations;
+  s.calibration.warmup = s.quick && IsDefault("warmup") ? 2 : FLAGS_warmup;
+  // Integer-valued sums stay exact below 2^24: 200000 rounds x 4 workers' pattern sum fits.
+  constexpr int kMostIterations = 200000;
+  if (!(s.calibration.target_seconds > 0 && s.calibration.target_seconds <= 60)) {
+    throw std::invalid_argument("--target_seconds: expected (0, 60]");
+  }
+  if (s.calibration.min_iterations < 1 ||
+      s.calibration.max_iterations < s.calibration.min_iterations ||
+      s.calibration.max_iterations > kMostIterations) {
+    throw std::invalid_argument("--min_iterations/--max_iterations: need 1 <= min <= max <= " +
+                                std::to_string(kMostIterations));
+  }
+  if (s.calibration.fixed_iterations < 0 || s.calibration.fixed_iterations > kMostIterations) {
+    throw std::invalid_argument("--iterations: expected 0.." + std::to_string(kMostIterations));
+  }
+  if (s.calibration.warmup > 1000) throw std::invalid_argument("--warmup: at most 1000");
+  if (s.calibration.warmup == 0 && s.calibration.fixed_iterations == 0) {
+    throw std::invalid_argument("--warmup=0 needs --iterations: the calibration times the warm-up");
+  }
+  if (!(FLAGS_case_timeout >= 1 && FLAGS_case_timeout <= 86400)) {
+    throw std::invalid_argument("--case_timeout: expected 1..86400 seconds");
+  }
+  s.case_timeout = std::chrono::milliseconds(static_cast<long long>(FLAGS_case_timeout * 1000));
+  const auto prefix = [](const char* flag, const std::string& text) {
+    std::vector<std::string> words = ParseWords(text);
+    if (!words.empty() && words[0].find('/') == std::string::npos) {
+      const std::string found = FindInPath(words[0]);
+      if (found.empty()) {
+        throw std::invalid_argument(std::string("--") + flag + ": '" + words[0] +
+                                    "' is not in PATH");
+      }
+      words[0] = found;
+    }
+    return words;
+  };
+  s.server_prefix = prefix("server_prefix", FLAGS_server_prefix);
+  s.worker_prefix = prefix("worker_prefix", FLAGS_worker_prefix);
+  s.bin_dir = SelfDirectory();
+  return s;
+}
+
+}  // namespace
+}  // namespace ps::bench
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "measures the parameter server's push, pull and push+pull throughput and latency next to "
+      "the raw limits (memcpy, ZeroMQ echo, MPI) in one run.\n"
+      "Usage: ps-bench [--quick] [--verify] [--json FILE] [--sizes 4B,16MB] [--workers 1,2] "
+      "[--servers 1,2] [--modes dist_sync] [--ops pushpull]\n"
+      "Needs ps-scheduler and ps-server next to it. See docs/performance.md.");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  using namespace ps::bench;
+  if (FLAGS_worker_mode) {
+    WorkerOptions options;
+    options.mode = FLAGS_mode;
+    try {
+      options.sizes = ParseSizes(FLAGS_sizes);
+    } catch (const std::invalid_argument& e) {
+      std::printf("ps-bench-worker: error: --sizes: %s\n", e.what());
+      return 2;
+    }
+    options.ops = ParseList(FLAGS_ops);
+    options.calibration.target_seconds = FLAGS_target_seconds;
+    options.calibration.min_iterations = FLAGS_min_iterations;
+    options.calibration.max_iterations = FLAGS_max_iterations;
+    options.calibration.fixed_iterations = FLAGS_iterations;
+    options.calibration.warmup = FLAGS_warmup;
+    options.verify = FLAGS_verify;
+    return RunWorker(options);
+  }
+  if (!FLAGS_echo_peer.empty()) return RunEchoPeer(FLAGS_echo_peer);
+  try {
+    Driver driver(ReadSettings());
+    return driver.Run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ps-bench: error: %s\n", e.what());
+    return 2;
+  }
+}
