@@ -1,0 +1,230 @@
+#pragma once
+// The compute backend: every numeric primitive the models need, written once per device.
+// CpuBackend (OpenBLAS + plain loops) and CudaBackend (cuBLAS + the kernels in cuda_kernels.cu)
+// implement it, so layer and model code is device-independent.
+//
+// Pointers passed to the math calls are in the backend's device memory (host memory for the
+// CPU backend). Calls are ordered: each one sees the results of the previous ones. CUDA calls
+// are asynchronous with respect to the host; Synchronize() waits for all of them, and every call
+// that returns a value to the host (CopyToHost, SoftmaxCrossEntropyForward) synchronizes itself.
+// Tensors are row-major; images are NCHW.
+#include <cassert>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ps::worker {
+
+enum class DeviceKind { kCPU, kCUDA };
+
+// One image's convolution geometry (input channels x height x width, square or not kernel).
+struct ConvGeometry {
+  int channels = 0;
+  int height = 0;
+  int width = 0;
+  int kernel_h = 0;
+  int kernel_w = 0;
+  int pad_h = 0;
+  int pad_w = 0;
+  int stride_h = 1;
+  int stride_w = 1;
+
+  int out_height() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
+  int out_width() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+  // Rows and columns of the im2col matrix: (channels * kh * kw) x (out_h * out_w).
+  int col_rows() const { return channels * kernel_h * kernel_w; }
+  int col_cols() const { return out_height() * out_width(); }
+};
+
+// Non-overlapping pooling: window x window, stride = window. Trailing rows/columns that do not
+// fill a window are ignored (their gradient is zero).
+struct PoolGeometry {
+  int channels = 0;
+  int height = 0;
+  int width = 0;
+  int window = 2;
+
+  int out_height() const { return height / window; }
+  int out_width() const { return width / window; }
+};
+
+struct SoftmaxStats {
+  double loss_sum = 0.0;  // sum over the batch of -log softmax(logits)[label]
+  int correct = 0;        // samples whose argmax (first maximum) equals the label
+};
+
+class Backend {
+ public:
+  Backend() = default;
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual DeviceKind kind() const = 0;
+  // "cpu" or e.g. "cuda:0 (NVIDIA H200)".
+  virtual std::string Name() const = 0;
+
+  // ---- memory ----
+  // Device memory, uninitialized. Free(nullptr) is a no-op.
+  virtual void* Allocate(std::size_t bytes) = 0;
+  virtual void Free(void* ptr) noexcept = 0;
+  // Host memory usable as a DMA staging buffer (page-locked under CUDA).
+  virtual void* AllocateHost(std::size_t bytes) = 0;
+  virtual void FreeHost(void* ptr) noexcept = 0;
+  virtual void CopyToDevice(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // Waits for pending work, then copies.
+  virtual void CopyToHost(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void Synchronize() = 0;
+  virtual void Fill(float* x, std::size_t n, float value) = 0;
+
+  // ---- dense algebra ----
+  // C = alpha * op(A) * op(B) + beta * C, row-major; op(A) is m x k, op(B) is k x n, C is m x n.
+  // lda/ldb/ldc are the row strides of A, B, C as stored.
+  virtual void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
+  // y += alpha * x
+  virtual void Axpy(std::size_t n, float alpha, const float* x, float* y) = 0;
+  // x *= alpha
+  virtual void Scale(std::size_t n, float alpha, float* x) = 0;
+  // SGD step with weight decay and momentum (MXNet's sgd_mom_update):
+  //   g' = g + wd * w;  mom = momentum * mom - lr * g';  w += mom.
+  // With momentum == 0, mom may be null and the step is w -= lr * g'.
+  virtual void SgdUpdate(float* w, const float* g, float* mom, std::size_t n, float lr,
+                         float momentum, float weight_decay) = 0;
+
+  // ---- layers ----
+  // y[i, c, s] += bias[c] for y laid out [batch, channels, spatial]; dense layers use spatial 1.
+  virtual void AddBias(float* y, const float* bias, int batch, int channels, int spatial) = 0;
+  // dbias[c] = sum over i, s of dy[i, c, s] (overwrites dbias).
+  virtual void BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial) = 0;
+  virtual void ReluForward(const float* x, float* y, std::size_t n) = 0;
+  // dx = y > 0 ? dy : 0, with y the forward output. dx may alias dy.
+  virtual void ReluBackward(const float* y, const float* dy, float* dx, std::size_t n) = 0;
+  // Max over each window; ties go to the first maximum in row-major window order.
+  virtual void MaxPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) = 0;
+  // dx = dy routed to each window's (recomputed) argmax, 0 elsewhere (overwrites dx).
+  virtual void MaxPoolBackward(const float* x, const float* dy, float* dx, int batch,
+                               const PoolGeometry& g) = 0;
+  virtual void AvgPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) = 0;
+  // dx = dy / window^2 spread over each window, 0 outside any window (overwrites dx).
+  virtual void AvgPoolBackward(const float* dy, float* dx, int batch, const PoolGeometry& g) = 0;
+  // One image x [C, H, W] to col [C*kh*kw, out_h*out_w]; row (c*kh + i)*kw + j, column
+  // oy*out_w + ox holds x[c, oy*sh - ph + i, ox*sw - pw + j] or 0 outside the image.
+  virtual void Im2Col(const float* x, float* col, const ConvGeometry& g) = 0;
+  // The adjoint of Im2Col: dx = sum of the col entries that read each pixel (overwrites dx).
+  virtual void Col2Im(const float* col, float* dx, const ConvGeometry& g) = 0;
+  // probs = softmax(logits) row by row ([batch, classes]); returns the summed cross-entropy
+  // against labels and the number of correct argmax predictions. Synchronizes.
+  virtual SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
+                                                  float* probs, int batch, int classes) = 0;
+  // dlogits = scale * (probs - onehot(labels)).
+  virtual void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels,
+                                           float* dlogits, int batch, int classes, float scale) = 0;
+};
+
+// Owns `size` elements of T in a backend's device memory. Move-only. The backend is not owned
+// and must outlive the array.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(Backend& backend, std::size_t size)
+      : backend_(&backend),
+        data_(size == 0 ? nullptr : static_cast<T*>(backend.Allocate(size * sizeof(T)))),
+        size_(size) {}
+  ~DeviceArray() { Reset(); }
+  DeviceArray(DeviceArray&& other) noexcept
+      : backend_(std::exchange(other.backend_, nullptr)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      backend_ = std::exchange(other.backend_, nullptr);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::size_t bytes() const { return size_ * sizeof(T); }
+  bool empty() const { return size_ == 0; }
+
+  // Copies host values in; values.size() must not exceed size().
+  void CopyFrom(std::span<const T> values) {
+    assert(values.size() <= size_);
+    if (!values.empty()) backend_->CopyToDevice(data_, values.data(), values.size_bytes());
+  }
+  std::vector<T> ToHost() const {
+    std::vector<T> out(size_);
+    if (size_ > 0) backend_->CopyToHost(out.data(), data_, bytes());
+    return out;
+  }
+
+ private:
+  void Reset() noexcept {
+    if (backend_ != nullptr) backend_->Free(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  Backend* backend_ = nullptr;  // not owned
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Owns `size` elements of T in host staging memory from Backend::AllocateHost (pinned under
+// CUDA). Move-only; the backend must outlive it.
+template <typename T>
+class HostArray {
+ public:
+  HostArray() = default;
+  HostArray(Backend& backend, std::size_t size)
+      : backend_(&backend),
+        data_(size == 0 ? nullptr : static_cast<T*>(backend.AllocateHost(size * sizeof(T)))),
+        size_(size) {}
+  ~HostArray() { Reset(); }
+  HostArray(HostArray&& other) noexcept
+      : backend_(std::exchange(other.backend_, nullptr)),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  HostArray& operator=(HostArray&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      backend_ = std::exchange(other.backend_, nullptr);
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+  }
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  std::span<T> span() { return {data_, size_}; }
+
+ private:
+  void Reset() noexcept {
+    if (backend_ != nullptr) backend_->FreeHost(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  Backend* backend_ = nullptr;  // not owned
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+}  // namespace ps::worker

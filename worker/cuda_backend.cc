@@ -1,0 +1,252 @@
+#include "worker/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "worker/cuda_kernels.h"
+#include "worker/errors.h"
+
+namespace ps::worker {
+namespace {
+
+void Check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    throw DeviceError(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+
+void Check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw DeviceError(std::string("cuBLAS error in ") + what + ": " +
+                      cublasGetStatusString(status));
+  }
+}
+
+// Device memory released with cudaFree.
+struct CudaFreeDeleter {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using CudaBuffer = std::unique_ptr<void, CudaFreeDeleter>;
+
+struct CudaHostFreeDeleter {
+  void operator()(void* p) const { cudaFreeHost(p); }
+};
+using PinnedBuffer = std::unique_ptr<void, CudaHostFreeDeleter>;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {
+    Check(cudaSetDevice(ordinal), "cudaSetDevice");
+    cudaDeviceProp prop{};
+    Check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+    device_name_ = prop.name;
+    Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    const cublasStatus_t status = cublasCreate(&cublas_);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      cudaStreamDestroy(stream_);
+      Check(status, "cublasCreate");
+    }
+    cublasSetStream(cublas_, stream_);
+    // Plain FP32 GEMMs (no TF32): the CPU agreement tests compare against OpenBLAS.
+    cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
+  }
+
+  ~CudaBackend() override {
+    // Scratch buffers are freed by their members after this body; cudaFree needs no stream.
+    cudaStreamSynchronize(stream_);
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCUDA; }
+  std::string Name() const override {
+    return "cuda:" + std::to_string(ordinal_) + " (" + device_name_ + ")";
+  }
+
+  void* Allocate(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    Check(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
+  }
+  void Free(void* ptr) noexcept override {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  void* AllocateHost(std::size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    Check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+    return p;
+  }
+  void FreeHost(void* ptr) noexcept override {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+  // Synchronous, so the host source may be reused as soon as this returns.
+  void CopyToDevice(void* dst, const void* host_src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+    Check(cudaStreamSynchronize(stream_), "copy to device");
+  }
+  void CopyToHost(void* host_dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+    Check(cudaStreamSynchronize(stream_), "copy to host");
+  }
+  void CopyOnDevice(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
+  }
+  void Synchronize() override { Check(cudaStreamSynchronize(stream_), "synchronize"); }
+  void Fill(float* x, std::size_t n, float value) override {
+    Check(cuda::Fill(x, n, value, stream_), "fill");
+  }
+
+  void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override {
+    // cuBLAS is column-major: a row-major C (m x n) is a column-major C^T, and
+    // C^T = op(B)^T * op(A)^T, where the stored B and A already read as their transposes.
+    Check(cublasSgemm(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta,
+                      c, ldc),
+          "cublasSgemm");
+  }
+  void Axpy(std::size_t n, float alpha, const float* x, float* y) override {
+    Check(cuda::Axpy(n, alpha, x, y, stream_), "axpy");
+  }
+  void Scale(std::size_t n, float alpha, float* x) override {
+    Check(cuda::Scale(n, alpha, x, stream_), "scale");
+  }
+  void SgdUpdate(float* w, const float* g, float* mom, std::size_t n, float lr, float momentum,
+                 float weight_decay) override {
+    Check(cuda::SgdUpdate(w, g, mom, n, lr, momentum, weight_decay, stream_), "sgd update");
+  }
+
+  void AddBias(float* y, const float* bias, int batch, int channels, int spatial) override {
+    Check(cuda::AddBias(y, bias, batch, channels, spatial, stream_), "add bias");
+  }
+  void BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial) override {
+    Check(cuda::BiasGrad(dy, dbias, batch, channels, spatial, stream_), "bias grad");
+  }
+  void ReluForward(const float* x, float* y, std::size_t n) override {
+    Check(cuda::ReluForward(x, y, n, stream_), "relu forward");
+  }
+  void ReluBackward(const float* y, const float* dy, float* dx, std::size_t n) override {
+    Check(cuda::ReluBackward(y, dy, dx, n, stream_), "relu backward");
+  }
+  void MaxPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) override {
+    Check(cuda::MaxPoolForward(x, y, batch * g.channels, g.height, g.width, g.window, stream_),
+          "max pool forward");
+  }
+  void MaxPoolBackward(const float* x, const float* dy, float* dx, int batch,
+                       const PoolGeometry& g) override {
+    Check(
+        cuda::MaxPoolBackward(x, dy, dx, batch * g.channels, g.height, g.width, g.window, stream_),
+        "max pool backward");
+  }
+  void AvgPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) override {
+    Check(cuda::AvgPoolForward(x, y, batch * g.channels, g.height, g.width, g.window, stream_),
+          "avg pool forward");
+  }
+  void AvgPoolBackward(const float* dy, float* dx, int batch, const PoolGeometry& g) override {
+    Check(cuda::AvgPoolBackward(dy, dx, batch * g.channels, g.height, g.width, g.window, stream_),
+          "avg pool backward");
+  }
+  void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
+    Check(cuda::Im2Col(x, col, Shape(g), stream_), "im2col");
+  }
+  void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
+    Check(cuda::Col2Im(col, dx, Shape(g), stream_), "col2im");
+  }
+
+  SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
+                                          float* probs, int batch, int classes) override {
+    if (batch <= 0) return {};
+    ReserveSoftmaxScratch(static_cast<std::size_t>(batch));
+    auto* loss = static_cast<float*>(loss_dev_.get());
+    auto* correct = static_cast<std::int32_t*>(correct_dev_.get());
+    Check(cuda::SoftmaxCrossEntropyForward(logits, labels, probs, loss, correct, batch, classes,
+                                           stream_),
+          "softmax forward");
+    auto* loss_host = static_cast<float*>(loss_host_.get());
+    auto* correct_host = static_cast<std::int32_t*>(correct_host_.get());
+    const auto n = static_cast<std::size_t>(batch);
+    Check(cudaMemcpyAsync(loss_host, loss, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+          "softmax forward");
+    Check(cudaMemcpyAsync(correct_host, correct, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                          stream_),
+          "softmax forward");
+    Check(cudaStreamSynchronize(stream_), "softmax forward");
+    // Summed on the host in sample order, like the CPU backend.
+    SoftmaxStats stats;
+    for (std::size_t i = 0; i < n; ++i) {
+      stats.loss_sum += static_cast<double>(loss_host[i]);
+      stats.correct += correct_host[i];
+    }
+    return stats;
+  }
+
+  void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels, float* dlogits,
+                                   int batch, int classes, float scale) override {
+    Check(cuda::SoftmaxCrossEntropyBackward(probs, labels, dlogits, batch, classes, scale, stream_),
+          "softmax backward");
+  }
+
+ private:
+  static cuda::ConvShape Shape(const ConvGeometry& g) {
+    return {g.channels, g.height,   g.width,    g.kernel_h,     g.kernel_w,   g.pad_h,
+            g.pad_w,    g.stride_h, g.stride_w, g.out_height(), g.out_width()};
+  }
+
+  void ReserveSoftmaxScratch(std::size_t batch) {
+    if (batch <= softmax_capacity_) return;
+    Synchronize();  // the old buffers may still be in use by queued work
+    loss_dev_.reset(Allocate(batch * sizeof(float)));
+    correct_dev_.reset(Allocate(batch * sizeof(std::int32_t)));
+    loss_host_.reset(AllocateHost(batch * sizeof(float)));
+    correct_host_.reset(AllocateHost(batch * sizeof(std::int32_t)));
+    softmax_capacity_ = batch;
+  }
+
+  int ordinal_ = 0;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;    // owned; every call of this backend is ordered on it
+  cublasHandle_t cublas_ = nullptr;  // owned; bound to stream_
+  // Per-sample loss/correct scratch for SoftmaxCrossEntropyForward, grown on demand.
+  std::size_t softmax_capacity_ = 0;
+  CudaBuffer loss_dev_;
+  CudaBuffer correct_dev_;
+  PinnedBuffer loss_host_;
+  PinnedBuffer correct_host_;
+};
+
+}  // namespace
+
+int CudaDeviceCountOrZero(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why != nullptr) *why = cudaGetErrorString(err);
+    cudaGetLastError();  // reset the runtime's last-error state for later calls
+    return 0;
+  }
+  if (count == 0 && why != nullptr) *why = "the CUDA runtime reports 0 devices";
+  return count;
+}
+
+std::unique_ptr<Backend> MakeCudaBackend(int ordinal) {
+  std::string why;
+  const int count = CudaDeviceCountOrZero(&why);
+  if (count == 0) {
+    throw DeviceError("no CUDA device found (" + why + "): use --device cpu");
+  }
+  if (ordinal < 0 || ordinal >= count) {
+    throw DeviceError("CUDA device " + std::to_string(ordinal) + " does not exist (" +
+                      std::to_string(count) + " found): use a smaller ordinal or --device cpu");
+  }
+  return std::make_unique<CudaBackend>(ordinal);
+}
+
+}  // namespace ps::worker

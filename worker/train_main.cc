@@ -1,0 +1,138 @@
+// ps-train: the training worker. Trains mlp or cnn on Fashion-MNIST through ps::KVStore.
+//
+// Launched like any MXNet worker: the same command for every role, the role and cluster from
+// the DMLC_* environment (KVStore::Create runs the server or scheduler role when DMLC_ROLE says
+// so and never returns there).
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ps/kvstore.h>
+
+#include "worker/dataset.h"
+#include "worker/errors.h"
+#include "worker/trainer.h"
+
+DEFINE_string(model, "mlp",
+              "Model to train: mlp (784-256-128-10) or cnn (2x conv+pool, dense 128, dense 10).");
+DEFINE_string(device, "auto",
+              "Compute device: auto (a GPU when one is present, else the CPU), cpu, cuda or "
+              "cuda:N.");
+DEFINE_string(data_dir, ps::worker::kDefaultDataDir,
+              "Directory holding the Fashion-MNIST *-idx?-ubyte.gz files.");
+DEFINE_int32(batch_size, 64, "Samples per batch on each worker.");
+DEFINE_int32(epochs, 10, "Passes over each worker's shard of the training set.");
+DEFINE_double(lr, 0.01, "SGD learning rate.");
+DEFINE_double(momentum, 0.9, "SGD momentum (0 for plain SGD).");
+DEFINE_double(wd, 0.0, "Weight decay.");
+DEFINE_uint64(seed, 1, "Seed of the weight initialization and of the per-epoch shuffles.");
+DEFINE_int32(log_interval, 100, "Print a Speedometer line every this many batches.");
+DEFINE_string(metrics_out, "", "Also write the log records as JSON lines to this file (rank 0).");
+DEFINE_string(kvstore, "dist_sync", "KVStore type: local, dist_sync or dist_async.");
+DEFINE_bool(update_on_kvstore, true,
+            "Servers apply the optimizer (push gradients, pull weights). "
+            "--no-update-on-kvstore: pull the summed gradients and update on the worker.");
+
+namespace {
+
+constexpr const char* kUsage =
+    "ps-train: data-parallel training of a Fashion-MNIST classifier through the parameter "
+    "server.\n\n"
+    "usage: ps-train [--model mlp|cnn] [--device auto|cpu|cuda] [--data-dir DIR]\n"
+    "                [--batch-size N] [--epochs N] [--lr X] [--momentum X] [--wd X] [--seed N]\n"
+    "                [--log-interval N] [--metrics-out FILE] [--kvstore TYPE]\n"
+    "                [--update-on-kvstore | --no-update-on-kvstore]\n\n"
+    "The role and the cluster come from the environment, as for MXNet: DMLC_ROLE, "
+    "DMLC_PS_ROOT_URI,\nDMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER (see "
+    "tools/launch.py).\n";
+
+// gflags spells a negated boolean --noflag; accept MXNet's --no-flag as well.
+std::vector<std::string> NormalizeArgs(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& a : args) {
+    if (a.starts_with("--no-")) a = "--no" + a.substr(5);
+  }
+  return args;
+}
+
+// --help describes this program's flags only (not those of the linked libraries).
+void PrintHelp() {
+  std::cout << kUsage << "\nflags:\n";
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& f : flags) {
+    if (f.filename.find("train_main.cc") == std::string::npos) continue;
+    std::string name = f.name;
+    for (char& c : name) {
+      if (c == '_') c = '-';
+    }
+    std::string value = f.default_value.empty() ? "\"\"" : f.default_value;
+    if (f.type == "double") {
+      std::ostringstream shortest;  // 0.05, not 0.050000000000000003
+      shortest << std::stod(f.default_value);
+      value = shortest.str();
+    }
+    std::cout << "  --" << name << " (" << f.type << ", default: " << value << ")\n      "
+              << f.description << "\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args = NormalizeArgs(argc, argv);
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpfull") {
+      PrintHelp();
+      return 0;
+    }
+  }
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  arg_ptrs.push_back(nullptr);
+  int n = argc;
+  char** ptr = arg_ptrs.data();
+  gflags::SetUsageMessage(kUsage);
+  gflags::ParseCommandLineFlags(&n, &ptr, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  if (n > 1) {
+    std::fprintf(stderr, "ps-train: error: unexpected argument '%s' (see --help)\n", ptr[1]);
+    return 1;
+  }
+
+  ps::worker::TrainConfig config;
+  config.model = FLAGS_model;
+  config.device = FLAGS_device;
+  config.data_dir = FLAGS_data_dir;
+  config.kvstore = FLAGS_kvstore;
+  config.update_on_kvstore = FLAGS_update_on_kvstore;
+  config.batch_size = FLAGS_batch_size;
+  config.epochs = FLAGS_epochs;
+  config.lr = static_cast<float>(FLAGS_lr);
+  config.momentum = static_cast<float>(FLAGS_momentum);
+  config.weight_decay = static_cast<float>(FLAGS_wd);
+  config.seed = FLAGS_seed;
+  config.log_interval = FLAGS_log_interval;
+  config.metrics_out = FLAGS_metrics_out;
+
+  try {
+    // Flags first, so a typo fails fast on every role; then the store (servers and the
+    // scheduler stay inside Create), then devices and data, which only workers need.
+    ps::worker::ValidateConfig(config);
+    std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);
+    ps::worker::RunTraining(config, *kv, std::cout);
+    return 0;
+  } catch (const ps::worker::DataError& e) {
+    std::fprintf(stderr, "ps-train: error: %s (check --data-dir)\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ps-train: error: %s\n", e.what());
+  }
+  return 1;
+}
