@@ -127,22 +127,24 @@ class Backend {
                                            float* dlogits, int batch, int classes, float scale) = 0;
 };
 
-// Owns `size` elements of T in a backend's device memory. Move-only. The backend is not owned
+// Where a BackendArray lives: the backend's device memory, or its host staging memory
+// (Backend::AllocateHost: pinned under CUDA).
+enum class MemoryKind { kDevice, kHost };
+
+// Owns `size` elements of T in one of a backend's memories. Move-only. The backend is not owned
 // and must outlive the array.
-template <typename T>
-class DeviceArray {
+template <typename T, MemoryKind kKind>
+class BackendArray {
  public:
-  DeviceArray() = default;
-  DeviceArray(Backend& backend, std::size_t size)
-      : backend_(&backend),
-        data_(size == 0 ? nullptr : static_cast<T*>(backend.Allocate(size * sizeof(T)))),
-        size_(size) {}
-  ~DeviceArray() { Reset(); }
-  DeviceArray(DeviceArray&& other) noexcept
+  BackendArray() = default;
+  BackendArray(Backend& backend, std::size_t size)
+      : backend_(&backend), data_(size == 0 ? nullptr : Allocate(backend, size)), size_(size) {}
+  ~BackendArray() { Reset(); }
+  BackendArray(BackendArray&& other) noexcept
       : backend_(std::exchange(other.backend_, nullptr)),
         data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& other) noexcept {
+  BackendArray& operator=(BackendArray&& other) noexcept {
     if (this != &other) {
       Reset();
       backend_ = std::exchange(other.backend_, nullptr);
@@ -151,8 +153,8 @@ class DeviceArray {
     }
     return *this;
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
+  BackendArray(const BackendArray&) = delete;
+  BackendArray& operator=(const BackendArray&) = delete;
 
   T* data() { return data_; }
   const T* data() const { return data_; }
@@ -160,64 +162,33 @@ class DeviceArray {
   std::size_t bytes() const { return size_ * sizeof(T); }
   bool empty() const { return size_ == 0; }
 
-  // Copies host values in; values.size() must not exceed size().
-  void CopyFrom(std::span<const T> values) {
+  // Host memory is directly addressable.
+  std::span<T> span() requires(kKind == MemoryKind::kHost) { return {data_, size_}; }
+  // Copies host values into device memory; values.size() must not exceed size().
+  void CopyFrom(std::span<const T> values) requires(kKind == MemoryKind::kDevice) {
     assert(values.size() <= size_);
     if (!values.empty()) backend_->CopyToDevice(data_, values.data(), values.size_bytes());
   }
-  std::vector<T> ToHost() const {
+  std::vector<T> ToHost() const requires(kKind == MemoryKind::kDevice) {
     std::vector<T> out(size_);
     if (size_ > 0) backend_->CopyToHost(out.data(), data_, bytes());
     return out;
   }
 
  private:
-  void Reset() noexcept {
-    if (backend_ != nullptr) backend_->Free(data_);
-    data_ = nullptr;
-    size_ = 0;
+  static T* Allocate(Backend& backend, std::size_t size) {
+    void* memory = kKind == MemoryKind::kDevice ? backend.Allocate(size * sizeof(T))
+                                                : backend.AllocateHost(size * sizeof(T));
+    return static_cast<T*>(memory);
   }
-
-  Backend* backend_ = nullptr;  // not owned
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
-};
-
-// Owns `size` elements of T in host staging memory from Backend::AllocateHost (pinned under
-// CUDA). Move-only; the backend must outlive it.
-template <typename T>
-class HostArray {
- public:
-  HostArray() = default;
-  HostArray(Backend& backend, std::size_t size)
-      : backend_(&backend),
-        data_(size == 0 ? nullptr : static_cast<T*>(backend.AllocateHost(size * sizeof(T)))),
-        size_(size) {}
-  ~HostArray() { Reset(); }
-  HostArray(HostArray&& other) noexcept
-      : backend_(std::exchange(other.backend_, nullptr)),
-        data_(std::exchange(other.data_, nullptr)),
-        size_(std::exchange(other.size_, 0)) {}
-  HostArray& operator=(HostArray&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      backend_ = std::exchange(other.backend_, nullptr);
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
+  void Reset() noexcept {
+    if (backend_ != nullptr) {
+      if constexpr (kKind == MemoryKind::kDevice) {
+        backend_->Free(data_);
+      } else {
+        backend_->FreeHost(data_);
+      }
     }
-    return *this;
-  }
-  HostArray(const HostArray&) = delete;
-  HostArray& operator=(const HostArray&) = delete;
-
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  std::size_t size() const { return size_; }
-  std::span<T> span() { return {data_, size_}; }
-
- private:
-  void Reset() noexcept {
-    if (backend_ != nullptr) backend_->FreeHost(data_);
     data_ = nullptr;
     size_ = 0;
   }
@@ -226,5 +197,10 @@ class HostArray {
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+template <typename T>
+using DeviceArray = BackendArray<T, MemoryKind::kDevice>;
+template <typename T>
+using HostArray = BackendArray<T, MemoryKind::kHost>;
 
 }  // namespace ps::worker

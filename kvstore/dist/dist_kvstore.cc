@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "checks.h"
+#include "device_memory.h"
 #include "optimizer.h"
 
 namespace ps {
@@ -164,23 +165,36 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         throw Error(checks::Where(kStore, op, key) + "was never initialized (call Init first)");
       }
       const KeyInfo& info = it->second;
-      if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size, false);
-      if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size, false);
+      const bool gpu_ok = DeviceCopiesBuilt();
+      if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size, gpu_ok);
+      if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size, gpu_ok);
       if (!seen.insert(key).second) {
         throw Error(checks::Where(kStore, op, key) + "given twice in one call");
       }
       const std::size_t element = DTypeSize(info.dtype);
+      // What the frames point into: the caller's memory, or a host copy of a GPU tensor.
+      const std::byte* send_base = nullptr;
+      std::shared_ptr<const void> send_owner = borrowed;
+      if (sending) {
+        send_base = static_cast<const std::byte*>(sends[i].data());
+        if (sends[i].device().is_cuda()) {
+          auto staged = std::make_shared<std::vector<std::byte>>(sends[i].bytes());
+          CopyFromDevice(staged->data(), sends[i].data(), sends[i].bytes(), sends[i].device());
+          send_base = staged->data();
+          send_owner = std::move(staged);
+        }
+      }
       for (const KeySlice& slice : info.slices) {
         PerServer& target = per_server[slice.server_rank];
         target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
         if (sending) {
-          const auto* base = static_cast<const std::byte*>(sends[i].data());
-          target.frames.emplace_back(borrowed, base + slice.offset * element,
+          target.frames.emplace_back(send_owner, send_base + slice.offset * element,
                                      slice.length * element, info.dtype);
         }
         if (receiving) {
           auto* base = static_cast<std::byte*>(outs[i].data());
-          target.destinations.push_back({base + slice.offset * element, slice.length * element});
+          target.destinations.push_back(
+              {base + slice.offset * element, slice.length * element, outs[i].device()});
         }
       }
     }
@@ -233,7 +247,17 @@ void DistKVStore::Track(std::vector<Message> messages,
                       " has the wrong size";
               break;
             }
-            std::memcpy(targets[j].data, response.data[j].data(), targets[j].bytes);
+            if (!targets[j].device.is_cuda()) {
+              std::memcpy(targets[j].data, response.data[j].data(), targets[j].bytes);
+              continue;
+            }
+            try {
+              CopyToDevice(targets[j].data, response.data[j].data(), targets[j].bytes,
+                           targets[j].device);
+            } catch (const Error& e) {
+              error = e.what();
+              break;
+            }
           }
         }
         Complete(error);

@@ -58,6 +58,7 @@ class DistKVStore final : public KVStore {
   struct Destination {
     std::byte* data;
     std::size_t bytes;
+    Device device;  // a GPU destination gets a host-to-device copy
   };
 
   // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
