@@ -72,6 +72,13 @@ DEFINE_string(mode, "dist_sync", "Internal (--worker_mode): the KVStore type");
 DEFINE_string(echo_peer, "", "Internal: run as the echo peer over tcp or ipc");
 
 namespace ps::bench {
+
+using process::Child;
+using process::Env;
+using process::FindInPath;
+using process::SelfDirectory;
+using process::SelfPath;
+
 namespace {
 
 constexpr std::size_t k4B = 4;

@@ -16,7 +16,7 @@
 
 extern char** environ;
 
-namespace ps::bench {
+namespace ps::process {
 
 Child::Child(std::string name, const std::vector<std::string>& argv, const Env& env)
     : name_(std::move(name)) {
@@ -54,7 +54,8 @@ Child::Child(std::string name, const std::vector<std::string>& argv, const Env& 
     throw std::runtime_error(name_ + ": fork failed: " + std::strerror(errno));
   }
   if (pid_ == 0) {
-    // Dies with ps-bench (the forking thread is the main thread, which outlives every case).
+    // Dies with its starter (PR_SET_PDEATHSIG follows the forking thread: start children from
+    // a thread that outlives them, as ps-bench's and the tests' main threads do).
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
     dup2(pipe_fds[1], STDOUT_FILENO);
@@ -63,7 +64,7 @@ Child::Child(std::string name, const std::vector<std::string>& argv, const Env& 
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execve(argp[0], argp.data(), envp.data());
-    const char* prefix = "ps-bench: exec failed: ";
+    const char* prefix = "exec failed: ";
     (void)!write(STDERR_FILENO, prefix, std::strlen(prefix));
     (void)!write(STDERR_FILENO, argp[0], std::strlen(argp[0]));
     (void)!write(STDERR_FILENO, "\n", 1);
@@ -96,6 +97,21 @@ Child::Child(std::string name, const std::vector<std::string>& argv, const Env& 
     }
     close(cancel_read);
   });
+}
+
+Child::Child(const std::vector<std::string>& argv, const Env& env)
+    : Child(argv.empty() ? std::string("(empty)")
+                         : std::filesystem::path(argv[0]).filename().string(),
+            argv, env) {}
+
+void Child::Kill(int signal) {
+  if (!status_) kill(pid_, signal);
+}
+
+bool Child::WaitForOutput(const std::string& text, std::chrono::milliseconds timeout) const {
+  return WaitForOutput(
+      [&text](const std::string& output) { return output.find(text) != std::string::npos; },
+      timeout);
 }
 
 Child::~Child() {
@@ -206,4 +222,4 @@ std::string FindInPath(const std::string& name) {
   return "";
 }
 
-}  // namespace ps::bench
+}  // namespace ps::process

@@ -1,9 +1,10 @@
 #pragma once
-// Child: a process ps-bench starts (scheduler, server, worker, echo peer, mpirun), with its
+// Child: a process a tool or test starts (scheduler, server, worker, echo peer, mpirun), with its
 // stdout and stderr captured (merged) by a reader thread. Every wait is bounded (pidfd + poll,
 // condition variables with deadlines: no sleeping), and the destructor stops and reaps the
 // process by its pid, so no case leaves a process behind. Children also get SIGKILL from the
-// kernel if ps-bench itself dies (PR_SET_PDEATHSIG).
+// kernel if the starting process dies (PR_SET_PDEATHSIG). Used by ps-bench and by every
+// multi-process test.
 #include <sys/types.h>
 
 #include <chrono>
@@ -16,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-namespace ps::bench {
+namespace ps::process {
 
 using Env = std::map<std::string, std::string>;
 
@@ -25,6 +26,8 @@ class Child {
   // Starts argv[0] (a path) with the current environment plus `env` (overrides); `name` is
   // used in messages ("server 1"). Throws std::runtime_error when it cannot fork.
   Child(std::string name, const std::vector<std::string>& argv, const Env& env);
+  // The same, named after the program's file name.
+  Child(const std::vector<std::string>& argv, const Env& env);
   // Stop(), then joins the reader.
   ~Child();
   Child(const Child&) = delete;
@@ -35,6 +38,8 @@ class Child {
 
   // Exit code (0-255), or 128+signal when killed by a signal; nullopt on timeout.
   std::optional<int> Wait(std::chrono::milliseconds timeout);
+  // Sends `signal` (no-op once reaped).
+  void Kill(int signal);
   // SIGTERM, up to `grace` for it to exit, then SIGKILL; reaps it. No-op once reaped.
   void Stop(std::chrono::milliseconds grace = std::chrono::seconds(3));
 
@@ -46,6 +51,8 @@ class Child {
   // process closed its output without `done` holding.
   bool WaitForOutput(const std::function<bool(const std::string&)>& done,
                      std::chrono::milliseconds timeout) const;
+  // Waits until the output contains `text`.
+  bool WaitForOutput(const std::string& text, std::chrono::milliseconds timeout) const;
 
  private:
   std::string name_;
@@ -68,4 +75,4 @@ std::string SelfPath();
 // First `name` found in the colon-separated PATH, or "" when none.
 std::string FindInPath(const std::string& name);
 
-}  // namespace ps::bench
+}  // namespace ps::process
