@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -21,7 +22,8 @@ constexpr std::string_view kStore = "dist kvstore";
 DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
     : runtime_(std::move(runtime)),
       sync_(sync),
-      layout_(runtime_->num_servers(), runtime_->config().big_array_bound) {}
+      layout_(runtime_->num_servers(), runtime_->config().big_array_bound,
+              runtime_->config().chunk_bytes) {}
 
 DistKVStore::~DistKVStore() {
   try {
@@ -111,7 +113,8 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
     std::unique_lock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       keys_[keys[i]] =
-          KeyInfo{values[i].dtype(), values[i].size(), layout_.Slices(keys[i], values[i].size())};
+          KeyInfo{values[i].dtype(), values[i].size(),
+                  layout_.Slices(keys[i], values[i].size(), DTypeSize(values[i].dtype()))};
     }
   }
   Collective("Init", [&] { Issue(kv::kInit, keys, values, {}, 0); });
@@ -146,13 +149,17 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
                 "SetOptimizer before the first Push");
   }
 
-  // Per server: the request being built, its frames and where its pulled slices go.
-  struct PerServer {
+  // Per server, the messages being built: each carries at most chunk_bytes of values (a
+  // big key's slices travel separately, so servers and this worker work on one while the
+  // next is in flight), its frames, and where its pulled slices go.
+  struct Outgoing {
     kv::Request request;
     std::vector<Blob> frames;
     std::vector<Destination> destinations;
+    std::size_t bytes = 0;
   };
-  std::map<int, PerServer> per_server;
+  std::map<int, std::vector<Outgoing>> per_server;
+  const std::size_t chunk_bytes = layout_.chunk_bytes();
   // Frames reference the caller's memory; this token marks them as borrowed, not owned.
   const auto borrowed = std::make_shared<int>(0);
   {
@@ -185,7 +192,14 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         }
       }
       for (const KeySlice& slice : info.slices) {
-        PerServer& target = per_server[slice.server_rank];
+        std::vector<Outgoing>& queue = per_server[slice.server_rank];
+        const std::size_t slice_bytes = slice.length * element;
+        if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
+            (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {
+          queue.emplace_back();
+        }
+        Outgoing& target = queue.back();
+        target.bytes += slice_bytes;
         target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
         if (sending) {
           target.frames.emplace_back(send_owner, send_base + slice.offset * element,
@@ -199,22 +213,29 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
       }
     }
   }
-  std::vector<Message> messages;
-  std::vector<std::vector<Destination>> destinations;
-  for (auto& [server, target] : per_server) {
-    target.request.command = command;
-    target.request.sync = sync_;
-    Message msg;
-    msg.meta.app_id = kv::kAppId;
-    msg.meta.head = command;
-    msg.meta.priority = priority;
-    msg.meta.recipient = runtime_->ServerId(server);
-    msg.meta.body = kv::EncodeBody(target.request);
-    msg.data = std::move(target.frames);
-    messages.push_back(std::move(msg));
-    destinations.push_back(std::move(target.destinations));
+  // Wave w holds every server's w-th message: one request, at most one message per server.
+  std::size_t waves = 0;
+  for (const auto& [server, queue] : per_server) waves = std::max(waves, queue.size());
+  for (std::size_t wave = 0; wave < waves; ++wave) {
+    std::vector<Message> messages;
+    std::vector<std::vector<Destination>> destinations;
+    for (auto& [server, queue] : per_server) {
+      if (wave >= queue.size()) continue;
+      Outgoing& target = queue[wave];
+      target.request.command = command;
+      target.request.sync = sync_;
+      Message msg;
+      msg.meta.app_id = kv::kAppId;
+      msg.meta.head = command;
+      msg.meta.priority = priority;
+      msg.meta.recipient = runtime_->ServerId(server);
+      msg.meta.body = kv::EncodeBody(target.request);
+      msg.data = std::move(target.frames);
+      messages.push_back(std::move(msg));
+      destinations.push_back(std::move(target.destinations));
+    }
+    Track(std::move(messages), std::move(destinations));
   }
-  Track(std::move(messages), std::move(destinations));
 }
 
 void DistKVStore::Track(std::vector<Message> messages,

@@ -1,7 +1,10 @@
 #pragma once
 // Where a key lives. A key smaller than the big-array bound lives whole on one server picked
-// by a hash of the key; a bigger one is cut into one contiguous slice per server, so its
-// traffic and update work spread over all of them (MXNet's MXNET_KVSTORE_BIGARRAY_BOUND rule).
+// by a hash of the key; a bigger one is cut into contiguous slices, at least one per server and
+// none larger than the chunk size, dealt round-robin over the servers, so its traffic and update
+// work spread over all of them (MXNet's MXNET_KVSTORE_BIGARRAY_BOUND rule) and its slices travel
+// as separate messages that the servers and the worker process while the next one is in flight
+// (BytePS-style pipelining).
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -11,6 +14,7 @@
 namespace ps {
 
 constexpr std::size_t kDefaultBigArrayBound = 1000000;
+constexpr std::size_t kDefaultChunkBytes = std::size_t{4} << 20;
 
 struct KeySlice {
   int server_rank = 0;
@@ -20,20 +24,23 @@ struct KeySlice {
 
 class KeyLayout {
  public:
-  KeyLayout(int num_servers, std::size_t big_array_bound)
-      : num_servers_(num_servers), bound_(big_array_bound) {}
+  KeyLayout(int num_servers, std::size_t big_array_bound,
+            std::size_t chunk_bytes = kDefaultChunkBytes)
+      : num_servers_(num_servers), bound_(big_array_bound), chunk_bytes_(chunk_bytes) {}
 
-  // The slices of a key of `length` elements, in offset order (empty slices left out).
-  std::vector<KeySlice> Slices(Key key, std::size_t length) const;
+  // The slices of a key of `length` elements of `element_bytes` each, in offset order.
+  std::vector<KeySlice> Slices(Key key, std::size_t length, std::size_t element_bytes) const;
   // The server a small key lives on.
   int ServerOf(Key key) const;
 
   int num_servers() const { return num_servers_; }
   std::size_t big_array_bound() const { return bound_; }
+  std::size_t chunk_bytes() const { return chunk_bytes_; }
 
  private:
   int num_servers_;
   std::size_t bound_;
+  std::size_t chunk_bytes_;
 };
 
 }  // namespace ps

@@ -5,8 +5,6 @@
 namespace ps::kv {
 namespace {
 
-constexpr std::size_t kMaxSlicesPerMessage = 4000;  // below the wire's data-frame cap
-
 bool CarriesValues(int command) {
   return command == kInit || command == kPush || command == kPushPull;
 }

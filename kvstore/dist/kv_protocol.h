@@ -14,6 +14,8 @@
 namespace ps::kv {
 
 constexpr int kAppId = 1;
+// At most this many key slices in one message (below the wire's data-frame cap).
+constexpr std::size_t kMaxSlicesPerMessage = 4000;
 
 enum Command : int {
   kInit = 1,          // frames: one value per slice

@@ -103,6 +103,8 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.interface = lookup("DMLC_INTERFACE").value_or("");
   config.verbose = ReadInt(lookup, "PS_VERBOSE", 0, 2, 0);
   config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES");
+  config.chunk_bytes =
+      static_cast<std::size_t>(ReadInt(lookup, "PS_CHUNK_BYTES", 4096, 2147483647, 4 << 20));
   config.rank_hint = ReadInt(lookup, "PS_RANK", 0, 65535, -1);
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
   config.heartbeat_interval =

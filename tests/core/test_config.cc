@@ -107,6 +107,7 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_RANK", "-3", "PS_RANK='-3' is invalid: expected an integer in 0..65535"},
       {"PS_USE_IPC", "maybe", "PS_USE_IPC='maybe' is invalid: expected 0, 1, true or false"},
       {"MXNET_KVSTORE_BIGARRAY_BOUND", "0", "MXNET_KVSTORE_BIGARRAY_BOUND='0' is invalid"},
+      {"PS_CHUNK_BYTES", "100", "PS_CHUNK_BYTES='100' is invalid: expected an integer in 4096.."},
   };
   for (const Case& c : cases) {
     auto settings = Valid();

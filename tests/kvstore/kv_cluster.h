@@ -62,6 +62,9 @@ class KVCluster {
     if (const auto it = env_.find("MXNET_KVSTORE_BIGARRAY_BOUND"); it != env_.end()) {
       config.big_array_bound = std::stoul(it->second);
     }
+    if (const auto it = env_.find("PS_CHUNK_BYTES"); it != env_.end()) {
+      config.chunk_bytes = std::stoul(it->second);
+    }
     return config;
   }
 

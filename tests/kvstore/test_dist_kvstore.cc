@@ -86,14 +86,17 @@ void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes, int r
 
 }  // namespace
 
-TEST_CASE("dist_sync: exact sums for 1 to 4 workers over 1 to 3 servers with a sliced key",
+TEST_CASE("dist_sync: exact sums for 1 to 4 workers over 1 to 3 servers with a chunked key",
           "[dist]") {
   const auto shape =
       GENERATE(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}, std::pair{3, 3}, std::pair{4, 3});
   const auto [workers, servers] = shape;
   INFO(workers << " workers, " << servers << " servers");
-  KVCluster cluster(servers, workers, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}});
-  const auto sizes = KeySizes(10, 33, 2501);  // the 2501-element key is sliced over all servers
+  // The 2501-element key is sliced over all servers, in chunks of at most 1024 floats: several
+  // messages per server, pipelined.
+  KVCluster cluster(servers, workers,
+                    {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}, {"PS_CHUNK_BYTES", "4096"}});
+  const auto sizes = KeySizes(10, 33, 2501);
   const auto outcomes = cluster.RunWorkers(
       "dist_sync", [&](ps::KVStore& kv) { SyncSumRounds(kv, sizes, 5, workers % 2 == 0); });
   CHECK(AllOk(outcomes) == "");

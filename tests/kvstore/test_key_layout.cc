@@ -13,7 +13,7 @@ TEST_CASE("layout: small keys spread evenly over the servers", "[layout]") {
     std::map<int, int> load;
     constexpr int kKeys = 4000;
     for (ps::Key key = 0; key < kKeys; ++key) {
-      const auto slices = layout.Slices(key, 10);
+      const auto slices = layout.Slices(key, 10, 4);
       REQUIRE(slices.size() == 1);
       ++load[slices[0].server_rank];
     }
@@ -28,7 +28,7 @@ TEST_CASE("layout: small keys spread evenly over the servers", "[layout]") {
 
 TEST_CASE("layout: a big key is cut into contiguous slices, one per server", "[layout]") {
   const ps::KeyLayout layout(3, 1000);
-  const auto slices = layout.Slices(42, 1000);
+  const auto slices = layout.Slices(42, 1000, 4);
   REQUIRE(slices.size() == 3);
   std::size_t next = 0;
   std::set<int> servers;
@@ -39,8 +39,24 @@ TEST_CASE("layout: a big key is cut into contiguous slices, one per server", "[l
   }
   CHECK(next == 1000);
   CHECK(servers.size() == 3);
-  CHECK(layout.Slices(42, 999).size() == 1);  // below the bound: whole on one server
-  CHECK(ps::KeyLayout(1, 10).Slices(1, 100).size() == 1);
+  CHECK(layout.Slices(42, 999, 4).size() == 1);  // below the bound: whole on one server
+  CHECK(ps::KeyLayout(1, 10).Slices(1, 100, 4).size() == 1);
+}
+
+TEST_CASE("layout: big keys are chunked to the chunk size and dealt round-robin", "[layout]") {
+  const ps::KeyLayout layout(2, 1000, /*chunk_bytes=*/4000);  // 1000 float32 per chunk
+  const auto slices = layout.Slices(7, 4500, 4);
+  REQUIRE(slices.size() == 5);  // ceil(4500 / 1000)
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    CHECK(slices[i].offset == next);
+    CHECK(slices[i].length <= 1000);
+    CHECK(slices[i].server_rank == (slices[0].server_rank + static_cast<int>(i)) % 2);
+    next += slices[i].length;
+  }
+  CHECK(next == 4500);
+  // Doubles: half as many elements per chunk.
+  CHECK(layout.Slices(7, 4500, 8).size() == 9);
 }
 
 TEST_CASE("kv protocol: requests round-trip and inconsistent ones are rejected", "[layout]") {

@@ -35,6 +35,8 @@ struct ClusterConfig {
   // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are sliced over all
   // servers; smaller ones live whole on one.
   std::size_t big_array_bound = 1000000;
+  // PS_CHUNK_BYTES: the largest slice of a big key in one message (pipelining granularity).
+  std::size_t chunk_bytes = std::size_t{4} << 20;
   // PS_RANK: the rank this node asks for within its role (-1: none). Ranks are assigned by
   // sorting on (requested rank, host, port), so requests order nodes without gaps.
   int rank_hint = -1;
