@@ -181,3 +181,32 @@ TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the 
   CHECK(scheduler->Wait(15s) == 0);
   CHECK_THAT(scheduler->Output(), Catch::Contains("dropped malformed message"));
 }
+
+TEST_CASE("processes: PS_VERBOSE=1 logs connections and PS_VERBOSE=2 every message",
+          "[processes]") {
+  for (const std::string level : {"1", "2"}) {
+    INFO("PS_VERBOSE=" << level);
+    Env env = JobEnv(1, 1, 0);
+    env["PS_VERBOSE"] = level;
+    auto scheduler = std::make_unique<ChildProcess>(
+        std::vector<std::string>{ps::test::BinPath("ps-scheduler")}, env);
+    REQUIRE(scheduler->WaitForOutput("ps-scheduler: listening on", 10s));
+    std::smatch match;
+    const std::string listening = scheduler->Output();
+    REQUIRE(std::regex_search(listening, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")));
+    env["DMLC_PS_ROOT_PORT"] = match[1].str();
+    auto server = Start("ps-server", env);
+    auto worker = Start("ps-test-node", env, {"--barriers", "1"});
+    CHECK(worker->Wait(30s) == 0);
+    CHECK(server->Wait(15s) == 0);
+    CHECK(scheduler->Wait(15s) == 0);
+    CHECK_THAT(scheduler->Output(), Catch::Contains("connected to node 1 at tcp://127.0.0.1:"));
+    CHECK_THAT(server->Output(), Catch::Contains("registered as server 0"));
+    if (level == "2") {
+      CHECK_THAT(scheduler->Output(), Catch::Contains("received register request"));
+      CHECK_THAT(scheduler->Output(), Catch::Contains("sent barrier-release"));
+    } else {
+      CHECK_THAT(scheduler->Output(), !Catch::Contains("received register request"));
+    }
+  }
+}
