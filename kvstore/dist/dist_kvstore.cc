@@ -59,7 +59,7 @@ void DistKVStore::WaitAll() {
 
 void DistKVStore::Barrier() { runtime_->Barrier(kWorkerGroup); }
 
-void DistKVStore::Collective(const std::string& what, const std::function<void()>& work) {
+void DistKVStore::Collective(const std::function<void()>& work) {
   std::string error;
   if (Rank() == 0) {
     try {
@@ -71,12 +71,11 @@ void DistKVStore::Collective(const std::string& what, const std::function<void()
   }
   runtime_->Barrier(kWorkerGroup);
   if (!error.empty()) throw Error(error);
-  (void)what;
 }
 
 void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
   ValidateOptimizerConfig(config);  // every worker throws the same error, before any message
-  Collective("SetOptimizer", [&] {
+  Collective([&] {
     kv::Request request;
     request.command = kv::kSetOptimizer;
     request.optimizer = config;
@@ -117,7 +116,7 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
                   layout_.Slices(keys[i], values[i].size(), DTypeSize(values[i].dtype()))};
     }
   }
-  Collective("Init", [&] { Issue(kv::kInit, keys, values, {}, 0); });
+  Collective([&] { Issue(kv::kInit, keys, values, {}, 0); });
 }
 
 void DistKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
@@ -160,6 +159,7 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
   };
   std::map<int, std::vector<Outgoing>> per_server;
   const std::size_t chunk_bytes = layout_.chunk_bytes();
+  const bool gpu_ok = DeviceCopiesBuilt();
   // Frames reference the caller's memory; this token marks them as borrowed, not owned.
   const auto borrowed = std::make_shared<int>(0);
   {
@@ -172,7 +172,6 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         throw Error(checks::Where(kStore, op, key) + "was never initialized (call Init first)");
       }
       const KeyInfo& info = it->second;
-      const bool gpu_ok = DeviceCopiesBuilt();
       if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size, gpu_ok);
       if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size, gpu_ok);
       if (!seen.insert(key).second) {

@@ -68,7 +68,7 @@ class DistKVStore final : public KVStore {
   void Complete(const std::string& error);
   // Runs a collective step on rank 0 (`work`), then a worker barrier; every worker throws
   // rank 0's error, if any, after the barrier, so none is left waiting.
-  void Collective(const std::string& what, const std::function<void()>& work);
+  void Collective(const std::function<void()>& work);
 
   std::unique_ptr<Runtime> runtime_;
   const bool sync_;

@@ -37,9 +37,6 @@ class KVServerStore {
   // A worker that finished or died can no longer push: rounds waiting on it fail.
   void OnPeer(const NodeInfo& peer, Runtime::PeerEvent event);
 
-  // For tests and reports: slices stored, and bytes held in values and merge buffers.
-  std::size_t num_slices() const { return slices_.size(); }
-
  private:
   using Buffer = std::vector<std::byte>;
   using SliceId = std::pair<Key, std::uint64_t>;  // (key, offset)

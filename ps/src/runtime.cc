@@ -25,13 +25,13 @@ std::string AdvertisedHost(const ClusterConfig& config, const std::string& sched
 
 }  // namespace
 
-Runtime::Runtime(const ClusterConfig& config) : config_(config) {}
+Runtime::Runtime(StartKey, const ClusterConfig& config) : config_(config) {}
 
 std::unique_ptr<Runtime> Runtime::Start(const ClusterConfig& config) {
   if (config.role == Role::kScheduler) {
     throw Error("Runtime::Start is for servers and workers; run the scheduler with ps::Scheduler");
   }
-  std::unique_ptr<Runtime> runtime(new Runtime(config));  // private constructor
+  auto runtime = std::make_unique<Runtime>(StartKey{}, config);
   runtime->Register();
   return runtime;
 }

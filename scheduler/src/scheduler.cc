@@ -130,22 +130,16 @@ void Scheduler::OnMessage(Message&& msg) {
       break;
     case Control::kWorkerDone: {
       if (nodes_[meta.sender].role != Role::kWorker) break;
-      if (!meta.error.empty()) {  // the worker failed: the job cannot succeed
-        Message reply;
-        reply.meta.control = Control::kWorkerDone;
-        reply.meta.recipient = meta.sender;
-        reply.meta.timestamp = meta.timestamp;
-        Send(std::move(reply));
-        done_.insert(meta.sender);
-        Finish(1, nodes_[meta.sender].Describe() + " failed: " + meta.error);
-        break;
-      }
       done_.insert(meta.sender);
       Message reply;
       reply.meta.control = Control::kWorkerDone;
       reply.meta.recipient = meta.sender;
       reply.meta.timestamp = meta.timestamp;
       Send(std::move(reply));
+      if (!meta.error.empty()) {  // the worker failed: the job cannot succeed
+        Finish(1, nodes_[meta.sender].Describe() + " failed: " + meta.error);
+        break;
+      }
       if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
       // Servers learn it too: a dist_sync round still waiting for this worker can never end.
       for (std::size_t id = 1; id < nodes_.size(); ++id) {

@@ -36,6 +36,12 @@ class Runtime {
   // Throws ps::Error when the scheduler cannot be reached within config.register_timeout, when
   // the scheduler refuses this node, or on a bad address or port.
   static std::unique_ptr<Runtime> Start(const ClusterConfig& config);
+  // Only Start() can make the key, so only Start() constructs a Runtime.
+  class StartKey {
+    friend class Runtime;
+    StartKey() = default;
+  };
+  Runtime(StartKey, const ClusterConfig& config);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -93,7 +99,6 @@ class Runtime {
   std::string EndpointOf(int node_id) const;
 
  private:
-  explicit Runtime(const ClusterConfig& config);
   void Register();
   void OnMessage(Message&& msg);                           // receive thread
   void OnControl(Message&& msg);                           // receive thread
