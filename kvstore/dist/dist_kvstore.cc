@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <map>
 #include <unordered_set>
 
@@ -23,7 +24,11 @@ DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
     : runtime_(std::move(runtime)),
       sync_(sync),
       layout_(runtime_->num_servers(), runtime_->config().big_array_bound,
-              runtime_->config().chunk_bytes) {}
+              runtime_->config().chunk_bytes) {
+  for (int s = 0; s < runtime_->num_servers(); ++s) {
+    shm_servers_.push_back(runtime_->config().use_shm && runtime_->SameHost(runtime_->ServerId(s)));
+  }
+}
 
 DistKVStore::~DistKVStore() {
   try {
@@ -112,11 +117,89 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
     std::unique_lock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       keys_[keys[i]] =
-          KeyInfo{values[i].dtype(), values[i].size(),
-                  layout_.Slices(keys[i], values[i].size(), DTypeSize(values[i].dtype()))};
+          KeyInfo{values[i].dtype(),
+                  values[i].size(),
+                  layout_.Slices(keys[i], values[i].size(), DTypeSize(values[i].dtype())),
+                  {}};
     }
   }
+  AttachSlots(keys);
   Collective([&] { Issue(kv::kInit, keys, values, {}, 0); });
+}
+
+void DistKVStore::AttachSlots(const std::vector<Key>& keys) {
+  // Per same-host server: the (key, slice index) of every new slice big enough for a slot.
+  std::map<int, std::vector<std::pair<Key, std::size_t>>> wanted;
+  {
+    std::shared_lock lock(keys_mu_);
+    for (const Key key : keys) {
+      const KeyInfo& info = keys_.at(key);
+      for (std::size_t j = 0; j < info.slices.size(); ++j) {
+        const KeySlice& slice = info.slices[j];
+        if (shm_servers_[slice.server_rank] &&
+            slice.length * DTypeSize(info.dtype) >= kShmMinBytes) {
+          wanted[slice.server_rank].push_back({key, j});
+        }
+      }
+    }
+  }
+  for (const auto& [server, slices] : wanted) {
+    std::vector<std::size_t> sizes;
+    {
+      std::shared_lock lock(keys_mu_);
+      for (const auto& [key, j] : slices) {
+        const KeyInfo& info = keys_.at(key);
+        sizes.push_back(info.slices[j].length * DTypeSize(info.dtype));
+      }
+    }
+    const int node = runtime_->ServerId(server);
+    std::string error;
+    ShmSlots::NewSegment segment;
+    try {
+      segment = shm_.Create(sizes);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (error.empty()) {
+      Message attach;
+      attach.meta.app_id = kv::kAppId;
+      attach.meta.head = kv::kShmAttach;
+      attach.meta.recipient = node;
+      kv::Request request;
+      request.command = kv::kShmAttach;
+      request.segment_id = segment.id;
+      request.segment = segment.descriptor;
+      attach.meta.body = kv::EncodeBody(request);
+      error = RequestAndWait(std::move(attach));
+      if (!error.empty()) shm_.Abandon(segment);
+    }
+    if (!error.empty()) {
+      // Frames still work: only the same-host shortcut is lost.
+      LOG(WARNING) << "worker " << Rank() << ": values for " << runtime_->Describe(node)
+                   << " travel over the socket, not shared memory: " << error
+                   << " (PS_USE_SHM=0 skips this attempt)";
+      shm_servers_[server] = false;
+      continue;
+    }
+    shm_.Attached(segment);
+    std::unique_lock lock(keys_mu_);
+    for (std::size_t n = 0; n < slices.size(); ++n) {
+      KeyInfo& info = keys_.at(slices[n].first);
+      info.slots.resize(info.slices.size(), nullptr);
+      info.slots[slices[n].second] = segment.slots[n];
+    }
+  }
+}
+
+std::string DistKVStore::RequestAndWait(Message message) {
+  std::promise<std::string> answered;
+  std::future<std::string> answer = answered.get_future();
+  std::vector<Message> messages;
+  messages.push_back(std::move(message));
+  runtime_->Request(std::move(messages), [&answered](RequestResult&& result) {
+    answered.set_value(std::move(result.error));
+  });
+  return answer.get();  // the tracker always answers: a reply, a dead peer or the deadline
 }
 
 void DistKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
@@ -148,6 +231,13 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
                 "SetOptimizer before the first Push");
   }
 
+  // A pushed slice that goes through a shared-memory slot: copied in just before its message
+  // is sent, so the server already works on one message while the next is copied.
+  struct SlotCopy {
+    ShmSlot* slot;
+    const std::byte* source;
+    Device device;
+  };
   // Per server, the messages being built: each carries at most chunk_bytes of values (a
   // big key's slices travel separately, so servers and this worker work on one while the
   // next is in flight), its frames, and where its pulled slices go.
@@ -155,14 +245,24 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
     kv::Request request;
     std::vector<Blob> frames;
     std::vector<Destination> destinations;
+    std::vector<SlotCopy> copies;
+    std::vector<ShmSlot*> slots;  // owned by this message until its reply
     std::size_t bytes = 0;
   };
   std::map<int, std::vector<Outgoing>> per_server;
+  // Slots acquired for messages not sent yet go back when anything below throws.
+  const auto release_unsent = [&per_server](std::size_t from_wave) {
+    for (auto& [server, queue] : per_server) {
+      for (std::size_t w = from_wave; w < queue.size(); ++w) {
+        for (ShmSlot* slot : queue[w].slots) slot->Release();
+      }
+    }
+  };
   const std::size_t chunk_bytes = layout_.chunk_bytes();
   const bool gpu_ok = DeviceCopiesBuilt();
   // Frames reference the caller's memory; this token marks them as borrowed, not owned.
   const auto borrowed = std::make_shared<int>(0);
-  {
+  try {
     std::shared_lock lock(keys_mu_);
     std::unordered_set<Key> seen;
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -178,19 +278,14 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         throw Error(checks::Where(kStore, op, key) + "given twice in one call");
       }
       const std::size_t element = DTypeSize(info.dtype);
-      // What the frames point into: the caller's memory, or a host copy of a GPU tensor.
-      const std::byte* send_base = nullptr;
+      const auto* user_send = sending ? static_cast<const std::byte*>(sends[i].data()) : nullptr;
+      // What frames point into: the caller's memory, or a host copy of a GPU tensor (made
+      // only when some slice of it travels as a frame).
+      const std::byte* send_base = user_send;
       std::shared_ptr<const void> send_owner = borrowed;
-      if (sending) {
-        send_base = static_cast<const std::byte*>(sends[i].data());
-        if (sends[i].device().is_cuda()) {
-          auto staged = std::make_shared<std::vector<std::byte>>(sends[i].bytes());
-          CopyFromDevice(staged->data(), sends[i].data(), sends[i].bytes(), sends[i].device());
-          send_base = staged->data();
-          send_owner = std::move(staged);
-        }
-      }
-      for (const KeySlice& slice : info.slices) {
+      bool staged = false;
+      for (std::size_t j = 0; j < info.slices.size(); ++j) {
+        const KeySlice& slice = info.slices[j];
         std::vector<Outgoing>& queue = per_server[slice.server_rank];
         const std::size_t slice_bytes = slice.length * element;
         if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
@@ -198,19 +293,40 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
           queue.emplace_back();
         }
         Outgoing& target = queue.back();
+        ShmSlot* slot = command != kv::kInit && !info.slots.empty() ? info.slots[j] : nullptr;
+        if (slot != nullptr && !slot->TryAcquire()) slot = nullptr;  // in use: frames
+        if (slot != nullptr) {
+          target.slots.push_back(slot);
+          target.request.shm.push_back(
+              kv::ShmRef{static_cast<std::uint32_t>(target.request.slices.size()), slot->segment(),
+                         slot->offset(), slot->bytes()});
+        }
         target.bytes += slice_bytes;
         target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
-        if (sending) {
+        if (sending && slot != nullptr) {
+          target.frames.emplace_back(nullptr, nullptr, 0, info.dtype);  // the value is in shm
+          target.copies.push_back({slot, user_send + slice.offset * element, sends[i].device()});
+        } else if (sending) {
+          if (sends[i].device().is_cuda() && !staged) {
+            auto host = std::make_shared<std::vector<std::byte>>(sends[i].bytes());
+            CopyFromDevice(host->data(), sends[i].data(), sends[i].bytes(), sends[i].device());
+            send_base = host->data();
+            send_owner = std::move(host);
+            staged = true;
+          }
           target.frames.emplace_back(send_owner, send_base + slice.offset * element,
                                      slice.length * element, info.dtype);
         }
         if (receiving) {
           auto* base = static_cast<std::byte*>(outs[i].data());
           target.destinations.push_back(
-              {base + slice.offset * element, slice.length * element, outs[i].device()});
+              {base + slice.offset * element, slice.length * element, outs[i].device(), slot});
         }
       }
     }
+  } catch (...) {
+    release_unsent(0);
+    throw;
   }
   // Wave w holds every server's w-th message: one request, at most one message per server.
   std::size_t waves = 0;
@@ -218,27 +334,42 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
   for (std::size_t wave = 0; wave < waves; ++wave) {
     std::vector<Message> messages;
     std::vector<std::vector<Destination>> destinations;
-    for (auto& [server, queue] : per_server) {
-      if (wave >= queue.size()) continue;
-      Outgoing& target = queue[wave];
-      target.request.command = command;
-      target.request.sync = sync_;
-      Message msg;
-      msg.meta.app_id = kv::kAppId;
-      msg.meta.head = command;
-      msg.meta.priority = priority;
-      msg.meta.recipient = runtime_->ServerId(server);
-      msg.meta.body = kv::EncodeBody(target.request);
-      msg.data = std::move(target.frames);
-      messages.push_back(std::move(msg));
-      destinations.push_back(std::move(target.destinations));
+    std::vector<ShmSlot*> slots;
+    try {
+      for (auto& [server, queue] : per_server) {
+        if (wave >= queue.size()) continue;
+        Outgoing& target = queue[wave];
+        for (const SlotCopy& copy : target.copies) {
+          if (copy.device.is_cuda()) {
+            CopyFromDevice(copy.slot->data(), copy.source, copy.slot->bytes(), copy.device);
+          } else {
+            std::memcpy(copy.slot->data(), copy.source, copy.slot->bytes());
+          }
+        }
+        target.request.command = command;
+        target.request.sync = sync_;
+        Message msg;
+        msg.meta.app_id = kv::kAppId;
+        msg.meta.head = command;
+        msg.meta.priority = priority;
+        msg.meta.recipient = runtime_->ServerId(server);
+        msg.meta.body = kv::EncodeBody(target.request);
+        msg.data = std::move(target.frames);
+        messages.push_back(std::move(msg));
+        destinations.push_back(std::move(target.destinations));
+        slots.insert(slots.end(), target.slots.begin(), target.slots.end());
+      }
+    } catch (...) {
+      release_unsent(wave);
+      throw;
     }
-    Track(std::move(messages), std::move(destinations));
+    Track(std::move(messages), std::move(destinations), std::move(slots));
   }
 }
 
 void DistKVStore::Track(std::vector<Message> messages,
-                        std::vector<std::vector<Destination>> destinations) {
+                        std::vector<std::vector<Destination>> destinations,
+                        std::vector<ShmSlot*> slots) {
   if (messages.empty()) return;
   // Which destinations belong to which server's response.
   std::map<int, std::vector<Destination>> by_node;
@@ -249,39 +380,49 @@ void DistKVStore::Track(std::vector<Message> messages,
     std::lock_guard lock(ops_mu_);
     ++outstanding_;
   }
-  runtime_->Request(
-      std::move(messages), [this, by_node = std::move(by_node)](RequestResult&& result) {
-        std::string error = result.error;
-        for (const Message& response : result.responses) {
-          if (!error.empty()) break;
-          const auto it = by_node.find(response.meta.sender);
-          if (it == by_node.end()) continue;
-          const auto& targets = it->second;
-          if (response.data.size() != targets.size()) {
-            error = "malformed response from " + runtime_->Describe(response.meta.sender);
-            break;
-          }
-          for (std::size_t j = 0; j < targets.size(); ++j) {
-            if (response.data[j].bytes() != targets[j].bytes) {
-              error = "response from " + runtime_->Describe(response.meta.sender) +
-                      " has the wrong size";
-              break;
-            }
-            if (!targets[j].device.is_cuda()) {
-              std::memcpy(targets[j].data, response.data[j].data(), targets[j].bytes);
-              continue;
-            }
-            try {
-              CopyToDevice(targets[j].data, response.data[j].data(), targets[j].bytes,
-                           targets[j].device);
-            } catch (const Error& e) {
-              error = e.what();
-              break;
-            }
-          }
+  runtime_->Request(std::move(messages), [this, by_node = std::move(by_node),
+                                          slots = std::move(slots)](RequestResult&& result) {
+    std::string error = result.error;
+    for (const Message& response : result.responses) {
+      if (!error.empty()) break;
+      const auto it = by_node.find(response.meta.sender);
+      if (it == by_node.end()) continue;
+      const auto& targets = it->second;
+      if (response.data.size() != targets.size()) {
+        error = "malformed response from " + runtime_->Describe(response.meta.sender);
+        break;
+      }
+      for (std::size_t j = 0; j < targets.size(); ++j) {
+        const ShmSlot* slot = targets[j].slot;
+        if (response.data[j].bytes() != (slot != nullptr ? 0 : targets[j].bytes)) {
+          error =
+              "response from " + runtime_->Describe(response.meta.sender) + " has the wrong size";
+          break;
         }
-        Complete(error);
-      });
+        const std::byte* value = slot != nullptr ? slot->data() : response.data[j].data();
+        if (!targets[j].device.is_cuda()) {
+          std::memcpy(targets[j].data, value, targets[j].bytes);
+          continue;
+        }
+        try {
+          CopyToDevice(targets[j].data, value, targets[j].bytes, targets[j].device);
+        } catch (const Error& e) {
+          error = e.what();
+          break;
+        }
+      }
+    }
+    // After a clean reply the server is done with the slots; after a failure it may
+    // still write into them, so they are never used again.
+    for (ShmSlot* slot : slots) {
+      if (error.empty()) {
+        slot->Release();
+      } else {
+        slot->Retire();
+      }
+    }
+    Complete(error);
+  });
 }
 
 }  // namespace ps

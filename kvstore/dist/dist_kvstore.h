@@ -5,7 +5,9 @@
 // all servers) and return at once; WaitAll() waits for every outstanding one and throws the
 // first error any of them met. Pushed tensors are sent zero-copy from the caller's memory;
 // pulled values are copied once, from the received frame into the caller's tensor, on the
-// receive thread.
+// receive thread. Slices of 64 KiB or more on a same-host server go through a shared-memory
+// slot instead (ShmSlots; PS_USE_SHM=0 turns this off): copied in before the request is sent,
+// copied out when the reply arrives.
 //
 // Threads: Push/Pull/PushPull/WaitAll from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
@@ -22,6 +24,7 @@
 #include "key_layout.h"
 #include "kv_protocol.h"
 #include "ps/runtime.h"
+#include "shm_slots.h"
 
 namespace ps {
 
@@ -53,23 +56,34 @@ class DistKVStore final : public KVStore {
     DType dtype;
     std::size_t size;
     std::vector<KeySlice> slices;
+    std::vector<ShmSlot*> slots;  // per slice: its shared-memory slot, or null (frames)
   };
   // Where a pulled slice goes: the caller's tensor and the slice's place in it.
   struct Destination {
     std::byte* data;
     std::size_t bytes;
-    Device device;  // a GPU destination gets a host-to-device copy
+    Device device;                  // a GPU destination gets a host-to-device copy
+    const ShmSlot* slot = nullptr;  // the value arrives here instead of in a frame
   };
 
   // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
   void Issue(kv::Command command, const std::vector<Key>& keys, const std::vector<Tensor>& sends,
              const std::vector<Tensor>& outs, int priority);
-  void Track(std::vector<Message> messages, std::vector<std::vector<Destination>> destinations);
+  // Sends one wave of messages; on completion copies the pulled values to `destinations` (per
+  // message) and frees `slots` (or retires them, on error).
+  void Track(std::vector<Message> messages, std::vector<std::vector<Destination>> destinations,
+             std::vector<ShmSlot*> slots = {});
+  // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
+  void AttachSlots(const std::vector<Key>& keys);
+  // Sends one request and waits for its answer; "" or the error.
+  std::string RequestAndWait(Message message);
   void Complete(const std::string& error);
   // Runs a collective step on rank 0 (`work`), then a worker barrier; every worker throws
   // rank 0's error, if any, after the barrier, so none is left waiting.
   void Collective(const std::function<void()>& work);
 
+  // Declared before runtime_: destroyed after its threads, which copy out of slots, stop.
+  ShmSlots shm_;
   std::unique_ptr<Runtime> runtime_;
   const bool sync_;
   const KeyLayout layout_;
@@ -77,6 +91,7 @@ class DistKVStore final : public KVStore {
   mutable std::shared_mutex keys_mu_;
   std::unordered_map<Key, KeyInfo> keys_;  // GUARDED_BY(keys_mu_)
   bool optimizer_set_ = false;             // collective calls only
+  std::vector<bool> shm_servers_;          // collective calls only: per server rank, slots on
 
   std::mutex ops_mu_;
   std::condition_variable ops_done_;

@@ -9,6 +9,29 @@ bool CarriesValues(int command) {
   return command == kInit || command == kPush || command == kPushPull;
 }
 
+// Fills request.shm from the body: every reference names a distinct slice of the request, and
+// for a command that carries values the slice's frame is an empty placeholder.
+bool DecodeShm(const pb::KVBody& body, Request& request, const std::vector<Blob>& data,
+               std::string* error) {
+  if (body.shm_size() == 0) return true;
+  const Command command = request.command;
+  if (command != kPush && command != kPull && command != kPushPull) {
+    *error = CommandName(command) + " request with shared-memory slices";
+    return false;
+  }
+  std::vector<bool> seen(request.slices.size(), false);
+  for (const auto& ref : body.shm()) {
+    if (ref.slice() >= request.slices.size() || seen[ref.slice()] ||
+        (CarriesValues(command) && data[ref.slice()].bytes() != 0)) {
+      *error = "malformed shared-memory slice list in a " + CommandName(command) + " request";
+      return false;
+    }
+    seen[ref.slice()] = true;
+    request.shm.push_back(ShmRef{ref.slice(), ref.segment(), ref.offset(), ref.bytes()});
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string CommandName(int command) {
@@ -23,6 +46,8 @@ std::string CommandName(int command) {
       return "PushPull";
     case kSetOptimizer:
       return "SetOptimizer";
+    case kShmAttach:
+      return "ShmAttach";
   }
   return "command " + std::to_string(command);
 }
@@ -35,6 +60,21 @@ std::string EncodeBody(const Request& request) {
     body.add_totals(slice.total);
   }
   body.set_sync(request.sync);
+  for (const ShmRef& ref : request.shm) {
+    auto* out = body.add_shm();
+    out->set_slice(ref.slice);
+    out->set_segment(ref.segment);
+    out->set_offset(ref.offset);
+    out->set_bytes(ref.bytes);
+  }
+  if (request.command == kShmAttach) {
+    auto* attach = body.mutable_attach();
+    attach->set_id(request.segment_id);
+    attach->set_pid(request.segment.pid);
+    attach->set_fd(request.segment.fd);
+    attach->set_bytes(request.segment.bytes);
+    attach->set_token(request.segment.token);
+  }
   if (request.command == kSetOptimizer) {
     const OptimizerConfig& c = request.optimizer;
     auto* spec = body.mutable_optimizer();
@@ -66,7 +106,7 @@ std::optional<std::vector<SliceRef>> DecodeSlices(const std::string& bytes) {
 }
 
 std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
-  if (msg.meta.head < kInit || msg.meta.head > kSetOptimizer) {
+  if (msg.meta.head < kInit || msg.meta.head > kShmAttach) {
     *error = "unknown KVStore command " + std::to_string(msg.meta.head);
     return std::nullopt;
   }
@@ -99,6 +139,13 @@ std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
                " elements";
       return std::nullopt;
     }
+  }
+  if (!DecodeShm(body, request, msg.data, error)) return std::nullopt;
+  if (request.command == kShmAttach) {
+    const auto& attach = body.attach();
+    request.segment_id = attach.id();
+    request.segment =
+        SharedSegment::Descriptor{attach.pid(), attach.fd(), attach.bytes(), attach.token()};
   }
   if (request.command == kSetOptimizer) {
     const auto& spec = body.optimizer();

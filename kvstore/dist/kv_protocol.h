@@ -10,6 +10,7 @@
 #include <ps/kvstore.h>
 
 #include "ps/message.h"
+#include "shared_segment.h"
 
 namespace ps::kv {
 
@@ -23,6 +24,7 @@ enum Command : int {
   kPull = 3,          // no frames; the response carries one value per slice
   kPushPull = 4,      // a push whose response carries the value after it (the round's, in sync)
   kSetOptimizer = 5,  // no frames
+  kShmAttach = 6,     // no frames; the server maps the worker's shared-memory segment
 };
 std::string CommandName(int command);
 
@@ -33,11 +35,25 @@ struct SliceRef {
   friend bool operator==(const SliceRef&, const SliceRef&) = default;
 };
 
+// A slice whose value travels through the worker's shared-memory segment (its frame, if the
+// command carries values, is empty).
+struct ShmRef {
+  std::uint32_t slice = 0;  // index into Request::slices
+  std::uint32_t segment = 0;
+  std::uint64_t offset = 0;  // bytes
+  std::uint64_t bytes = 0;
+  friend bool operator==(const ShmRef&, const ShmRef&) = default;
+};
+
 struct Request {
   Command command = kPush;
   std::vector<SliceRef> slices;
   bool sync = true;
   OptimizerConfig optimizer;  // kSetOptimizer only
+  std::vector<ShmRef> shm;    // kPush, kPull, kPushPull: at most one per slice
+  // kShmAttach only.
+  std::uint32_t segment_id = 0;
+  SharedSegment::Descriptor segment;
 };
 
 std::string EncodeBody(const Request& request);

@@ -28,7 +28,9 @@ void KVServerStore::OnRequest(Message&& msg) {
   } else {
     request = kv::DecodeRequest(msg, &error);
   }
-  if (request) error = Validate(*request, msg.data);
+  std::vector<ShmTarget> shm;
+  if (request) error = ResolveShm(msg.meta.sender, *request, msg.data, shm);
+  if (request && error.empty()) error = Validate(*request, msg.data, shm);
   const std::string server = "server " + std::to_string(runtime_.rank());
   if (!error.empty()) {
     LOG(WARNING) << server << ": rejected a request from " << runtime_.Describe(msg.meta.sender)
@@ -42,19 +44,62 @@ void KVServerStore::OnRequest(Message&& msg) {
       break;
     case kv::kPush:
     case kv::kPushPull:
-      HandlePush(msg.meta, *request, msg.data);
+      HandlePush(msg.meta, *request, msg.data, std::move(shm));
       break;
     case kv::kPull:
-      HandlePull(msg.meta, *request);
+      HandlePull(msg.meta, *request, std::move(shm));
       break;
     case kv::kSetOptimizer:
       HandleSetOptimizer(msg.meta, *request);
       break;
+    case kv::kShmAttach:
+      HandleShmAttach(msg.meta, *request);
+      break;
   }
 }
 
-std::string KVServerStore::Validate(const kv::Request& request,
-                                    const std::vector<Blob>& data) const {
+std::string KVServerStore::ResolveShm(int sender, const kv::Request& request,
+                                      std::vector<Blob>& data, std::vector<ShmTarget>& shm) const {
+  if (request.shm.empty()) return "";
+  shm.assign(request.slices.size(), ShmTarget{});
+  for (const kv::ShmRef& ref : request.shm) {
+    const auto it = segments_.find({sender, ref.segment});
+    const Key key = request.slices[ref.slice].key;
+    if (it == segments_.end()) {
+      return KeyText(key) + ": unknown shared-memory segment " + std::to_string(ref.segment);
+    }
+    const SharedSegment& segment = *it->second;
+    if (ref.offset < SharedSegment::kHeaderBytes || ref.offset > segment.bytes() ||
+        ref.bytes > segment.bytes() - ref.offset) {
+      return KeyText(key) + ": shared-memory range outside its segment";
+    }
+    std::byte* where = segment.data() + ref.offset;
+    shm[ref.slice] = ShmTarget{it->second, where, ref.bytes};
+    if (request.command != kv::kPull) {
+      data[ref.slice] = Blob(it->second, where, ref.bytes, data[ref.slice].dtype());
+    }
+  }
+  return "";
+}
+
+void KVServerStore::HandleShmAttach(const Meta& meta, const kv::Request& request) {
+  const std::string server = "server " + std::to_string(runtime_.rank());
+  try {
+    segments_[{meta.sender, request.segment_id}] = SharedSegment::Attach(request.segment);
+  } catch (const Error& e) {
+    runtime_.ReplyError(meta, server + ": cannot map the shared memory of " +
+                                  runtime_.Describe(meta.sender) + ": " + e.what());
+    return;
+  }
+  if (runtime_.config().verbose >= 1) {
+    LOG(INFO) << server << ": attached the shared memory of " << runtime_.Describe(meta.sender)
+              << " (" << request.segment.bytes << " bytes)";
+  }
+  runtime_.Reply(meta, Message{});
+}
+
+std::string KVServerStore::Validate(const kv::Request& request, const std::vector<Blob>& data,
+                                    const std::vector<ShmTarget>& shm) const {
   std::set<SliceId> seen;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const kv::SliceRef& ref = request.slices[i];
@@ -74,6 +119,11 @@ std::string KVServerStore::Validate(const kv::Request& request,
       return KeyText(ref.key) + ": was never initialized (call Init first)";
     }
     const Slice& slice = it->second;
+    if (!shm.empty() && shm[i].data != nullptr &&
+        shm[i].bytes != slice.length * DTypeSize(slice.dtype)) {
+      return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
+             " elements, the shared-memory slot holds " + std::to_string(shm[i].bytes) + " bytes";
+    }
     if (request.command == kv::kPull) continue;
     if (data[i].dtype() != slice.dtype) {
       return KeyText(ref.key) + ": dtype mismatch: expected " + DTypeName(slice.dtype) +
@@ -127,12 +177,14 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
 
 std::shared_ptr<KVServerStore::Pending> KVServerStore::StartPending(const Meta& meta,
                                                                     std::size_t slices,
-                                                                    bool with_values) {
+                                                                    bool with_values,
+                                                                    std::vector<ShmTarget> shm) {
   auto pending = std::make_shared<Pending>();
   pending->request = meta;
   pending->remaining = slices;
   pending->with_values = with_values;
   pending->values.resize(slices);
+  pending->shm = std::move(shm);
   if (slices == 0) {
     Answer(*pending);
     return nullptr;
@@ -141,8 +193,9 @@ std::shared_ptr<KVServerStore::Pending> KVServerStore::StartPending(const Meta& 
 }
 
 void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
-                               std::vector<Blob>& data) {
-  const auto pending = StartPending(meta, request.slices.size(), request.command == kv::kPushPull);
+                               std::vector<Blob>& data, std::vector<ShmTarget> shm) {
+  const auto pending =
+      StartPending(meta, request.slices.size(), request.command == kv::kPushPull, std::move(shm));
   if (!pending) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
@@ -165,8 +218,9 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
   }
 }
 
-void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request) {
-  const auto pending = StartPending(meta, request.slices.size(), true);
+void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
+                               std::vector<ShmTarget> shm) {
+  const auto pending = StartPending(meta, request.slices.size(), true, std::move(shm));
   if (!pending) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
@@ -263,7 +317,17 @@ void KVServerStore::Answer(Pending& pending) {
   }
   Message response;
   response.meta.body = pending.request.body;  // echoes the slices the values belong to
-  if (pending.with_values) response.data = std::move(pending.values);
+  if (pending.with_values) {
+    // Shared-memory slices: the value goes into the worker's slot, the frame stays empty.
+    for (std::size_t i = 0; i < pending.shm.size(); ++i) {
+      const ShmTarget& target = pending.shm[i];
+      if (target.data == nullptr) continue;
+      Blob& value = pending.values[i];
+      CopyInto(target.data, value.data(), value.bytes());
+      value = Blob(nullptr, nullptr, 0, value.dtype());
+    }
+    response.data = std::move(pending.values);
+  }
   runtime_.Reply(pending.request, std::move(response));
 }
 
@@ -288,6 +352,8 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   const std::string why =
       peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
   gone_workers_[peer.id] = why;
+  // Its segments: requests still holding one keep it mapped until they are answered.
+  std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   for (auto& [id, slice] : slices_) {
     const bool waits_on_peer = !slice.pushed.empty() && !slice.pushed.contains(peer.id);
     if (waits_on_peer || !slice.deferred.empty()) {

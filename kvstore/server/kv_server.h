@@ -14,6 +14,11 @@
 //
 // Values are copy-on-write (shared_ptr): a pull's reply frame references the current buffer
 // without copying, and an update that finds the buffer still shared writes a fresh one.
+//
+// Same-host workers may attach a shared-memory segment (ShmAttach) and then pass slices
+// through it: the server reads a pushed gradient in place and writes a reply value back into
+// the same place before answering. The worker leaves that memory alone from sending the
+// request until the reply arrives.
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -26,6 +31,7 @@
 #include "optimizer.h"
 #include "ps/config.h"
 #include "ps/runtime.h"
+#include "shared_segment.h"
 
 namespace ps {
 
@@ -41,12 +47,19 @@ class KVServerStore {
   using Buffer = std::vector<std::byte>;
   using SliceId = std::pair<Key, std::uint64_t>;  // (key, offset)
 
+  // Where a slice's reply value goes instead of a frame: the worker's shared memory.
+  struct ShmTarget {
+    std::shared_ptr<SharedSegment> segment;  // keeps the mapping while the request waits
+    std::byte* data = nullptr;               // null: the value travels as a frame
+    std::size_t bytes = 0;
+  };
   // A request waiting for some of its slices; answered when `remaining` reaches 0.
   struct Pending {
     Meta request;
     std::size_t remaining = 0;
     bool with_values = false;
-    std::vector<Blob> values;  // per slice of the request, filled as they resolve
+    std::vector<Blob> values;    // per slice of the request, filled as they resolve
+    std::vector<ShmTarget> shm;  // per slice, or empty when no slice uses shared memory
     std::string error;
   };
   struct Waiter {
@@ -79,14 +92,22 @@ class KVServerStore {
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
-  void HandlePush(const Meta& meta, const kv::Request& request, std::vector<Blob>& data);
-  void HandlePull(const Meta& meta, const kv::Request& request);
+  void HandlePush(const Meta& meta, const kv::Request& request, std::vector<Blob>& data,
+                  std::vector<ShmTarget> shm);
+  void HandlePull(const Meta& meta, const kv::Request& request, std::vector<ShmTarget> shm);
   void HandleSetOptimizer(const Meta& meta, const kv::Request& request);
+  void HandleShmAttach(const Meta& meta, const kv::Request& request);
+  // Points the shared-memory slices of a request into the sender's segment: their frames
+  // become views of it and `shm` (one entry per slice) says where replies go. "" or why not.
+  std::string ResolveShm(int sender, const kv::Request& request, std::vector<Blob>& data,
+                         std::vector<ShmTarget>& shm) const;
   // Checks every slice of a request before anything changes; "" when all are fine.
-  std::string Validate(const kv::Request& request, const std::vector<Blob>& data) const;
+  std::string Validate(const kv::Request& request, const std::vector<Blob>& data,
+                       const std::vector<ShmTarget>& shm) const;
 
   // A reply waiting on `slices` slices; answered at once (and null returned) when there are none.
-  std::shared_ptr<Pending> StartPending(const Meta& meta, std::size_t slices, bool with_values);
+  std::shared_ptr<Pending> StartPending(const Meta& meta, std::size_t slices, bool with_values,
+                                        std::vector<ShmTarget> shm);
   void MergeIntoRound(Slice& slice, int sender, const Blob& gradient, const Waiter& waiter);
   void CloseRound(Slice& slice);
   void ApplyUpdate(Slice& slice, const void* gradient);
@@ -101,6 +122,8 @@ class KVServerStore {
   std::unique_ptr<Optimizer> optimizer_;
   std::uint64_t next_state_id_ = 1;
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
+  // (worker node id, segment id) -> the worker's attached shared memory.
+  std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

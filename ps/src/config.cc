@@ -107,6 +107,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
       static_cast<std::size_t>(ReadInt(lookup, "PS_CHUNK_BYTES", 4096, 2147483647, 4 << 20));
   config.rank_hint = ReadInt(lookup, "PS_RANK", 0, 65535, -1);
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
+  config.use_shm = !lookup("PS_USE_SHM").has_value() || ReadBool(lookup, "PS_USE_SHM");
   config.heartbeat_interval =
       ReadSeconds(lookup, "PS_HEARTBEAT_INTERVAL", 0.0, config.heartbeat_interval);
   config.heartbeat_timeout =

@@ -428,6 +428,8 @@ bool Runtime::terminated() const {
 
 std::string Runtime::EndpointOf(int node_id) const { return transport_->EndpointOf(node_id); }
 
+bool Runtime::SameHost(int node_id) const { return EndpointOf(node_id).starts_with("ipc://"); }
+
 std::size_t Runtime::dropped_messages() const {
   return transport_->dropped_messages() + dropped_.load();
 }

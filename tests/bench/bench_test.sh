@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests of ps-bench (registered with ctest by tests/bench/CMakeLists.txt, label "bench").
-# usage: bench_test.sh smoke|server_failure|bad_flags PS_BENCH OUT_DIR
+# usage: bench_test.sh smoke|shm|server_failure|bad_flags PS_BENCH OUT_DIR
 #        bench_test.sh plot PLOT_BENCH_PY OUT_DIR
 # Correctness only: no assertion on any timing.
 set -uo pipefail
@@ -52,6 +52,18 @@ assert doc["failures"] == [], doc["failures"]
 assert any(r["id"] == "b" and r["ratio"] is not None for r in doc["ratios"])
 print("bench_test smoke: JSON ok: %d cases, %d ratios" % (len(cases), len(doc["ratios"])))
 PY
+  ;;
+shm)
+  # Sizes that take the same-host shared-memory path, every value verified, both modes, with
+  # the target (f) ratio against TCP in the same run.
+  log=$out/bench_shm.log
+  timeout 100 "$tool" --raw=false --verify --full --sizes=256KB,2MB --workers=1,2 --servers=1,2 \
+    --transports=shm,tcp --target_seconds=0.02 >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  ((rc == 0)) || fail "ps-bench exited with status $rc"
+  grep -qE "^pushpull +2 MB +2 +2 dist_sync +shm +[0-9]+" "$log" || fail "no 2x2 shm row"
+  grep -q "every value verified" "$log" || fail "the run was not verified"
   ;;
 server_failure)
   # "false ps-server": every server exits 1 at once; the workers wait for servers that never

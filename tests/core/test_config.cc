@@ -48,6 +48,8 @@ TEST_CASE("config: a complete environment parses with defaults", "[config]") {
   CHECK(config.heartbeat_interval == std::chrono::milliseconds(2000));
   CHECK(config.heartbeat_timeout == std::chrono::milliseconds(20000));
   CHECK(config.register_timeout == std::chrono::milliseconds(60000));
+  CHECK(config.use_ipc);
+  CHECK(config.use_shm);
   CHECK(config.SchedulerAddress() == "127.0.0.1:9000");
 }
 
@@ -64,6 +66,7 @@ TEST_CASE("config: optional settings are read", "[config]") {
   settings["PS_REGISTER_TIMEOUT"] = "7.25";
   settings["PS_RANK"] = "3";
   settings["PS_USE_IPC"] = "0";
+  settings["PS_USE_SHM"] = "false";
   const auto config = ParseSettings(settings);
   CHECK(config.role == ps::Role::kScheduler);
   CHECK(config.root_port == 0);
@@ -76,6 +79,7 @@ TEST_CASE("config: optional settings are read", "[config]") {
   CHECK(config.register_timeout == std::chrono::milliseconds(7250));
   CHECK(config.rank_hint == 3);
   CHECK_FALSE(config.use_ipc);
+  CHECK_FALSE(config.use_shm);
 }
 
 TEST_CASE("config: every invalid value names the variable and what is accepted", "[config]") {
@@ -106,6 +110,7 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_REGISTER_TIMEOUT", "0", "PS_REGISTER_TIMEOUT='0' is invalid"},
       {"PS_RANK", "-3", "PS_RANK='-3' is invalid: expected an integer in 0..65535"},
       {"PS_USE_IPC", "maybe", "PS_USE_IPC='maybe' is invalid: expected 0, 1, true or false"},
+      {"PS_USE_SHM", "2", "PS_USE_SHM='2' is invalid: expected 0, 1, true or false"},
       {"MXNET_KVSTORE_BIGARRAY_BOUND", "0", "MXNET_KVSTORE_BIGARRAY_BOUND='0' is invalid"},
       {"PS_CHUNK_BYTES", "100", "PS_CHUNK_BYTES='100' is invalid: expected an integer in 4096.."},
   };

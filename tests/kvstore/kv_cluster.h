@@ -20,7 +20,9 @@ using Env = std::map<std::string, std::string>;
 
 class KVCluster {
  public:
-  KVCluster(int servers, int workers, Env extra = {}) : servers_(servers), workers_(workers) {
+  // `server_prefix`: a command put in front of every ps-server (e.g. a namespace wrapper).
+  KVCluster(int servers, int workers, Env extra = {}, std::vector<std::string> server_prefix = {})
+      : servers_(servers), workers_(workers) {
     env_ = {{"DMLC_PS_ROOT_URI", "127.0.0.1"},
             {"DMLC_PS_ROOT_PORT", "0"},
             {"DMLC_NUM_SERVER", std::to_string(servers)},
@@ -39,9 +41,10 @@ class KVCluster {
     std::regex_search(output, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)"));
     port_ = std::stoi(match[1]);
     env_["DMLC_PS_ROOT_PORT"] = std::to_string(port_);
+    std::vector<std::string> server_command = std::move(server_prefix);
+    server_command.push_back(BinPath("ps-server"));
     for (int s = 0; s < servers; ++s) {
-      server_processes_.push_back(
-          std::make_unique<ChildProcess>(std::vector<std::string>{BinPath("ps-server")}, env_));
+      server_processes_.push_back(std::make_unique<ChildProcess>(server_command, env_));
     }
   }
 
@@ -64,6 +67,9 @@ class KVCluster {
     }
     if (const auto it = env_.find("PS_CHUNK_BYTES"); it != env_.end()) {
       config.chunk_bytes = std::stoul(it->second);
+    }
+    if (const auto it = env_.find("PS_USE_SHM"); it != env_.end()) {
+      config.use_shm = it->second == "1";
     }
     return config;
   }

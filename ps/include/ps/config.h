@@ -42,6 +42,9 @@ struct ClusterConfig {
   int rank_hint = -1;
   // PS_USE_IPC: same-host peers exchange messages over ipc:// instead of TCP loopback.
   bool use_ipc = true;
+  // PS_USE_SHM: same-host workers and servers exchange KVStore values of at least
+  // kShmMinBytes through shared memory, with only the control messages on the socket.
+  bool use_shm = true;
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those

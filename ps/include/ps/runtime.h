@@ -97,6 +97,9 @@ class Runtime {
   std::size_t dropped_messages() const;
   // The endpoint this node sends to `node_id` through ("ipc://@..." for same-host peers).
   std::string EndpointOf(int node_id) const;
+  // True when this node reaches `node_id` over ipc://: same kernel and network namespace, so
+  // the two can share memory too.
+  bool SameHost(int node_id) const;
 
  private:
   void Register();

@@ -1,0 +1,133 @@
+// The same-host shared-memory path: values of 64 KiB or more pass through a worker's
+// segment instead of data frames. Exact values through the real ps-server processes, with
+// the path on, off, busy (a slot still in use) and refused (a server that cannot map it).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kv_cluster.h"
+#include "kv_rounds.h"
+
+namespace {
+
+using ps::test::AllOk;
+using ps::test::Env;
+using ps::test::Expect;
+using ps::test::KVCluster;
+using ps::test::SyncSumRounds;
+
+constexpr const char* kAttached = "attached the shared memory of worker";
+
+// Small keys (frames), keys of 80 KB (one slot each), and a 1.2 MB key sliced over both
+// servers in 256 KiB chunks (several slots per server).
+const std::vector<std::size_t> kSizes = {5, 20000, 20000, 300000};
+
+Env ShmEnv(const std::string& use_shm) {
+  return {{"MXNET_KVSTORE_BIGARRAY_BOUND", "100000"},
+          {"PS_CHUNK_BYTES", "262144"},
+          {"PS_USE_SHM", use_shm},
+          {"PS_VERBOSE", "1"}};
+}
+
+bool ServersAttached(KVCluster& cluster) {
+  bool all = true;
+  for (auto& server : cluster.servers()) {
+    all = server->Output().find(kAttached) != std::string::npos && all;
+  }
+  return all;
+}
+
+bool AnyServerAttached(KVCluster& cluster) {
+  for (auto& server : cluster.servers()) {
+    if (server->Output().find(kAttached) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The full path of a program in PATH ("" when absent): child processes are started by execve.
+std::string FindInPath(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::filesystem::path candidate = std::filesystem::path(dir) / program;
+    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("shared memory: same-host values pass through it with exact dist_sync sums",
+          "[dist][shm]") {
+  const bool use_pushpull = GENERATE(false, true);
+  INFO((use_pushpull ? "PushPull" : "Push then Pull (the pull finds the slot busy)"));
+  KVCluster cluster(2, 2, ShmEnv("1"));
+  const auto outcomes = cluster.RunWorkers(
+      "dist_sync", [&](ps::KVStore& kv) { SyncSumRounds(kv, kSizes, 10, use_pushpull); });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+  CHECK(ServersAttached(cluster));
+}
+
+TEST_CASE("shared memory: PS_USE_SHM=0 keeps every value on the socket", "[dist][shm]") {
+  KVCluster cluster(2, 2, ShmEnv("0"));
+  const auto outcomes =
+      cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) { SyncSumRounds(kv, kSizes, 5, true); });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+  CHECK_FALSE(AnyServerAttached(cluster));
+}
+
+TEST_CASE("shared memory: pushes issued while the slot is in use fall back to frames",
+          "[dist][shm]") {
+  KVCluster cluster(1, 2, ShmEnv("1"));
+  constexpr int kRounds = 20;
+  constexpr std::size_t kSize = 20000;
+  const auto outcomes = cluster.RunWorkers("dist_async", [&](ps::KVStore& kv) {
+    std::vector<float> value(kSize, 0.0f), grad(kSize, static_cast<float>(kv.Rank() + 1));
+    kv.Init(3, ps::Tensor(value.data(), kSize));
+    ps::OptimizerConfig sgd;
+    sgd.learning_rate = 1.0f;
+    kv.SetOptimizer(sgd);
+    // No wait in between: most pushes find the slot owned by the one before.
+    for (int round = 0; round < kRounds; ++round) kv.Push(3, ps::Tensor(grad.data(), kSize));
+    kv.WaitAll();
+    kv.Barrier();
+    std::vector<float> zero(kSize, 0.0f);
+    kv.PushPull(3, ps::Tensor(zero.data(), kSize), ps::Tensor(value.data(), kSize));
+    kv.WaitAll();
+    const float expected = -static_cast<float>(kRounds * (1 + 2));
+    Expect(value == std::vector<float>(kSize, expected), "expected " + std::to_string(expected) +
+                                                             " everywhere, element 0 is " +
+                                                             std::to_string(value[0]));
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+  CHECK(ServersAttached(cluster));
+}
+
+TEST_CASE("shared memory: a server that cannot map the worker's memory gets frames instead",
+          "[dist][shm]") {
+  // In its own pid namespace the server cannot open /proc/<worker pid>/fd/<fd>.
+  const std::string unshare = FindInPath("unshare");
+  if (unshare.empty() ||
+      std::system(
+          (unshare + " --pid --fork --mount-proc --kill-child true >/dev/null 2>&1").c_str()) !=
+          0) {
+    WARN("skipped: unshare cannot make a pid namespace here (needs util-linux and root)");
+    return;
+  }
+  KVCluster cluster(1, 2, ShmEnv("1"),
+                    {unshare, "--pid", "--fork", "--mount-proc", "--kill-child"});
+  const auto outcomes =
+      cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) { SyncSumRounds(kv, kSizes, 5, true); });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+  CHECK_FALSE(AnyServerAttached(cluster));
+}
