@@ -237,16 +237,12 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
 void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradient,
                                    const Waiter& waiter) {
   if (slice.pushed.empty()) {
-    slice.first = gradient;  // keeps the received frame; copied only if a second push comes
-    slice.merged = false;
+    slice.first = gradient;  // the round's accumulator from now on: no merge buffer, no copy
   } else {
-    if (!slice.merged) {
-      slice.merge.resize(slice.first.bytes());
-      CopyInto(slice.merge.data(), slice.first.data(), slice.first.bytes());
-      slice.first = Blob();
-      slice.merged = true;
-    }
-    AddInto(slice.dtype, slice.merge.data(), gradient.data(), slice.length);
+    // The first push's bytes are this server's to change: a frame it received (nobody else
+    // references it) or the pushing worker's shared-memory slot (which the worker leaves alone
+    // until the reply, and which gets the reply value anyway).
+    AddInto(slice.dtype, const_cast<std::byte*>(slice.first.data()), gradient.data(), slice.length);
   }
   slice.pushed.insert(sender);
   slice.waiters.emplace(slice.completed, waiter);
@@ -255,8 +251,8 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradien
 void KVServerStore::CloseRound(Slice& slice) {
   const auto full = static_cast<std::size_t>(num_workers_);
   while (slice.pushed.size() == full) {
-    ApplyUpdate(slice, slice.merged ? slice.merge.data() : slice.first.data());
-    slice.first = Blob();  // releases the frame of a one-push round
+    ApplyUpdate(slice, slice.first.data());
+    slice.first = Blob();  // releases the frame (or slot) that held the round's sum
     slice.pushed.clear();
     ++slice.completed;
     // Answer everyone whose round is now closed.
@@ -292,12 +288,8 @@ void KVServerStore::ApplyUpdate(Slice& slice, const void* gradient) {
     return;
   }
   // No optimizer: the stored value becomes the round's sum (dist_sync).
-  if (gradient == slice.merge.data() && slice.value.use_count() == 1) {
-    slice.value->swap(slice.merge);
-  } else {
-    Buffer& value = WritableValue(slice);
-    CopyInto(value.data(), gradient, value.size());
-  }
+  Buffer& value = WritableValue(slice);
+  CopyInto(value.data(), gradient, value.size());
 }
 
 void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {

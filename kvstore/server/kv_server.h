@@ -80,11 +80,9 @@ class KVServerStore {
     std::shared_ptr<Buffer> value;
     // dist_sync rounds.
     std::uint64_t completed = 0;  // rounds closed so far; the open round's number
-    // The open round's sum: while only one worker pushed, that push's received frame itself
-    // (no copy); from the second push on, `merge`.
+    // The open round's sum: the first push's frame (or shared-memory slot), into which the
+    // later pushes of the round are added in place.
     Blob first;
-    bool merged = false;
-    Buffer merge;
     std::set<int> pushed;                          // workers in the open round
     std::map<int, std::uint64_t> last_round;       // worker -> round of its latest push
     std::multimap<std::uint64_t, Waiter> waiters;  // released when that round closes

@@ -148,10 +148,14 @@ TEST_CASE("processes: a worker killed with SIGKILL is reported dead and nothing 
 TEST_CASE("processes: nodes whose scheduler disappears exit non-zero with a clear message",
           "[processes][fault]") {
   auto [scheduler, port] = StartScheduler(1, 1);
-  const Env env = JobEnv(1, 1, port);
+  Env env = JobEnv(1, 1, port);
+  env["PS_VERBOSE"] = "1";  // both log "registered as ..."
   auto server = Start("ps-server", env);
   auto worker = Start("ps-test-node", env, {"--block"});
+  // Both must hold the node table: a scheduler killed before the server's copy left it would
+  // leave the server in registration, which ends only with PS_REGISTER_TIMEOUT.
   REQUIRE(worker->WaitForOutput("registered as worker", 30s));
+  REQUIRE(server->WaitForOutput("registered as server", 30s));
   scheduler->Kill(SIGKILL);
   scheduler->Wait(5s);
   CHECK(server->Wait(15s) == 1);
