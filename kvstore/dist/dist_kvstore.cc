@@ -274,7 +274,7 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
       const KeyInfo& info = it->second;
       if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size, gpu_ok);
       if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size, gpu_ok);
-      if (!seen.insert(key).second) {
+      if (keys.size() > 1 && !seen.insert(key).second) {
         throw Error(checks::Where(kStore, op, key) + "given twice in one call");
       }
       const std::size_t element = DTypeSize(info.dtype);

@@ -91,20 +91,6 @@ std::string EncodeBody(const Request& request) {
   return body.SerializeAsString();
 }
 
-std::optional<std::vector<SliceRef>> DecodeSlices(const std::string& bytes) {
-  pb::KVBody body;
-  if (!body.ParseFromString(bytes) || body.keys_size() != body.offsets_size() ||
-      body.keys_size() != body.totals_size() ||
-      static_cast<std::size_t>(body.keys_size()) > kMaxSlicesPerMessage) {
-    return std::nullopt;
-  }
-  std::vector<SliceRef> slices;
-  for (int i = 0; i < body.keys_size(); ++i) {
-    slices.push_back(SliceRef{body.keys(i), body.offsets(i), body.totals(i)});
-  }
-  return slices;
-}
-
 std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
   if (msg.meta.head < kInit || msg.meta.head > kShmAttach) {
     *error = "unknown KVStore command " + std::to_string(msg.meta.head);
@@ -118,12 +104,15 @@ std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
   Request request;
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
-  auto slices = DecodeSlices(msg.meta.body);
-  if (!slices) {
+  if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
+      static_cast<std::size_t>(body.keys_size()) > kMaxSlicesPerMessage) {
     *error = "inconsistent key lists in a " + CommandName(request.command) + " request";
     return std::nullopt;
   }
-  request.slices = std::move(*slices);
+  request.slices.reserve(static_cast<std::size_t>(body.keys_size()));
+  for (int i = 0; i < body.keys_size(); ++i) {
+    request.slices.push_back(SliceRef{body.keys(i), body.offsets(i), body.totals(i)});
+  }
   const std::size_t frames = CarriesValues(request.command) ? request.slices.size() : 0;
   if (msg.data.size() != frames) {
     *error = CommandName(request.command) + " request with " + std::to_string(msg.data.size()) +

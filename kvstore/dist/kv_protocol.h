@@ -62,7 +62,4 @@ std::string EncodeBody(const Request& request);
 // anything is inconsistent.
 std::optional<Request> DecodeRequest(const Message& msg, std::string* error);
 
-// For responses: the slices of a body (a response repeats the request's slices).
-std::optional<std::vector<SliceRef>> DecodeSlices(const std::string& body);
-
 }  // namespace ps::kv

@@ -27,6 +27,7 @@ void KVServerStore::OnRequest(Message&& msg) {
     error = "unknown application id " + std::to_string(msg.meta.app_id);
   } else {
     request = kv::DecodeRequest(msg, &error);
+    msg.meta.body.clear();  // decoded; Pending keeps a copy of the meta, without it
   }
   std::vector<ShmTarget> shm;
   if (request) error = ResolveShm(msg.meta.sender, *request, msg.data, shm);
@@ -104,7 +105,9 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const kv::SliceRef& ref = request.slices[i];
     const SliceId id{ref.key, ref.offset};
-    if (!seen.insert(id).second) return KeyText(ref.key) + ": given twice in one request";
+    if (request.slices.size() > 1 && !seen.insert(id).second) {
+      return KeyText(ref.key) + ": given twice in one request";
+    }
     const auto it = slices_.find(id);
     if (request.command == kv::kInit) {
       if (it != slices_.end())
@@ -307,8 +310,8 @@ void KVServerStore::Answer(Pending& pending) {
     runtime_.ReplyError(pending.request, pending.error);
     return;
   }
+  // The reply carries no body: the worker matches values to slices by the request it kept.
   Message response;
-  response.meta.body = pending.request.body;  // echoes the slices the values belong to
   if (pending.with_values) {
     // Shared-memory slices: the value goes into the worker's slot, the frame stays empty.
     for (std::size_t i = 0; i < pending.shm.size(); ++i) {
