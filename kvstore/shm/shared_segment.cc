@@ -8,17 +8,53 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <string_view>
+#include <utility>
 
 #include "ps/error.h"
 
 namespace ps {
 namespace {
 
+constexpr const char* kMemfdName = "ps-kvstore-values";
+
 std::string SystemError(const std::string& what) { return what + ": " + std::strerror(errno); }
 
-std::byte* MapShared(int fd, std::size_t bytes) {
+// Closes a file descriptor on every path out of a scope unless released.
+class ScopedFd {
+ public:
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ~ScopedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// Where a /proc/.../fd/<fd> link points; throws when it cannot be read.
+std::string LinkTarget(const std::string& path) {
+  char target[512] = {};
+  const ssize_t length = readlink(path.c_str(), target, sizeof(target) - 1);
+  if (length < 0) throw Error(SystemError("cannot read the link " + path));
+  return std::string(target, static_cast<std::size_t>(length));
+}
+
+// True for one of our memfds: a peer must not make a server map, and then write into, any
+// other file the server can open.
+bool IsOurMemfd(std::string_view link) {
+  return link.starts_with("/memfd:") && link.substr(7).starts_with(kMemfdName) &&
+         link.ends_with(" (deleted)");
+}
+
+std::byte* MapShared(int fd, std::size_t bytes, const std::string& what) {
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  return base == MAP_FAILED ? nullptr : static_cast<std::byte*>(base);
+  if (base == MAP_FAILED) throw Error(SystemError("cannot map " + what));
+  return static_cast<std::byte*>(base);
 }
 
 }  // namespace
@@ -38,47 +74,42 @@ void SharedSegment::CloseFd() {
 
 std::unique_ptr<SharedSegment> SharedSegment::Create(std::size_t bytes) {
   bytes += kHeaderBytes;
-  const int fd = memfd_create("ps-kvstore-values", MFD_CLOEXEC);
-  if (fd < 0) throw Error(SystemError("memfd_create"));
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    const std::string error = SystemError("ftruncate of a shared-memory segment");
-    close(fd);
-    throw Error(error);
+  ScopedFd fd(memfd_create(kMemfdName, MFD_CLOEXEC));
+  if (fd.get() < 0) throw Error(SystemError("memfd_create"));
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    throw Error(SystemError("ftruncate of a shared-memory segment"));
   }
-  std::byte* base = MapShared(fd, bytes);
-  if (base == nullptr) {
-    const std::string error = SystemError("mmap of a shared-memory segment");
-    close(fd);
-    throw Error(error);
-  }
+  std::byte* base = MapShared(fd.get(), bytes, "a new shared-memory segment");
   Descriptor where;
   where.pid = getpid();
-  where.fd = fd;
+  where.fd = fd.get();
   where.bytes = bytes;
   where.token = std::random_device{}() * 0x100000000ULL + std::random_device{}();
   std::memcpy(base, &where.token, sizeof(where.token));
-  return std::make_unique<SharedSegment>(base, bytes, fd, where);
+  return std::make_unique<SharedSegment>(base, bytes, fd.release(), where);
 }
 
 std::unique_ptr<SharedSegment> SharedSegment::Attach(const Descriptor& where) {
   const std::string path = "/proc/" + std::to_string(where.pid) + "/fd/" + std::to_string(where.fd);
   if (where.bytes <= kHeaderBytes) throw Error("shared-memory segment " + path + " is empty");
-  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) throw Error(SystemError("cannot open " + path));
+  const ScopedFd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (fd.get() < 0) throw Error(SystemError("cannot open " + path));
+  // Checked on the descriptor opened, so the peer cannot swap files in between.
+  const std::string link = LinkTarget("/proc/self/fd/" + std::to_string(fd.get()));
+  if (!IsOurMemfd(link)) {
+    throw Error(path + " is not a KVStore shared-memory segment (it is " + link + ")");
+  }
   struct stat info {};
-  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) ||
+  if (fstat(fd.get(), &info) != 0 || !S_ISREG(info.st_mode) ||
       static_cast<std::uint64_t>(info.st_size) != where.bytes) {
-    close(fd);
     throw Error(path + " is not the shared-memory segment announced (" +
                 std::to_string(where.bytes) + " bytes)");
   }
-  std::byte* base = MapShared(fd, where.bytes);
-  const std::string map_error = base == nullptr ? SystemError("cannot map " + path) : "";
-  close(fd);  // the mapping keeps the memory
-  if (base == nullptr) throw Error(map_error);
-  auto segment = std::make_unique<SharedSegment>(base, where.bytes, -1, where);
+  // The mapping keeps the memory; the descriptor closes with `fd`.
+  auto segment = std::make_unique<SharedSegment>(MapShared(fd.get(), where.bytes, path),
+                                                 where.bytes, -1, where);
   std::uint64_t token = 0;
-  std::memcpy(&token, base, sizeof(token));
+  std::memcpy(&token, segment->data(), sizeof(token));
   if (token != where.token) throw Error(path + " holds another segment (token mismatch)");
   return segment;
 }

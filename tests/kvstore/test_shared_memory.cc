@@ -3,9 +3,12 @@
 // the path on, off, busy (a slot still in use) and refused (a server that cannot map it).
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -13,6 +16,7 @@
 
 #include "kv_cluster.h"
 #include "kv_rounds.h"
+#include "shared_segment.h"
 
 namespace {
 
@@ -130,4 +134,40 @@ TEST_CASE("shared memory: a server that cannot map the worker's memory gets fram
   CHECK(AllOk(outcomes) == "");
   CHECK(cluster.EndedCleanly());
   CHECK_FALSE(AnyServerAttached(cluster));
+}
+
+TEST_CASE("shared memory: a segment attaches only to the memfd and token announced", "[shm]") {
+  const auto created = ps::SharedSegment::Create(1 << 16);
+  const ps::SharedSegment::Descriptor where = created->descriptor();
+  {
+    const auto attached = ps::SharedSegment::Attach(where);
+    std::memcpy(attached->data() + ps::SharedSegment::kHeaderBytes, "hello", 5);
+    CHECK(std::memcmp(created->data() + ps::SharedSegment::kHeaderBytes, "hello", 5) == 0);
+  }
+  ps::SharedSegment::Descriptor wrong_token = where;
+  wrong_token.token ^= 1;
+  CHECK_THROWS_WITH(ps::SharedSegment::Attach(wrong_token), Catch::Contains("token mismatch"));
+  ps::SharedSegment::Descriptor wrong_size = where;
+  wrong_size.bytes += 4096;
+  CHECK_THROWS_WITH(ps::SharedSegment::Attach(wrong_size),
+                    Catch::Contains("is not the shared-memory segment announced"));
+  // Any other file, even one the server could open and write, is refused.
+  const std::string path = std::filesystem::temp_directory_path() / "ps-shm-test-regular-file";
+  {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    REQUIRE(file != nullptr);
+    std::fputs("not a segment", file);
+    std::fclose(file);
+  }
+  const int fd = open(path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  ps::SharedSegment::Descriptor regular{getpid(), fd, 13, 0};
+  regular.bytes = 8192;
+  CHECK_THROWS_WITH(ps::SharedSegment::Attach(regular),
+                    Catch::Contains("is not a KVStore shared-memory segment"));
+  close(fd);
+  std::filesystem::remove(path);
+  ps::SharedSegment::Descriptor gone = where;
+  gone.fd = 100000;
+  CHECK_THROWS_WITH(ps::SharedSegment::Attach(gone), Catch::Contains("cannot open /proc/"));
 }
