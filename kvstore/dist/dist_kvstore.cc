@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
-#include <future>
 #include <map>
 #include <unordered_set>
 
@@ -86,12 +85,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
     request.optimizer = config;
     std::vector<Message> messages;
     for (int s = 0; s < runtime_->num_servers(); ++s) {
-      Message msg;
-      msg.meta.app_id = kv::kAppId;
-      msg.meta.head = kv::kSetOptimizer;
-      msg.meta.recipient = runtime_->ServerId(s);
-      msg.meta.body = kv::EncodeBody(request);
-      messages.push_back(std::move(msg));
+      messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
     Track(std::move(messages), {});
   });
@@ -128,30 +122,29 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
 }
 
 void DistKVStore::AttachSlots(const std::vector<Key>& keys) {
-  // Per same-host server: the (key, slice index) of every new slice big enough for a slot.
-  std::map<int, std::vector<std::pair<Key, std::size_t>>> wanted;
+  // Per same-host server: every new slice big enough for a slot, and its size.
+  struct Wanted {
+    Key key;
+    std::size_t slice;  // index into KeyInfo::slices
+    std::size_t bytes;
+  };
+  std::map<int, std::vector<Wanted>> wanted;
   {
     std::shared_lock lock(keys_mu_);
     for (const Key key : keys) {
       const KeyInfo& info = keys_.at(key);
       for (std::size_t j = 0; j < info.slices.size(); ++j) {
         const KeySlice& slice = info.slices[j];
-        if (shm_servers_[slice.server_rank] &&
-            slice.length * DTypeSize(info.dtype) >= kShmMinBytes) {
-          wanted[slice.server_rank].push_back({key, j});
+        const std::size_t bytes = slice.length * DTypeSize(info.dtype);
+        if (shm_servers_[slice.server_rank] && bytes >= kShmMinBytes) {
+          wanted[slice.server_rank].push_back({key, j, bytes});
         }
       }
     }
   }
   for (const auto& [server, slices] : wanted) {
     std::vector<std::size_t> sizes;
-    {
-      std::shared_lock lock(keys_mu_);
-      for (const auto& [key, j] : slices) {
-        const KeyInfo& info = keys_.at(key);
-        sizes.push_back(info.slices[j].length * DTypeSize(info.dtype));
-      }
-    }
+    for (const Wanted& w : slices) sizes.push_back(w.bytes);
     const int node = runtime_->ServerId(server);
     std::string error;
     ShmSlots::NewSegment segment;
@@ -161,16 +154,12 @@ void DistKVStore::AttachSlots(const std::vector<Key>& keys) {
       error = e.what();
     }
     if (error.empty()) {
-      Message attach;
-      attach.meta.app_id = kv::kAppId;
-      attach.meta.head = kv::kShmAttach;
-      attach.meta.recipient = node;
       kv::Request request;
       request.command = kv::kShmAttach;
       request.segment_id = segment.id;
       request.segment = segment.descriptor;
-      attach.meta.body = kv::EncodeBody(request);
-      error = RequestAndWait(std::move(attach));
+      // The tracker always answers: a reply, a dead server or the request deadline.
+      error = runtime_->RequestAndWait(kv::RequestMessage(request, node)).error;
       if (!error.empty()) shm_.Abandon(segment);
     }
     if (!error.empty()) {
@@ -184,22 +173,11 @@ void DistKVStore::AttachSlots(const std::vector<Key>& keys) {
     shm_.Attached(segment);
     std::unique_lock lock(keys_mu_);
     for (std::size_t n = 0; n < slices.size(); ++n) {
-      KeyInfo& info = keys_.at(slices[n].first);
+      KeyInfo& info = keys_.at(slices[n].key);
       info.slots.resize(info.slices.size(), nullptr);
-      info.slots[slices[n].second] = segment.slots[n];
+      info.slots[slices[n].slice] = segment.slots[n];
     }
   }
-}
-
-std::string DistKVStore::RequestAndWait(Message message) {
-  std::promise<std::string> answered;
-  std::future<std::string> answer = answered.get_future();
-  std::vector<Message> messages;
-  messages.push_back(std::move(message));
-  runtime_->Request(std::move(messages), [&answered](RequestResult&& result) {
-    answered.set_value(std::move(result.error));
-  });
-  return answer.get();  // the tracker always answers: a reply, a dead peer or the deadline
 }
 
 void DistKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
@@ -348,12 +326,8 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         }
         target.request.command = command;
         target.request.sync = sync_;
-        Message msg;
-        msg.meta.app_id = kv::kAppId;
-        msg.meta.head = command;
+        Message msg = kv::RequestMessage(target.request, runtime_->ServerId(server));
         msg.meta.priority = priority;
-        msg.meta.recipient = runtime_->ServerId(server);
-        msg.meta.body = kv::EncodeBody(target.request);
         msg.data = std::move(target.frames);
         messages.push_back(std::move(msg));
         destinations.push_back(std::move(target.destinations));

@@ -75,8 +75,6 @@ class DistKVStore final : public KVStore {
              std::vector<ShmSlot*> slots = {});
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(const std::vector<Key>& keys);
-  // Sends one request and waits for its answer; "" or the error.
-  std::string RequestAndWait(Message message);
   void Complete(const std::string& error);
   // Runs a collective step on rank 0 (`work`), then a worker barrier; every worker throws
   // rank 0's error, if any, after the barrier, so none is left waiting.

@@ -91,6 +91,15 @@ std::string EncodeBody(const Request& request) {
   return body.SerializeAsString();
 }
 
+Message RequestMessage(const Request& request, int recipient) {
+  Message msg;
+  msg.meta.app_id = kAppId;
+  msg.meta.head = request.command;
+  msg.meta.recipient = recipient;
+  msg.meta.body = EncodeBody(request);
+  return msg;
+}
+
 std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
   if (msg.meta.head < kInit || msg.meta.head > kShmAttach) {
     *error = "unknown KVStore command " + std::to_string(msg.meta.head);

@@ -57,6 +57,8 @@ struct Request {
 };
 
 std::string EncodeBody(const Request& request);
+// A KVStore request message carrying `request` (its command and encoded body) to `recipient`.
+Message RequestMessage(const Request& request, int recipient);
 
 // Decodes msg.meta.head/body and checks them against msg.data. nullopt with `error` set when
 // anything is inconsistent.

@@ -32,8 +32,8 @@ void KVServerStore::OnRequest(Message&& msg) {
   std::vector<ShmTarget> shm;
   if (request) error = ResolveShm(msg.meta.sender, *request, msg.data, shm);
   if (request && error.empty()) error = Validate(*request, msg.data, shm);
-  const std::string server = "server " + std::to_string(runtime_.rank());
   if (!error.empty()) {
+    const std::string server = "server " + std::to_string(runtime_.rank());
     LOG(WARNING) << server << ": rejected a request from " << runtime_.Describe(msg.meta.sender)
                  << ": " << error;
     runtime_.ReplyError(msg.meta, server + ": " + error);

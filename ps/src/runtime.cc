@@ -386,16 +386,13 @@ void Runtime::ReplyError(const Meta& request, const std::string& error) {
   Reply(request, std::move(response));
 }
 
-void Runtime::FinishWorker(const std::string& failure) {
+RequestResult Runtime::RequestAndWait(Message message,
+                                      std::optional<RequestTracker::Clock::time_point> deadline) {
   std::mutex done_mu;
   std::condition_variable done_cv;
   std::optional<RequestResult> outcome;
-  Message msg;
-  msg.meta.control = Control::kWorkerDone;
-  msg.meta.recipient = kSchedulerId;
-  msg.meta.error = failure;
   std::vector<Message> messages;
-  messages.push_back(std::move(msg));
+  messages.push_back(std::move(message));
   Request(
       std::move(messages),
       [&](RequestResult&& result) {
@@ -403,11 +400,22 @@ void Runtime::FinishWorker(const std::string& failure) {
         outcome = std::move(result);
         done_cv.notify_all();
       },
-      RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
+      deadline);
   std::unique_lock lock(done_mu);
   done_cv.wait(lock, [&] { return outcome.has_value(); });
-  if (!outcome->ok())
-    throw Error("could not tell the scheduler this worker finished: " + outcome->error);
+  return std::move(*outcome);
+}
+
+void Runtime::FinishWorker(const std::string& failure) {
+  Message msg;
+  msg.meta.control = Control::kWorkerDone;
+  msg.meta.recipient = kSchedulerId;
+  msg.meta.error = failure;
+  const RequestResult outcome = RequestAndWait(
+      std::move(msg),
+      RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
+  if (!outcome.ok())
+    throw Error("could not tell the scheduler this worker finished: " + outcome.error);
 }
 
 std::string Runtime::WaitForTermination() {

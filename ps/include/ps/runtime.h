@@ -79,6 +79,9 @@ class Runtime {
   // `callback` once every recipient answered, or with an error as soon as one fails or dies.
   std::uint64_t Request(std::vector<Message> messages, RequestTracker::Callback callback,
                         std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
+  // Request() for one message, blocking until it is answered, fails, or `deadline` passes.
+  RequestResult RequestAndWait(
+      Message message, std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
   // Answers `request` with `response` (same app, customer and timestamp).
   void Reply(const Meta& request, Message response);
   // Answers `request` with an error the requester's callback will see.
