@@ -1,5 +1,6 @@
 #include "checks.h"
 
+#include "device_memory.h"
 #include "optimizer.h"
 
 namespace ps::checks {
@@ -15,12 +16,11 @@ void Counts(std::string_view store, std::string_view op, std::size_t keys, std::
   }
 }
 
-void TensorBasics(std::string_view store, std::string_view op, Key key, const Tensor& t,
-                  bool cuda_ok) {
-  if (t.device().is_cuda() && !cuda_ok) {
-    throw Error(Where(store, op, key) + "tensors in GPU memory (" + t.device().ToString() +
-                ") are not accepted yet: stage them in host memory first (ps-train stages "
-                "through one pinned buffer)");
+void TensorBasics(std::string_view store, std::string_view op, Key key, const Tensor& t) {
+  if (t.device().is_cuda() && !DeviceCopiesBuilt()) {
+    throw Error(Where(store, op, key) + "a tensor in GPU memory (" + t.device().ToString() +
+                ") needs a build with CUDA, and this one has none: rebuild where CMake finds the "
+                "CUDA toolkit (PS_WITH_CUDA=ON), or pass host memory");
   }
   if (DTypeSize(t.dtype()) == 0) {
     throw Error(Where(store, op, key) + "invalid dtype value " +
@@ -32,9 +32,18 @@ void TensorBasics(std::string_view store, std::string_view op, Key key, const Te
   }
 }
 
+void NamingKey(std::string_view store, std::string_view op, Key key,
+               const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const Error& e) {
+    throw Error(Where(store, op, key) + e.what());
+  }
+}
+
 void Matches(std::string_view store, std::string_view op, Key key, const Tensor& t, DType dtype,
-             std::size_t size, bool cuda_ok) {
-  TensorBasics(store, op, key, t, cuda_ok);
+             std::size_t size) {
+  TensorBasics(store, op, key, t);
   if (t.dtype() != dtype) {
     throw Error(Where(store, op, key) + "dtype mismatch: expected " + DTypeName(dtype) +
                 " (as initialized), given " + DTypeName(t.dtype()));

@@ -1,5 +1,8 @@
 #include "device_memory.h"
 
+#include "checks.h"
+
+#include <cstring>
 #include <string>
 
 #include <ps/error.h>
@@ -24,13 +27,17 @@ void Check(cudaError_t status, const char* what, Device device) {
 
 bool DeviceCopiesBuilt() { return true; }
 
-void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device) {
+void SelectDevice(Device device) {
   Check(cudaSetDevice(device.id), "selecting the device", device);
+}
+
+void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device) {
+  SelectDevice(device);
   Check(cudaMemcpy(host, device_ptr, bytes, cudaMemcpyDeviceToHost), "copying to the host", device);
 }
 
 void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device device) {
-  Check(cudaSetDevice(device.id), "selecting the device", device);
+  SelectDevice(device);
   Check(cudaMemcpy(device_ptr, host, bytes, cudaMemcpyHostToDevice), "copying to the device",
         device);
 }
@@ -39,16 +46,49 @@ void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device 
 
 bool DeviceCopiesBuilt() { return false; }
 
-void CopyFromDevice(void*, const void*, std::size_t, Device device) {
+void SelectDevice(Device device) {
   throw Error("KVStore: a tensor on " + device.ToString() +
               " needs a build with CUDA (this one has none): stage it in host memory");
 }
 
-void CopyToDevice(void*, const void*, std::size_t, Device device) {
-  throw Error("KVStore: a tensor on " + device.ToString() +
-              " needs a build with CUDA (this one has none): stage it in host memory");
-}
+void CopyFromDevice(void*, const void*, std::size_t, Device device) { SelectDevice(device); }
+
+void CopyToDevice(void*, const void*, std::size_t, Device device) { SelectDevice(device); }
 
 #endif
+
+void CopyToHost(void* host, const void* source, std::size_t bytes, Device device) {
+  if (device.is_cuda()) {
+    CopyFromDevice(host, source, bytes, device);
+  } else if (bytes != 0) {
+    std::memcpy(host, source, bytes);
+  }
+}
+
+void CopyFromHost(void* target, Device device, const void* host, std::size_t bytes) {
+  if (device.is_cuda()) {
+    CopyToDevice(target, host, bytes, device);
+  } else if (bytes != 0) {
+    std::memcpy(target, host, bytes);
+  }
+}
+
+HostViews StageOnHost(std::string_view store, std::string_view op, const std::vector<Key>& keys,
+                      const std::vector<Tensor>& tensors) {
+  HostViews views;
+  views.tensors.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!t.device().is_cuda()) {
+      views.tensors.push_back(t);
+      continue;
+    }
+    std::vector<std::byte>& copy = views.buffers.emplace_back(t.bytes());
+    checks::NamingKey(store, op, keys[i],
+                      [&] { CopyFromDevice(copy.data(), t.data(), t.bytes(), t.device()); });
+    views.tensors.emplace_back(copy.data(), t.size(), t.dtype());
+  }
+  return views;
+}
 
 }  // namespace ps

@@ -4,16 +4,37 @@
 // from or receives into GPU memory directly: a pushed GPU tensor is copied to a host buffer
 // first, a pulled value is copied from the received frame to the GPU.
 #include <cstddef>
+#include <string_view>
+#include <vector>
 
+#include <ps/kvstore.h>
 #include <ps/tensor.h>
 
 namespace ps {
 
 // True when this build can copy to and from GPU memory.
 bool DeviceCopiesBuilt();
+// Makes `device` current on this thread; throws ps::Error when it does not exist (or the build
+// has no CUDA). Lets a call check an output's device before it changes anything.
+void SelectDevice(Device device);
 // host <- device (`device` names the GPU); throws ps::Error naming the CUDA error.
 void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device);
 // device <- host.
 void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device device);
+
+// host <- `source`, which lives on `device` (a memcpy for CPU memory).
+void CopyToHost(void* host, const void* source, std::size_t bytes, Device device);
+// `target`, which lives on `device`, <- host (a memcpy for CPU memory).
+void CopyFromHost(void* target, Device device, const void* host, std::size_t bytes);
+
+// Host-memory views of tensors: a CPU tensor as given, a GPU tensor as a copy in a buffer
+// owned here. Keep this alive while the views are used.
+struct HostViews {
+  std::vector<Tensor> tensors;                  // one per input, same order
+  std::vector<std::vector<std::byte>> buffers;  // the copies of the GPU tensors
+};
+// tensors[i] belongs to keys[i]; a failed copy's ps::Error names the store, op and key.
+HostViews StageOnHost(std::string_view store, std::string_view op, const std::vector<Key>& keys,
+                      const std::vector<Tensor>& tensors);
 
 }  // namespace ps

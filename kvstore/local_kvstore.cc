@@ -1,8 +1,8 @@
 #include "local_kvstore.h"
 
 #include "checks.h"
+#include "device_memory.h"
 
-#include <cstring>
 #include <unordered_set>
 #include <utility>
 
@@ -41,7 +41,7 @@ void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tens
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Key key = keys[i];
     const Tensor& v = values[i];
-    checks::TensorBasics(kStore, "Init", key, v, false);
+    checks::TensorBasics(kStore, "Init", key, v);
     checks::InitDType(kStore, key, v.dtype());
     if (auto it = store_.find(key); it != store_.end()) {
       throw Error(Where("Init", key) + "already initialized (holds " +
@@ -52,15 +52,18 @@ void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tens
       throw Error(Where("Init", key) + "given twice in one Init call");
     }
   }
+  // Copy every value before storing any: a failed GPU copy leaves the store as it was.
+  std::vector<Entry> entries(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Tensor& v = values[i];
-    Entry e;
+    Entry& e = entries[i];
     e.dtype = v.dtype();
     e.size = v.size();
     e.data = std::make_unique_for_overwrite<std::byte[]>(v.bytes());
-    if (v.bytes() != 0) std::memcpy(e.data.get(), v.data(), v.bytes());
-    store_.emplace(keys[i], std::move(e));
+    checks::NamingKey(kStore, "Init", keys[i],
+                      [&] { CopyToHost(e.data.get(), v.data(), v.bytes(), v.device()); });
   }
+  for (std::size_t i = 0; i < keys.size(); ++i) store_.emplace(keys[i], std::move(entries[i]));
 }
 
 std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(
@@ -71,7 +74,7 @@ std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Key key = keys[i];
     Entry& e = FindLocked("Push", key);
-    checks::Matches(kStore, "Push", key, grads[i], e.dtype, e.size, false);
+    checks::Matches(kStore, "Push", key, grads[i], e.dtype, e.size);
     if (optimizer_ && e.dtype != DType::kFloat32) {
       throw Error(Where("Push", key) + "optimizer supports float32 only, the key holds " +
                   DTypeName(e.dtype));
@@ -111,9 +114,11 @@ void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
 void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
   checks::Counts(kStore, "Pull", keys.size(), outs.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    {
-      const Entry& e = FindLocked("Pull", keys[i]);
-      checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size, false);
+    const Entry& e = FindLocked("Pull", keys[i]);
+    checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size);
+    // A PushPull must not push when its pull cannot land: check the output's GPU exists.
+    if (outs[i].device().is_cuda()) {
+      checks::NamingKey(kStore, "Pull", keys[i], [&] { SelectDevice(outs[i].device()); });
     }
   }
 }
@@ -121,7 +126,14 @@ void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vect
 void LocalKVStore::DoPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Entry& e = store_.find(keys[i])->second;  // checked by CheckPullLocked
-    CopyInto(outs[i].data(), e.data.get(), e.size * DTypeSize(e.dtype), parallel_);
+    const std::size_t bytes = e.size * DTypeSize(e.dtype);
+    if (outs[i].device().is_cuda()) {
+      checks::NamingKey(kStore, "Pull", keys[i], [&] {
+        CopyToDevice(outs[i].data(), e.data.get(), bytes, outs[i].device());
+      });
+    } else {
+      CopyInto(outs[i].data(), e.data.get(), bytes, parallel_);
+    }
   }
 }
 
@@ -129,7 +141,9 @@ void LocalKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tens
                             int /*priority: nothing is queued here*/) {
   std::lock_guard lock(mu_);
   const auto plan = PlanPushLocked(keys, grads);
-  ApplyPushLocked(plan, grads);
+  // GPU gradients: copied to host memory before anything changes.
+  const HostViews host = StageOnHost(kStore, "Push", keys, grads);
+  ApplyPushLocked(plan, host.tensors);
 }
 
 void LocalKVStore::PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
@@ -145,7 +159,8 @@ void LocalKVStore::PushPullImpl(const std::vector<Key>& keys, const std::vector<
   // Both halves are checked before anything is written; the pull sees this push's result.
   const auto plan = PlanPushLocked(keys, grads);
   CheckPullLocked(keys, outs);
-  ApplyPushLocked(plan, grads);
+  const HostViews host = StageOnHost(kStore, "PushPull", keys, grads);
+  ApplyPushLocked(plan, host.tensors);
   DoPullLocked(keys, outs);
 }
 

@@ -3,9 +3,11 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <map>
+#include <thread>
 #include <unordered_set>
 
 #include "checks.h"
@@ -52,6 +54,16 @@ void DistKVStore::Complete(const std::string& error) {
 }
 
 void DistKVStore::WaitAll() {
+  // Waking a thread that sleeps on the condition variable costs more than a small operation's
+  // whole round trip on a virtual machine (its CPU halts and needs an interrupt to come back),
+  // so poll for up to PS_WAIT_SPIN_US first, yielding the CPU to runnable threads.
+  const auto spin = runtime_->config().wait_spin;
+  if (spin.count() > 0 && outstanding_.load() != 0) {
+    const auto until = std::chrono::steady_clock::now() + spin;
+    while (outstanding_.load() != 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
   std::unique_lock lock(ops_mu_);
   ops_done_.wait(lock, [this] { return outstanding_ == 0; });
   if (!first_error_.empty()) {
@@ -99,7 +111,7 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
     std::shared_lock lock(keys_mu_);
     std::unordered_set<Key> seen;
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      checks::TensorBasics(kStore, "Init", keys[i], values[i], false);
+      checks::TensorBasics(kStore, "Init", keys[i], values[i]);
       checks::InitDType(kStore, keys[i], values[i].dtype());
       if (keys_.contains(keys[i]) || !seen.insert(keys[i]).second) {
         throw Error(checks::Where(kStore, "Init", keys[i]) +
@@ -213,8 +225,7 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
   // is sent, so the server already works on one message while the next is copied.
   struct SlotCopy {
     ShmSlot* slot;
-    const std::byte* source;
-    Device device;
+    const std::byte* source;  // host memory (a GPU tensor is copied while the call is built)
   };
   // Per server, the messages being built: each carries at most chunk_bytes of values (a
   // big key's slices travel separately, so servers and this worker work on one while the
@@ -237,7 +248,6 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
     }
   };
   const std::size_t chunk_bytes = layout_.chunk_bytes();
-  const bool gpu_ok = DeviceCopiesBuilt();
   // Frames reference the caller's memory; this token marks them as borrowed, not owned.
   const auto borrowed = std::make_shared<int>(0);
   try {
@@ -250,8 +260,8 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         throw Error(checks::Where(kStore, op, key) + "was never initialized (call Init first)");
       }
       const KeyInfo& info = it->second;
-      if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size, gpu_ok);
-      if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size, gpu_ok);
+      if (sending) checks::Matches(kStore, op, key, sends[i], info.dtype, info.size);
+      if (receiving) checks::Matches(kStore, op, key, outs[i], info.dtype, info.size);
       if (keys.size() > 1 && !seen.insert(key).second) {
         throw Error(checks::Where(kStore, op, key) + "given twice in one call");
       }
@@ -283,11 +293,21 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
         if (sending && slot != nullptr) {
           target.frames.emplace_back(nullptr, nullptr, 0, info.dtype);  // the value is in shm
-          target.copies.push_back({slot, user_send + slice.offset * element, sends[i].device()});
+          const std::byte* source = user_send + slice.offset * element;
+          if (sends[i].device().is_cuda()) {
+            // A GPU copy can fail: do it now, before any message of this call is sent.
+            checks::NamingKey(kStore, op, key, [&] {
+              CopyFromDevice(slot->data(), source, slot->bytes(), sends[i].device());
+            });
+          } else {
+            target.copies.push_back({slot, source});
+          }
         } else if (sending) {
           if (sends[i].device().is_cuda() && !staged) {
             auto host = std::make_shared<std::vector<std::byte>>(sends[i].bytes());
-            CopyFromDevice(host->data(), sends[i].data(), sends[i].bytes(), sends[i].device());
+            checks::NamingKey(kStore, op, key, [&] {
+              CopyFromDevice(host->data(), sends[i].data(), sends[i].bytes(), sends[i].device());
+            });
             send_base = host->data();
             send_owner = std::move(host);
             staged = true;
@@ -318,11 +338,7 @@ void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
         if (wave >= queue.size()) continue;
         Outgoing& target = queue[wave];
         for (const SlotCopy& copy : target.copies) {
-          if (copy.device.is_cuda()) {
-            CopyFromDevice(copy.slot->data(), copy.source, copy.slot->bytes(), copy.device);
-          } else {
-            std::memcpy(copy.slot->data(), copy.source, copy.slot->bytes());
-          }
+          std::memcpy(copy.slot->data(), copy.source, copy.slot->bytes());
         }
         target.request.command = command;
         target.request.sync = sync_;
@@ -374,12 +390,8 @@ void DistKVStore::Track(std::vector<Message> messages,
           break;
         }
         const std::byte* value = slot != nullptr ? slot->data() : response.data[j].data();
-        if (!targets[j].device.is_cuda()) {
-          std::memcpy(targets[j].data, value, targets[j].bytes);
-          continue;
-        }
         try {
-          CopyToDevice(targets[j].data, value, targets[j].bytes, targets[j].device);
+          CopyFromHost(targets[j].data, targets[j].device, value, targets[j].bytes);
         } catch (const Error& e) {
           error = e.what();
           break;

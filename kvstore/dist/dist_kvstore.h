@@ -11,6 +11,7 @@
 //
 // Threads: Push/Pull/PushPull/WaitAll from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -93,8 +94,10 @@ class DistKVStore final : public KVStore {
 
   std::mutex ops_mu_;
   std::condition_variable ops_done_;
-  std::size_t outstanding_ = 0;  // GUARDED_BY(ops_mu_)
-  std::string first_error_;      // GUARDED_BY(ops_mu_)
+  // Changed only under ops_mu_ (so the condition variable sees every change); atomic so that
+  // WaitAll can poll it without the lock while it spins.
+  std::atomic<std::size_t> outstanding_{0};
+  std::string first_error_;  // GUARDED_BY(ops_mu_)
 };
 
 }  // namespace ps

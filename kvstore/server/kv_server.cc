@@ -1,6 +1,7 @@
 #include "kv_server.h"
 
 #include <glog/logging.h>
+#include <malloc.h>
 
 #include <cstring>
 
@@ -13,6 +14,21 @@ std::string KeyText(Key key) { return "key " + std::to_string(key); }
 std::string UnfinishableRound(Key key, const std::string& gone) {
   return KeyText(key) + ": this dist_sync round can never complete: " + gone +
          " without pushing it (every worker must push each key equally often)";
+}
+
+// Every pushed chunk arrives in a buffer ZeroMQ mallocs and the server frees after its round.
+// glibc's defaults hand such buffers back to the kernel (munmap, or trimming the heap top) and
+// fault fresh zeroed pages in for the next chunk: a page fault per 4 KiB of every push, about
+// a quarter of a 16 MB push+pull over TCP (docs/performance.md). A server process keeps freed
+// memory for reuse instead; its footprint stays at its high-water mark (the model plus the
+// chunks in flight), and only more than kTrimBytes free at the heap top goes back.
+void KeepFreedMemoryForReuse() {
+  constexpr int kMmapThresholdBytes = 32 << 20;  // glibc's largest: only huge frames mmap
+  constexpr int kTrimBytes = 256 << 20;
+  if (mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes) != 1 ||
+      mallopt(M_TRIM_THRESHOLD, kTrimBytes) != 1) {
+    LOG(WARNING) << "mallopt failed: received chunks will fault in fresh pages (slower pushes)";
+  }
 }
 
 }  // namespace
@@ -359,6 +375,7 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
 }
 
 int RunServer(const ClusterConfig& config) {
+  KeepFreedMemoryForReuse();  // the process is the server's from here to its exit
   auto runtime = Runtime::Start(config);
   const int rank = runtime->rank();
   auto store = std::make_unique<KVServerStore>(*runtime);

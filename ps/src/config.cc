@@ -108,6 +108,9 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.rank_hint = ReadInt(lookup, "PS_RANK", 0, 65535, -1);
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
   config.use_shm = !lookup("PS_USE_SHM").has_value() || ReadBool(lookup, "PS_USE_SHM");
+  config.io_threads = ReadInt(lookup, "PS_IO_THREADS", 1, 16, config.io_threads);
+  config.wait_spin = std::chrono::microseconds(
+      ReadInt(lookup, "PS_WAIT_SPIN_US", 0, 1000000, static_cast<int>(config.wait_spin.count())));
   config.heartbeat_interval =
       ReadSeconds(lookup, "PS_HEARTBEAT_INTERVAL", 0.0, config.heartbeat_interval);
   config.heartbeat_timeout =

@@ -47,7 +47,7 @@ void Runtime::Register() {
   scheduler_ip_ = net::ResolveIPv4(config_.root_uri, "DMLC_PS_ROOT_URI");
   self_.role = config_.role;
   self_.host = AdvertisedHost(config_, scheduler_ip_);
-  transport_ = std::make_unique<ZmqTransport>(config_.verbose);
+  transport_ = std::make_unique<ZmqTransport>(config_.verbose, config_.io_threads);
   // Listen on the advertised address when it is ours; behind NAT (a name or a foreign
   // address) listen everywhere.
   const bool local = net::IsLocalAddress(self_.host);

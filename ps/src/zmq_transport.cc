@@ -44,7 +44,12 @@ int PortOf(const std::string& endpoint) {
 
 }  // namespace
 
-ZmqTransport::ZmqTransport(int verbose) : verbose_(verbose), context_(1) {}
+ZmqTransport::ZmqTransport(int verbose, int io_threads)
+    : verbose_(verbose),
+      receive_affinity_(io_threads > 1 ? 1 : 0),
+      send_affinity_(io_threads > 1 ? ((std::uint64_t{1} << io_threads) - 1) & ~std::uint64_t{1}
+                                    : 0),
+      context_(io_threads) {}
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
 
@@ -53,6 +58,7 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   receiver_.set(zmq::sockopt::linger, 0);
   receiver_.set(zmq::sockopt::rcvhwm, 0);
   receiver_.set(zmq::sockopt::maxmsgsize, kMaxZmqMessageBytes);
+  receiver_.set(zmq::sockopt::affinity, receive_affinity_);
   const std::string endpoint =
       "tcp://" + ip + ":" + (port == 0 ? std::string("*") : std::to_string(port));
   try {
@@ -98,6 +104,7 @@ void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   peer->socket = zmq::socket_t(context_, zmq::socket_type::push);
   peer->socket.set(zmq::sockopt::linger, kLingerMs);
   peer->socket.set(zmq::sockopt::sndhwm, 0);
+  peer->socket.set(zmq::sockopt::affinity, send_affinity_);
   peer->endpoint = endpoint;
   try {
     peer->socket.connect(endpoint);

@@ -23,7 +23,7 @@ namespace ps {
 
 class ZmqTransport {
  public:
-  explicit ZmqTransport(int verbose);
+  ZmqTransport(int verbose, int io_threads);
   ~ZmqTransport();
   ZmqTransport(const ZmqTransport&) = delete;
   ZmqTransport& operator=(const ZmqTransport&) = delete;
@@ -66,6 +66,10 @@ class ZmqTransport {
   void Drop(const std::string& why);
 
   const int verbose_;
+  // ZMQ_AFFINITY masks: with two or more I/O threads, the first serves the receive socket
+  // and the others the send sockets, so incoming and outgoing bytes never share a thread.
+  const std::uint64_t receive_affinity_;
+  const std::uint64_t send_affinity_;
   zmq::context_t context_;
   zmq::socket_t receiver_;  // receive thread only, after Bind()
   mutable std::shared_mutex peers_mu_;

@@ -34,7 +34,7 @@ int RoleBit(Role role) {
 Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Clock::now()) {
   const std::string ip =
       config.use_kubernetes ? "0.0.0.0" : net::ResolveIPv4(config.root_uri, "DMLC_PS_ROOT_URI");
-  transport_ = std::make_unique<ZmqTransport>(config.verbose);
+  transport_ = std::make_unique<ZmqTransport>(config.verbose, config.io_threads);
   try {
     port_ = transport_->Bind(ip, config.root_port);
   } catch (const Error& e) {

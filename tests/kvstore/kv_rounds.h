@@ -25,10 +25,23 @@ inline std::vector<std::size_t> KeySizes(int keys, std::size_t size, std::size_t
   return sizes;
 }
 
+// Where the tensors handed to the store live. Host memory by default (the views are the host
+// vectors themselves); a GPU test overrides it to hand the store device copies.
+class Placement {
+ public:
+  virtual ~Placement() = default;
+  // The tensor the store gets for `host` (kept for the whole run).
+  virtual ps::Tensor View(std::vector<float>& host) { return {host.data(), host.size()}; }
+  // Before a call reads `view`: bring it up to date with `host`.
+  virtual void Upload(const std::vector<float>& /*host*/, const ps::Tensor& /*view*/) {}
+  // After WaitAll: bring `host` up to date with what the store wrote into `view`.
+  virtual void Download(std::vector<float>& /*host*/, const ps::Tensor& /*view*/) {}
+};
+
 // Every round, each worker pushes (rank+1)*(round)*(k+1)+i%3 into element i of key k; with no
 // optimizer the stored value is the round's sum over workers, which each worker checks.
 inline void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes, int rounds,
-                          bool use_pushpull) {
+                          bool use_pushpull, Placement&& placement = Placement()) {
   const int rank = kv.Rank();
   const int workers = kv.NumWorkers();
   const std::size_t n = sizes.size();
@@ -40,21 +53,25 @@ inline void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes
     init[k].assign(sizes[k], static_cast<float>(rank + 7));  // rank 0's value must win
     grads[k].resize(sizes[k]);
     outs[k].resize(sizes[k]);
-    init_views.emplace_back(init[k].data(), sizes[k]);
-    grad_views.emplace_back(grads[k].data(), sizes[k]);
-    out_views.emplace_back(outs[k].data(), sizes[k]);
+    init_views.push_back(placement.View(init[k]));
+    grad_views.push_back(placement.View(grads[k]));
+    out_views.push_back(placement.View(outs[k]));
+    placement.Upload(init[k], init_views[k]);
   }
   kv.Init(keys, init_views);
   kv.Pull(keys, out_views);
   kv.WaitAll();
-  for (std::size_t k = 0; k < n; ++k)
+  for (std::size_t k = 0; k < n; ++k) {
+    placement.Download(outs[k], out_views[k]);
     Expect(outs[k] == std::vector<float>(sizes[k], 7.0f), "init value");
+  }
   for (int round = 1; round <= rounds; ++round) {
     for (std::size_t k = 0; k < n; ++k) {
       for (std::size_t i = 0; i < sizes[k]; ++i) {
         grads[k][i] = static_cast<float>((rank + 1) * round * static_cast<int>(k + 1) +
                                          static_cast<int>(i % 3));
       }
+      placement.Upload(grads[k], grad_views[k]);
     }
     if (use_pushpull) {
       kv.PushPull(keys, grad_views, out_views);
@@ -65,6 +82,7 @@ inline void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes
     kv.WaitAll();
     const int rank_sum = workers * (workers + 1) / 2;
     for (std::size_t k = 0; k < n; ++k) {
+      placement.Download(outs[k], out_views[k]);
       for (std::size_t i = 0; i < sizes[k]; ++i) {
         const float expected = static_cast<float>(rank_sum * round * static_cast<int>(k + 1) +
                                                   workers * static_cast<int>(i % 3));

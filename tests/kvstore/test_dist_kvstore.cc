@@ -211,12 +211,13 @@ TEST_CASE("dist kvstore: bad input raises ps::Error naming key and values and ch
     Expect(
         e.find("key 3") != std::string::npos && e.find("already initialized") != std::string::npos,
         "double init message: " + e);
-    // A GPU tensor: copied through host memory in a CUDA build with a GPU; otherwise a clear
-    // error naming the device (this machine has no GPU).
+    // A GPU that does not exist: refused by a build without CUDA, a failed copy with CUDA;
+    // either way an error naming the key and the device, before anything is sent.
     e = error_of([&] {
-      kv.Push(3, ps::Tensor(value.data(), 10, ps::DType::kFloat32, ps::Device::CUDA(0)));
+      kv.Push(3, ps::Tensor(value.data(), 10, ps::DType::kFloat32, ps::Device::CUDA(99)));
     });
-    Expect(e.find("cuda:0") != std::string::npos, "GPU tensor message: " + e);
+    Expect(e.find("key 3") != std::string::npos && e.find("cuda:99") != std::string::npos,
+           "GPU tensor message: " + e);
     // Nothing changed, and the servers still serve.
     kv.Pull(3, ps::Tensor(out.data(), 10));
     kv.WaitAll();

@@ -214,10 +214,21 @@ TEST_CASE("user errors name the key, the expected and the given value", "[kvstor
     std::vector<std::uint8_t> bytes(4);
     REQUIRE_THROWS_WITH(kv->Init(30, ps::Tensor(bytes.data(), 4, ps::DType::kUInt8)),
                         Contains("key 30") && Contains("uint8"));
-    Vec x(3);
-    REQUIRE_THROWS_WITH(
-        kv->Push(7, ps::Tensor(x.data(), 3, ps::DType::kFloat32, ps::Device::CUDA(0))),
-        Contains("key 7") && Contains("GPU memory (cuda:0)"));
+    // A GPU that does not exist: without CUDA in the build the checks refuse it, with CUDA the
+    // copy fails; either way the error names the key and the device, and nothing changes.
+    Vec x(3, 100.0f);
+    const ps::Device missing = ps::Device::CUDA(99);
+    REQUIRE_THROWS_WITH(kv->Push(7, ps::Tensor(x.data(), 3, ps::DType::kFloat32, missing)),
+                        Contains("Push key 7") && Contains("cuda:99"));
+    REQUIRE_THROWS_WITH(kv->PushPull(7, ps::Tensor(x.data(), 3),
+                                     ps::Tensor(x.data(), 3, ps::DType::kFloat32, missing)),
+                        Contains("key 7") && Contains("cuda:99"));
+    REQUIRE_THROWS_WITH(kv->Init(31, ps::Tensor(x.data(), 3, ps::DType::kFloat32, missing)),
+                        Contains("Init key 31") && Contains("cuda:99"));
+    REQUIRE_THROWS_WITH(kv->Pull(31, ps::Tensor(x.data(), 3)), Contains("unknown key"));
+    Vec out(3);
+    kv->Pull(7, ps::Tensor(out.data(), 3));
+    REQUIRE(out == w);
     REQUIRE_THROWS_WITH(kv->Pull(7, ps::Tensor(nullptr, 3, ps::DType::kFloat32)),
                         Contains("key 7") && Contains("null"));
   }

@@ -45,6 +45,13 @@ struct ClusterConfig {
   // PS_USE_SHM: same-host workers and servers exchange KVStore values of at least
   // kShmMinBytes through shared memory, with only the control messages on the socket.
   bool use_shm = true;
+  // PS_IO_THREADS: ZeroMQ I/O threads of this node. Two let a node's outgoing copies into the
+  // kernel run beside its incoming ones (a push streams up while earlier replies stream down).
+  int io_threads = 2;
+  // PS_WAIT_SPIN_US: how long KVStore::WaitAll polls for completion before it sleeps (0: never
+  // polls). Sleeping and being woken costs tens of microseconds; a small push round-trips in
+  // about as long.
+  std::chrono::microseconds wait_spin{200};
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those
