@@ -56,16 +56,21 @@ void DistKVStore::Complete(const std::string& error) {
 void DistKVStore::WaitAll() {
   // Waking a thread that sleeps on the condition variable costs more than a small operation's
   // whole round trip on a virtual machine (its CPU halts and needs an interrupt to come back),
-  // so poll for up to PS_WAIT_SPIN_US first, yielding the CPU to runnable threads.
+  // so poll for up to PS_WAIT_SPIN_US first, yielding the CPU to runnable threads. Only while
+  // waits are short: after a wait longer than the spin (big tensors, a slow round) polling
+  // would only take CPU from the caller's computation, so the next wait sleeps at once.
   const auto spin = runtime_->config().wait_spin;
-  if (spin.count() > 0 && outstanding_.load() != 0) {
-    const auto until = std::chrono::steady_clock::now() + spin;
+  const auto start = std::chrono::steady_clock::now();
+  const bool waiting = outstanding_.load() != 0;
+  if (waiting && spin.count() > 0 && last_wait_short_.load()) {
+    const auto until = start + spin;
     while (outstanding_.load() != 0 && std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
     }
   }
   std::unique_lock lock(ops_mu_);
   ops_done_.wait(lock, [this] { return outstanding_ == 0; });
+  if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
     first_error_.clear();

@@ -97,6 +97,8 @@ class DistKVStore final : public KVStore {
   // Changed only under ops_mu_ (so the condition variable sees every change); atomic so that
   // WaitAll can poll it without the lock while it spins.
   std::atomic<std::size_t> outstanding_{0};
+  // Whether the last WaitAll that had to wait finished within PS_WAIT_SPIN_US (see WaitAll).
+  std::atomic<bool> last_wait_short_{true};
   std::string first_error_;  // GUARDED_BY(ops_mu_)
 };
 

@@ -48,9 +48,9 @@ struct ClusterConfig {
   // PS_IO_THREADS: ZeroMQ I/O threads of this node. Two let a node's outgoing copies into the
   // kernel run beside its incoming ones (a push streams up while earlier replies stream down).
   int io_threads = 2;
-  // PS_WAIT_SPIN_US: how long KVStore::WaitAll polls for completion before it sleeps (0: never
-  // polls). Sleeping and being woken costs tens of microseconds; a small push round-trips in
-  // about as long.
+  // PS_WAIT_SPIN_US: how long KVStore::WaitAll polls for completion before it sleeps, while its
+  // previous wait was that short (0: never polls). Sleeping and being woken costs tens of
+  // microseconds; a small push round-trips in about as long.
   std::chrono::microseconds wait_spin{200};
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
