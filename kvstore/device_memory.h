@@ -7,7 +7,6 @@
 #include <string_view>
 #include <vector>
 
-#include <ps/kvstore.h>
 #include <ps/tensor.h>
 
 namespace ps {

@@ -43,6 +43,16 @@ void CheckCuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(status));
 }
 
+void HostToDevice(const ps::Tensor& device, const std::vector<float>& host) {
+  CheckCuda(cudaMemcpy(device.data(), host.data(), device.bytes(), cudaMemcpyHostToDevice),
+            "upload");
+}
+
+void DeviceToHost(std::vector<float>& host, const ps::Tensor& device) {
+  CheckCuda(cudaMemcpy(host.data(), device.data(), device.bytes(), cudaMemcpyDeviceToHost),
+            "download");
+}
+
 // Device memory for n floats on GPU 0, freed with the object.
 class DeviceFloats {
  public:
@@ -57,13 +67,10 @@ class DeviceFloats {
   DeviceFloats& operator=(const DeviceFloats&) = delete;
 
   ps::Tensor View() const { return {ptr_, n_, ps::DType::kFloat32, ps::Device::CUDA(0)}; }
-  void Upload(const std::vector<float>& host) {
-    CheckCuda(cudaMemcpy(ptr_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), "upload");
-  }
+  void Upload(const std::vector<float>& host) { HostToDevice(View(), host); }
   std::vector<float> Download() const {
     std::vector<float> host(n_);
-    CheckCuda(cudaMemcpy(host.data(), ptr_, n_ * sizeof(float), cudaMemcpyDeviceToHost),
-              "download");
+    DeviceToHost(host, View());
     return host;
   }
 
@@ -79,11 +86,10 @@ class OnGpu final : public ps::test::Placement {
     return buffers_.emplace_back(std::make_unique<DeviceFloats>(host.size()))->View();
   }
   void Upload(const std::vector<float>& host, const ps::Tensor& view) override {
-    CheckCuda(cudaMemcpy(view.data(), host.data(), view.bytes(), cudaMemcpyHostToDevice), "upload");
+    HostToDevice(view, host);
   }
   void Download(std::vector<float>& host, const ps::Tensor& view) override {
-    CheckCuda(cudaMemcpy(host.data(), view.data(), view.bytes(), cudaMemcpyDeviceToHost),
-              "download");
+    DeviceToHost(host, view);
   }
 
  private:
