@@ -31,6 +31,15 @@ void KeepFreedMemoryForReuse() {
   }
 }
 
+// A received frame at least this big has its own allocation, which the server may keep as a
+// slice's value. ZeroMQ packs smaller ones into shared receive buffers.
+constexpr std::size_t kAdoptMinBytes = 64 << 10;
+
+// A fresh value buffer of `bytes` bytes, owned by the returned blob (and its copies).
+Blob NewBuffer(std::size_t bytes, DType dtype) {
+  return Blob::FromVector(std::vector<std::byte>(bytes), dtype);
+}
+
 }  // namespace
 
 KVServerStore::KVServerStore(Runtime& runtime)
@@ -177,8 +186,8 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     slice.length = data[i].count();
     slice.total = ref.total;
     slice.state_id = next_state_id_++;
-    slice.value = std::make_shared<Buffer>(data[i].bytes());
-    CopyInto(slice.value->data(), data[i].data(), data[i].bytes());
+    slice.value = NewBuffer(data[i].bytes(), slice.dtype);
+    CopyInto(const_cast<std::byte*>(slice.value.data()), data[i].data(), data[i].bytes());
     slices_.emplace(SliceId{ref.key, ref.offset}, std::move(slice));
   }
   runtime_.Reply(meta, Message{});
@@ -213,6 +222,10 @@ std::shared_ptr<KVServerStore::Pending> KVServerStore::StartPending(const Meta& 
 
 void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
                                std::vector<Blob>& data, std::vector<ShmTarget> shm) {
+  std::vector<Gradient> gradients(request.slices.size());
+  for (std::size_t i = 0; i < gradients.size(); ++i) {
+    gradients[i] = Gradient{data[i], !shm.empty() && shm[i].data != nullptr};
+  }
   const auto pending =
       StartPending(meta, request.slices.size(), request.command == kv::kPushPull, std::move(shm));
   if (!pending) return;
@@ -220,7 +233,7 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
     if (!request.sync) {
-      ApplyUpdate(slice, data[i].data());
+      ApplyUpdate(slice, gradients[i]);
       Resolve(waiter, slice);
       continue;
     }
@@ -229,10 +242,10 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     if (last != slice.last_round.end() && last->second >= slice.completed) round = last->second + 1;
     slice.last_round[meta.sender] = round;
     if (round == slice.completed) {
-      MergeIntoRound(slice, meta.sender, data[i], waiter);
+      MergeIntoRound(slice, meta.sender, gradients[i], waiter);
       if (slice.pushed.size() == static_cast<std::size_t>(num_workers_)) CloseRound(slice);
     } else {
-      slice.deferred.push_back(DeferredPush{meta.sender, round, data[i], waiter});
+      slice.deferred.push_back(DeferredPush{meta.sender, round, std::move(gradients[i]), waiter});
     }
   }
 }
@@ -253,7 +266,7 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
   }
 }
 
-void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradient,
+void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gradient,
                                    const Waiter& waiter) {
   if (slice.pushed.empty()) {
     slice.first = gradient;  // the round's accumulator from now on: no merge buffer, no copy
@@ -261,7 +274,8 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradien
     // The first push's bytes are this server's to change: a frame it received (nobody else
     // references it) or the pushing worker's shared-memory slot (which the worker leaves alone
     // until the reply, and which gets the reply value anyway).
-    AddInto(slice.dtype, const_cast<std::byte*>(slice.first.data()), gradient.data(), slice.length);
+    AddInto(slice.dtype, const_cast<std::byte*>(slice.first.values.data()), gradient.values.data(),
+            slice.length);
   }
   slice.pushed.insert(sender);
   slice.waiters.emplace(slice.completed, waiter);
@@ -270,8 +284,8 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Blob& gradien
 void KVServerStore::CloseRound(Slice& slice) {
   const auto full = static_cast<std::size_t>(num_workers_);
   while (slice.pushed.size() == full) {
-    ApplyUpdate(slice, slice.first.data());
-    slice.first = Blob();  // releases the frame (or slot) that held the round's sum
+    ApplyUpdate(slice, slice.first);
+    slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
     slice.pushed.clear();
     ++slice.completed;
     // Answer everyone whose round is now closed.
@@ -293,31 +307,36 @@ void KVServerStore::CloseRound(Slice& slice) {
   }
 }
 
-KVServerStore::Buffer& KVServerStore::WritableValue(Slice& slice) {
+std::byte* KVServerStore::WritableValue(Slice& slice) {
   // A reply frame may still reference the current buffer: write a fresh one then.
-  if (slice.value.use_count() > 1) slice.value = std::make_shared<Buffer>(*slice.value);
-  return *slice.value;
+  if (slice.value.owner().use_count() > 1) {
+    Blob fresh = NewBuffer(slice.value.bytes(), slice.dtype);
+    CopyInto(const_cast<std::byte*>(fresh.data()), slice.value.data(), slice.value.bytes());
+    slice.value = std::move(fresh);
+  }
+  return const_cast<std::byte*>(slice.value.data());
 }
 
-void KVServerStore::ApplyUpdate(Slice& slice, const void* gradient) {
+void KVServerStore::ApplyUpdate(Slice& slice, const Gradient& gradient) {
   if (optimizer_) {
-    Buffer& value = WritableValue(slice);
-    optimizer_->Update(slice.state_id, reinterpret_cast<float*>(value.data()),
-                       static_cast<const float*>(gradient), slice.length);
+    optimizer_->Update(slice.state_id, reinterpret_cast<float*>(WritableValue(slice)),
+                       reinterpret_cast<const float*>(gradient.values.data()), slice.length);
     return;
   }
-  // No optimizer: the stored value becomes the round's sum (dist_sync).
-  Buffer& value = WritableValue(slice);
-  CopyInto(value.data(), gradient, value.size());
+  // No optimizer: the stored value becomes the round's sum (dist_sync). A big received frame
+  // is this server's alone, so it becomes the value as it is. A small one may share ZeroMQ's
+  // receive batch buffer (and would pin it), and a shared-memory slot is the worker's again
+  // after the reply: those are copied.
+  if (!gradient.in_shared_memory && gradient.values.bytes() >= kAdoptMinBytes) {
+    slice.value = gradient.values;
+    return;
+  }
+  CopyInto(WritableValue(slice), gradient.values.data(), slice.value.bytes());
 }
 
 void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
   Pending& pending = *waiter.pending;
-  if (pending.with_values) {
-    const std::shared_ptr<const void> owner = slice.value;
-    pending.values[waiter.index] =
-        Blob(owner, slice.value->data(), slice.value->size(), slice.dtype);
-  }
+  if (pending.with_values) pending.values[waiter.index] = slice.value;
   if (--pending.remaining == 0) Answer(pending);
 }
 
@@ -349,7 +368,7 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
   slice.waiters.clear();
   slice.deferred.clear();
   slice.pushed.clear();
-  slice.first = Blob();
+  slice.first = Gradient();
   slice.last_round.clear();
   for (const Waiter& waiter : failed) {
     Pending& pending = *waiter.pending;

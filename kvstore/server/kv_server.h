@@ -12,8 +12,10 @@
 // returns the value after that push's round.
 // dist_async: each push is applied on arrival.
 //
-// Values are copy-on-write (shared_ptr): a pull's reply frame references the current buffer
-// without copying, and an update that finds the buffer still shared writes a fresh one.
+// Values are copy-on-write (shared ownership): a pull's reply frame references the current
+// buffer without copying, and an update that finds the buffer still shared writes a fresh one.
+// Without an optimizer a closed round's sum becomes the value as it is: the received frame
+// that accumulated it is adopted, not copied (payload is copied at most once on the server).
 //
 // Same-host workers may attach a shared-memory segment (ShmAttach) and then pass slices
 // through it: the server reads a pushed gradient in place and writes a reply value back into
@@ -44,7 +46,6 @@ class KVServerStore {
   void OnPeer(const NodeInfo& peer, Runtime::PeerEvent event);
 
  private:
-  using Buffer = std::vector<std::byte>;
   using SliceId = std::pair<Key, std::uint64_t>;  // (key, offset)
 
   // Where a slice's reply value goes instead of a frame: the worker's shared memory.
@@ -66,10 +67,16 @@ class KVServerStore {
     std::shared_ptr<Pending> pending;
     std::size_t index;  // slice index within the request
   };
+  // A pushed gradient: a received frame (this server's alone) or a view of the pushing
+  // worker's shared-memory slot (the worker's again once the push is answered).
+  struct Gradient {
+    Blob values;
+    bool in_shared_memory = false;
+  };
   struct DeferredPush {
     int sender;
     std::uint64_t round;
-    Blob gradient;
+    Gradient gradient;
     Waiter waiter;
   };
   struct Slice {
@@ -77,12 +84,14 @@ class KVServerStore {
     std::size_t length = 0;
     std::uint64_t total = 0;
     std::uint64_t state_id = 0;  // optimizer state of this slice
-    std::shared_ptr<Buffer> value;
+    // The stored value: a buffer this server allocated or a frame it adopted; written only
+    // through WritableValue, which copies it first while a reply still references it.
+    Blob value;
     // dist_sync rounds.
     std::uint64_t completed = 0;  // rounds closed so far; the open round's number
     // The open round's sum: the first push's frame (or shared-memory slot), into which the
     // later pushes of the round are added in place.
-    Blob first;
+    Gradient first;
     std::set<int> pushed;                          // workers in the open round
     std::map<int, std::uint64_t> last_round;       // worker -> round of its latest push
     std::multimap<std::uint64_t, Waiter> waiters;  // released when that round closes
@@ -106,13 +115,15 @@ class KVServerStore {
   // A reply waiting on `slices` slices; answered at once (and null returned) when there are none.
   std::shared_ptr<Pending> StartPending(const Meta& meta, std::size_t slices, bool with_values,
                                         std::vector<ShmTarget> shm);
-  void MergeIntoRound(Slice& slice, int sender, const Blob& gradient, const Waiter& waiter);
+  void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter);
   void CloseRound(Slice& slice);
-  void ApplyUpdate(Slice& slice, const void* gradient);
+  // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.
+  void ApplyUpdate(Slice& slice, const Gradient& gradient);
   void Resolve(const Waiter& waiter, const Slice& slice);
   void Answer(Pending& pending);
   void FailWaiters(Slice& slice, const std::string& why);
-  Buffer& WritableValue(Slice& slice);
+  // The value's bytes, made this slice's alone first (copy-on-write).
+  std::byte* WritableValue(Slice& slice);
 
   Runtime& runtime_;
   const int num_workers_;
