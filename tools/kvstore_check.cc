@@ -7,15 +7,19 @@
 // dist_sync checks that value after every round; dist_async and local check it at the end.
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <ps/kvstore.h>
+
+#include "cli.h"
 
 DEFINE_string(type, "dist_sync", "KVStore type: local, dist_sync or dist_async");
 DEFINE_int32(rounds, 20, "Push/pull rounds");
@@ -36,9 +40,14 @@ namespace {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
-      "(cluster from the DMLC_* environment)");
+  const std::string usage =
+      "ps-kvstore-check: checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
+      "(cluster from the DMLC_* environment)";
+  if (std::any_of(argv + 1, argv + argc, ps::cli::IsHelpFlag)) {
+    ps::cli::PrintFlagHelp(std::cout, usage, "kvstore_check.cc", ps::cli::FlagSpelling::kDashes);
+    return 0;
+  }
+  gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   try {
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(FLAGS_type);

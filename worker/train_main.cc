@@ -6,15 +6,16 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <ps/kvstore.h>
 
+#include "cli.h"
 #include "worker/dataset.h"
 #include "worker/errors.h"
 #include "worker/trainer.h"
@@ -61,37 +62,14 @@ std::vector<std::string> NormalizeArgs(int argc, char** argv) {
   return args;
 }
 
-// --help describes this program's flags only (not those of the linked libraries).
-void PrintHelp() {
-  std::cout << kUsage << "\nflags:\n";
-  std::vector<gflags::CommandLineFlagInfo> flags;
-  gflags::GetAllFlags(&flags);
-  for (const auto& f : flags) {
-    if (f.filename.find("train_main.cc") == std::string::npos) continue;
-    std::string name = f.name;
-    for (char& c : name) {
-      if (c == '_') c = '-';
-    }
-    std::string value = f.default_value.empty() ? "\"\"" : f.default_value;
-    if (f.type == "double") {
-      std::ostringstream shortest;  // 0.05, not 0.050000000000000003
-      shortest << std::stod(f.default_value);
-      value = shortest.str();
-    }
-    std::cout << "  --" << name << " (" << f.type << ", default: " << value << ")\n      "
-              << f.description << "\n";
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = NormalizeArgs(argc, argv);
-  for (const std::string& a : args) {
-    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpfull") {
-      PrintHelp();
-      return 0;
-    }
+  if (std::any_of(args.begin(), args.end(), ps::cli::IsHelpFlag)) {
+    // This program's flags only (not those of the linked libraries), as it spells them.
+    ps::cli::PrintFlagHelp(std::cout, kUsage, "train_main.cc", ps::cli::FlagSpelling::kDashes);
+    return 0;
   }
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) arg_ptrs.push_back(a.data());

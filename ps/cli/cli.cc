@@ -4,9 +4,13 @@
 #include <glog/logging.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
 #include <map>
+#include <sstream>
+#include <vector>
 
 #include "ps/error.h"
 
@@ -51,7 +55,37 @@ const std::map<std::string, std::string>& FlagForVariable() {
 
 }  // namespace
 
+bool IsHelpFlag(std::string_view arg) {
+  return arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull";
+}
+
+void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view flag_file,
+                   FlagSpelling spelling) {
+  out << usage << (usage.ends_with('\n') ? "" : "\n") << "\nflags:\n";
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& flag : flags) {
+    if (!flag.filename.ends_with(flag_file) || flag.description.starts_with("Internal")) continue;
+    std::string name = flag.name;
+    if (spelling == FlagSpelling::kDashes) std::replace(name.begin(), name.end(), '_', '-');
+    std::string value = flag.default_value.empty() ? "\"\"" : flag.default_value;
+    if (flag.type == "double") {
+      std::ostringstream shortest;  // 0.05, not 0.050000000000000003
+      shortest << std::stod(flag.default_value);
+      value = shortest.str();
+    }
+    out << "  --" << name << " (" << flag.type << ", default: " << value << ")\n      "
+        << flag.description << "\n";
+  }
+}
+
 void Init(int* argc, char*** argv, const std::string& usage) {
+  if (std::any_of(*argv + 1, *argv + *argc, IsHelpFlag)) {
+    const std::string program = std::string((*argv)[0]);
+    PrintFlagHelp(std::cout, program.substr(program.rfind('/') + 1) + ": " + usage, "cli.cc",
+                  FlagSpelling::kAsDefined);
+    std::exit(0);
+  }
   gflags::SetVersionString(PS_VERSION);
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(argc, argv, true);

@@ -3,15 +3,29 @@
 // DMLC_* environment into a ClusterConfig, logging set-up, one-line fatal errors, and signals.
 #include <csignal>
 #include <functional>
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "ps/config.h"
 
 namespace ps::cli {
 
-// Parses the command line (gflags: --help, --version), sets up glog on stderr.
+// Parses the command line (gflags: --help, --version), sets up glog on stderr. --help lists
+// the cluster flags only.
 void Init(int* argc, char*** argv, const std::string& usage);
+
+// --help, -help, -h or --helpfull.
+bool IsHelpFlag(std::string_view arg);
+// How a program spells its flags: as defined (--num_servers), or with dashes (--batch-size)
+// for a program that accepts those.
+enum class FlagSpelling { kAsDefined, kDashes };
+// Prints `usage` and the flags defined in source files whose name ends with `flag_file`:
+// a program's own flags, not the dozens its libraries (glog) define. Flags whose description
+// starts with "Internal" are left out.
+void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view flag_file,
+                   FlagSpelling spelling);
 
 // The cluster configuration for `role` from the flags given on the command line, falling back
 // to the environment. Throws ps::Error naming the variable (and its flag) that is wrong.

@@ -91,6 +91,10 @@ bad_flags)
     flag=${args%%=*}
     grep -q -- "$flag" <<<"$message" || fail "$args: the message does not name $flag"
   done
+  # --help lists ps-bench's own flags, not glog's, and none of the internal ones.
+  help=$(timeout 20 "$tool" --help 2>&1) || fail "--help exited with status $?"
+  grep -q -- "--target-seconds" <<<"$help" || fail "--help does not describe --target-seconds"
+  ! grep -qE -- "logtostderr|worker-mode" <<<"$help" || fail "--help lists foreign or internal flags"
   ;;
 plot)
   [[ -f $json ]] || fail "no $json (bench.smoke writes it)"

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include "bench_util.h"
 #include "child.h"
+#include "cli.h"
 #include "raw.h"
 #include "worker.h"
 
@@ -942,12 +944,17 @@ Settings ReadSettings() {
 }  // namespace ps::bench
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "measures the parameter server's push, pull and push+pull throughput and latency next to "
-      "the raw limits (memcpy, ZeroMQ echo, MPI) in one run.\n"
+  const std::string usage =
+      "ps-bench: measures the parameter server's push, pull and push+pull throughput and latency "
+      "next to the raw limits (memcpy, ZeroMQ echo, MPI) in one run.\n"
       "Usage: ps-bench [--quick] [--verify] [--json FILE] [--sizes 4B,16MB] [--workers 1,2] "
       "[--servers 1,2] [--modes dist_sync] [--ops pushpull]\n"
-      "Needs ps-scheduler and ps-server next to it. See docs/performance.md.");
+      "Needs ps-scheduler and ps-server next to it. See docs/performance.md.";
+  if (std::any_of(argv + 1, argv + argc, ps::cli::IsHelpFlag)) {
+    ps::cli::PrintFlagHelp(std::cout, usage, "ps_bench.cc", ps::cli::FlagSpelling::kDashes);
+    return 0;
+  }
+  gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   using namespace ps::bench;
   if (FLAGS_worker_mode) {
