@@ -73,8 +73,8 @@ void CopyFromHost(void* target, Device device, const void* host, std::size_t byt
   }
 }
 
-HostViews StageOnHost(std::string_view store, std::string_view op, const std::vector<Key>& keys,
-                      const std::vector<Tensor>& tensors) {
+HostViews StageOnHost(std::string_view store, std::string_view op, std::span<const Key> keys,
+                      std::span<const Tensor> tensors) {
   HostViews views;
   views.tensors.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {

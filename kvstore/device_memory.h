@@ -4,6 +4,7 @@
 // from or receives into GPU memory directly: a pushed GPU tensor is copied to a host buffer
 // first, a pulled value is copied from the received frame to the GPU.
 #include <cstddef>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -33,7 +34,7 @@ struct HostViews {
   std::vector<std::vector<std::byte>> buffers;  // the copies of the GPU tensors
 };
 // tensors[i] belongs to keys[i]; a failed copy's ps::Error names the store, op and key.
-HostViews StageOnHost(std::string_view store, std::string_view op, const std::vector<Key>& keys,
-                      const std::vector<Tensor>& tensors);
+HostViews StageOnHost(std::string_view store, std::string_view op, std::span<const Key> keys,
+                      std::span<const Tensor> tensors);
 
 }  // namespace ps

@@ -33,7 +33,7 @@ LocalKVStore::Entry& LocalKVStore::FindLocked(const char* op, Key key) {
   return it->second;
 }
 
-void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
+void LocalKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> values) {
   checks::Counts(kStore, "Init", keys.size(), values.size());
   std::lock_guard lock(mu_);
   // Check every key first so a failing call stores nothing.
@@ -66,8 +66,8 @@ void LocalKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tens
   for (std::size_t i = 0; i < keys.size(); ++i) store_.emplace(keys[i], std::move(entries[i]));
 }
 
-std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(
-    const std::vector<Key>& keys, const std::vector<Tensor>& grads) {
+std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(std::span<const Key> keys,
+                                                                  std::span<const Tensor> grads) {
   checks::Counts(kStore, "Push", keys.size(), grads.size());
   std::vector<PushGroup> plan;
   std::unordered_map<Key, std::size_t> group_of;  // key -> index in plan
@@ -87,7 +87,7 @@ std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(
 }
 
 void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
-                                   const std::vector<Tensor>& grads) {
+                                   std::span<const Tensor> grads) {
   for (const PushGroup& g : plan) {
     Entry& e = *g.entry;
     const std::size_t bytes = e.size * DTypeSize(e.dtype);
@@ -111,7 +111,7 @@ void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
   }
 }
 
-void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
+void LocalKVStore::CheckPullLocked(std::span<const Key> keys, std::span<const Tensor> outs) {
   checks::Counts(kStore, "Pull", keys.size(), outs.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Entry& e = FindLocked("Pull", keys[i]);
@@ -123,7 +123,7 @@ void LocalKVStore::CheckPullLocked(const std::vector<Key>& keys, const std::vect
   }
 }
 
-void LocalKVStore::DoPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs) {
+void LocalKVStore::DoPullLocked(std::span<const Key> keys, std::span<const Tensor> outs) {
   for (std::size_t i = 0; i < keys.size(); ++i) {
     const Entry& e = store_.find(keys[i])->second;  // checked by CheckPullLocked
     const std::size_t bytes = e.size * DTypeSize(e.dtype);
@@ -137,7 +137,7 @@ void LocalKVStore::DoPullLocked(const std::vector<Key>& keys, const std::vector<
   }
 }
 
-void LocalKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
+void LocalKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                             int /*priority: nothing is queued here*/) {
   std::lock_guard lock(mu_);
   const auto plan = PlanPushLocked(keys, grads);
@@ -146,15 +146,15 @@ void LocalKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tens
   ApplyPushLocked(plan, host.tensors);
 }
 
-void LocalKVStore::PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
+void LocalKVStore::PullImpl(std::span<const Key> keys, std::span<const Tensor> outs,
                             int /*priority*/) {
   std::lock_guard lock(mu_);
   CheckPullLocked(keys, outs);
   DoPullLocked(keys, outs);
 }
 
-void LocalKVStore::PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                                const std::vector<Tensor>& outs, int /*priority*/) {
+void LocalKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
+                                std::span<const Tensor> outs, int /*priority*/) {
   std::lock_guard lock(mu_);
   // Both halves are checked before anything is written; the pull sees this push's result.
   const auto plan = PlanPushLocked(keys, grads);

@@ -44,13 +44,11 @@ class LocalKVStore final : public KVStore {
   std::string Type() const override { return "local"; }
 
  protected:
-  void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) override;
-  void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                int priority) override;
-  void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
-                int priority) override;
-  void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                    const std::vector<Tensor>& outs, int priority) override;
+  void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) override;
+  void PushImpl(std::span<const Key> keys, std::span<const Tensor> grads, int priority) override;
+  void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) override;
+  void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
+                    std::span<const Tensor> outs, int priority) override;
 
  private:
   struct Entry {
@@ -65,11 +63,10 @@ class LocalKVStore final : public KVStore {
     std::vector<std::size_t> tensors;
   };
 
-  std::vector<PushGroup> PlanPushLocked(const std::vector<Key>& keys,
-                                        const std::vector<Tensor>& grads);
-  void CheckPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs);
-  void ApplyPushLocked(const std::vector<PushGroup>& plan, const std::vector<Tensor>& grads);
-  void DoPullLocked(const std::vector<Key>& keys, const std::vector<Tensor>& outs);
+  std::vector<PushGroup> PlanPushLocked(std::span<const Key> keys, std::span<const Tensor> grads);
+  void CheckPullLocked(std::span<const Key> keys, std::span<const Tensor> outs);
+  void ApplyPushLocked(const std::vector<PushGroup>& plan, std::span<const Tensor> grads);
+  void DoPullLocked(std::span<const Key> keys, std::span<const Tensor> outs);
   Entry& FindLocked(const char* op, Key key);
 
   const ParallelOptions parallel_;

@@ -227,14 +227,8 @@ unsigned ParallelThreads(std::size_t n, const ParallelOptions& options) {
   return static_cast<unsigned>(std::min<std::size_t>(threads, max_chunks));
 }
 
-void ParallelFor(std::size_t n, const ParallelOptions& options,
-                 const std::function<void(std::size_t, std::size_t)>& fn) {
-  if (n == 0) return;
-  const unsigned threads = ParallelThreads(n, options);
-  if (threads <= 1) {
-    fn(0, n);
-    return;
-  }
+void detail::RunOnThreads(std::size_t n, unsigned threads,
+                          const std::function<void(std::size_t, std::size_t)>& fn) {
   std::size_t chunk = (n + threads - 1) / threads;
   chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
   // Helpers are joined by ~jthread at scope exit, also when fn throws on this thread.

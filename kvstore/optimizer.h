@@ -31,10 +31,26 @@ struct ParallelOptions {
 // Threads a call over n elements uses with these options (>= 1).
 unsigned ParallelThreads(std::size_t n, const ParallelOptions& options);
 
+namespace detail {
+// ParallelFor's threaded case: `threads` > 1 contiguous chunks.
+void RunOnThreads(std::size_t n, unsigned threads,
+                  const std::function<void(std::size_t, std::size_t)>& fn);
+}  // namespace detail
+
 // Runs fn(begin, end) over [0, n) split into contiguous chunks (see above); returns when all
-// chunks are done. fn must not throw on a helper thread (a throw there terminates).
-void ParallelFor(std::size_t n, const ParallelOptions& options,
-                 const std::function<void(std::size_t, std::size_t)>& fn);
+// chunks are done. fn must not throw on a helper thread (a throw there terminates). A template
+// so that the common single-chunk case calls fn directly, without wrapping (and allocating)
+// a std::function per call.
+template <class Fn>
+void ParallelFor(std::size_t n, const ParallelOptions& options, const Fn& fn) {
+  if (n == 0) return;
+  const unsigned threads = ParallelThreads(n, options);
+  if (threads <= 1) {
+    fn(std::size_t{0}, n);
+    return;
+  }
+  detail::RunOnThreads(n, threads, fn);
+}
 
 // acc[i] += src[i] for i < n. The ranges must not overlap (ps::Error).
 void AddInto(float* acc, const float* src, std::size_t n, const ParallelOptions& options = {});

@@ -109,7 +109,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
   optimizer_set_ = true;
 }
 
-void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
+void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> values) {
   checks::Counts(kStore, "Init", keys.size(), values.size());
   {
     // Every worker runs the same checks, so all of them throw (or none) before any message.
@@ -138,7 +138,7 @@ void DistKVStore::InitImpl(const std::vector<Key>& keys, const std::vector<Tenso
   Collective([&] { Issue(kv::kInit, keys, values, {}, 0); });
 }
 
-void DistKVStore::AttachSlots(const std::vector<Key>& keys) {
+void DistKVStore::AttachSlots(std::span<const Key> keys) {
   // Per same-host server: every new slice big enough for a slot, and its size.
   struct Wanted {
     Key key;
@@ -197,25 +197,22 @@ void DistKVStore::AttachSlots(const std::vector<Key>& keys) {
   }
 }
 
-void DistKVStore::PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                           int priority) {
+void DistKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> grads, int priority) {
   Issue(kv::kPush, keys, grads, {}, priority);
 }
 
-void DistKVStore::PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
-                           int priority) {
+void DistKVStore::PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) {
   Issue(kv::kPull, keys, {}, outs, priority);
 }
 
-void DistKVStore::PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                               const std::vector<Tensor>& outs, int priority) {
+void DistKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
+                               std::span<const Tensor> outs, int priority) {
   checks::Counts(kStore, "PushPull", keys.size(), outs.size());
   Issue(kv::kPushPull, keys, grads, outs, priority);
 }
 
-void DistKVStore::Issue(kv::Command command, const std::vector<Key>& keys,
-                        const std::vector<Tensor>& sends, const std::vector<Tensor>& outs,
-                        int priority) {
+void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
+                        std::span<const Tensor> sends, std::span<const Tensor> outs, int priority) {
   const std::string op = kv::CommandName(command);
   const bool sending = command != kv::kPull;
   const bool receiving = command == kv::kPull || command == kv::kPushPull;

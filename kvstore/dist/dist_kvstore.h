@@ -44,13 +44,11 @@ class DistKVStore final : public KVStore {
   std::string Type() const override { return sync_ ? "dist_sync" : "dist_async"; }
 
  protected:
-  void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) override;
-  void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                int priority) override;
-  void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
-                int priority) override;
-  void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                    const std::vector<Tensor>& outs, int priority) override;
+  void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) override;
+  void PushImpl(std::span<const Key> keys, std::span<const Tensor> grads, int priority) override;
+  void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) override;
+  void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
+                    std::span<const Tensor> outs, int priority) override;
 
  private:
   struct KeyInfo {
@@ -68,14 +66,14 @@ class DistKVStore final : public KVStore {
   };
 
   // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
-  void Issue(kv::Command command, const std::vector<Key>& keys, const std::vector<Tensor>& sends,
-             const std::vector<Tensor>& outs, int priority);
+  void Issue(kv::Command command, std::span<const Key> keys, std::span<const Tensor> sends,
+             std::span<const Tensor> outs, int priority);
   // Sends one wave of messages; on completion copies the pulled values to `destinations` (per
   // message) and frees `slots` (or retires them, on error).
   void Track(std::vector<Message> messages, std::vector<std::vector<Destination>> destinations,
              std::vector<ShmSlot*> slots = {});
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
-  void AttachSlots(const std::vector<Key>& keys);
+  void AttachSlots(std::span<const Key> keys);
   void Complete(const std::string& error);
   // Runs a collective step on rank 0 (`work`), then a worker barrier; every worker throws
   // rank 0's error, if any, after the barrier, so none is left waiting.

@@ -1,9 +1,16 @@
 #include "kv_protocol.h"
 
+#include <google/protobuf/arena.h>
+
+#include <cstddef>
+
 #include "kv.pb.h"
 
 namespace ps::kv {
 namespace {
+
+// Stack bytes for encoding one body: its three key lists take 8 to 30 bytes per slice.
+constexpr std::size_t kEncodeArenaBytes = 2048;
 
 bool CarriesValues(int command) {
   return command == kInit || command == kPush || command == kPushPull;
@@ -53,7 +60,14 @@ std::string CommandName(int command) {
 }
 
 std::string EncodeBody(const Request& request) {
-  pb::KVBody body;
+  // The body lives in an arena whose first block is on this stack: a request of a few dozen
+  // keys is encoded without touching the heap (Issue runs this for every message it sends).
+  alignas(std::max_align_t) std::byte first_block[kEncodeArenaBytes];
+  google::protobuf::ArenaOptions options;
+  options.initial_block = reinterpret_cast<char*>(first_block);
+  options.initial_block_size = sizeof(first_block);
+  google::protobuf::Arena arena(options);
+  pb::KVBody& body = *google::protobuf::Arena::CreateMessage<pb::KVBody>(&arena);
   for (const SliceRef& slice : request.slices) {
     body.add_keys(slice.key);
     body.add_offsets(slice.offset);
@@ -100,23 +114,32 @@ Message RequestMessage(const Request& request, int recipient) {
   return msg;
 }
 
-std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
+RequestDecoder::RequestDecoder() : body_(std::make_unique<pb::KVBody>()) {}
+RequestDecoder::~RequestDecoder() = default;
+
+const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   if (msg.meta.head < kInit || msg.meta.head > kShmAttach) {
     *error = "unknown KVStore command " + std::to_string(msg.meta.head);
-    return std::nullopt;
+    return nullptr;
   }
-  pb::KVBody body;
+  // Parsing clears the body first but keeps the memory of its repeated fields.
+  pb::KVBody& body = *body_;
   if (!body.ParseFromString(msg.meta.body)) {
     *error = "malformed KVStore request body";
-    return std::nullopt;
+    return nullptr;
   }
-  Request request;
+  Request& request = request_;
+  request.slices.clear();
+  request.shm.clear();
+  request.optimizer = OptimizerConfig{};
+  request.segment_id = 0;
+  request.segment = SharedSegment::Descriptor{};
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
       static_cast<std::size_t>(body.keys_size()) > kMaxSlicesPerMessage) {
     *error = "inconsistent key lists in a " + CommandName(request.command) + " request";
-    return std::nullopt;
+    return nullptr;
   }
   request.slices.reserve(static_cast<std::size_t>(body.keys_size()));
   for (int i = 0; i < body.keys_size(); ++i) {
@@ -126,7 +149,7 @@ std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
   if (msg.data.size() != frames) {
     *error = CommandName(request.command) + " request with " + std::to_string(msg.data.size()) +
              " value frames for " + std::to_string(request.slices.size()) + " keys";
-    return std::nullopt;
+    return nullptr;
   }
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const SliceRef& slice = request.slices[i];
@@ -135,10 +158,10 @@ std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
       *error = "key " + std::to_string(slice.key) + ": slice [" + std::to_string(slice.offset) +
                ", +" + std::to_string(length) + ") outside its " + std::to_string(slice.total) +
                " elements";
-      return std::nullopt;
+      return nullptr;
     }
   }
-  if (!DecodeShm(body, request, msg.data, error)) return std::nullopt;
+  if (!DecodeShm(body, request, msg.data, error)) return nullptr;
   if (request.command == kShmAttach) {
     const auto& attach = body.attach();
     request.segment_id = attach.id();
@@ -158,7 +181,14 @@ std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
     c.beta2 = spec.beta2();
     c.epsilon = spec.epsilon();
   }
-  return request;
+  return &request;
+}
+
+std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {
+  RequestDecoder decoder;
+  const Request* request = decoder.Decode(msg, error);
+  if (request == nullptr) return std::nullopt;
+  return *request;
 }
 
 }  // namespace ps::kv

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace ps {
@@ -47,16 +48,16 @@ KVServerStore::KVServerStore(Runtime& runtime)
 
 void KVServerStore::OnRequest(Message&& msg) {
   std::string error;
-  std::optional<kv::Request> request;
+  const kv::Request* request = nullptr;
   if (msg.meta.app_id != kv::kAppId) {
     error = "unknown application id " + std::to_string(msg.meta.app_id);
   } else {
-    request = kv::DecodeRequest(msg, &error);
+    request = decoder_.Decode(msg, &error);
     msg.meta.body.clear();  // decoded; Pending keeps a copy of the meta, without it
   }
-  std::vector<ShmTarget> shm;
-  if (request) error = ResolveShm(msg.meta.sender, *request, msg.data, shm);
-  if (request && error.empty()) error = Validate(*request, msg.data, shm);
+  shm_.clear();
+  if (request) error = ResolveShm(msg.meta.sender, *request, msg.data, shm_);
+  if (request && error.empty()) error = Validate(*request, msg.data, shm_);
   if (!error.empty()) {
     const std::string server = "server " + std::to_string(runtime_.rank());
     LOG(WARNING) << server << ": rejected a request from " << runtime_.Describe(msg.meta.sender)
@@ -70,10 +71,10 @@ void KVServerStore::OnRequest(Message&& msg) {
       break;
     case kv::kPush:
     case kv::kPushPull:
-      HandlePush(msg.meta, *request, msg.data, std::move(shm));
+      HandlePush(msg.meta, *request, msg.data, shm_);
       break;
     case kv::kPull:
-      HandlePull(msg.meta, *request, std::move(shm));
+      HandlePull(msg.meta, *request, shm_);
       break;
     case kv::kSetOptimizer:
       HandleSetOptimizer(msg.meta, *request);
@@ -125,14 +126,17 @@ void KVServerStore::HandleShmAttach(const Meta& meta, const kv::Request& request
 }
 
 std::string KVServerStore::Validate(const kv::Request& request, const std::vector<Blob>& data,
-                                    const std::vector<ShmTarget>& shm) const {
-  std::set<SliceId> seen;
+                                    const std::vector<ShmTarget>& shm) {
+  if (request.slices.size() > 1) {
+    seen_.clear();
+    for (const kv::SliceRef& ref : request.slices) seen_.emplace_back(ref.key, ref.offset);
+    std::sort(seen_.begin(), seen_.end());
+    const auto twice = std::adjacent_find(seen_.begin(), seen_.end());
+    if (twice != seen_.end()) return KeyText(twice->first) + ": given twice in one request";
+  }
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const kv::SliceRef& ref = request.slices[i];
     const SliceId id{ref.key, ref.offset};
-    if (request.slices.size() > 1 && !seen.insert(id).second) {
-      return KeyText(ref.key) + ": given twice in one request";
-    }
     const auto it = slices_.find(id);
     if (request.command == kv::kInit) {
       if (it != slices_.end())
@@ -203,16 +207,22 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
   runtime_.Reply(meta, Message{});
 }
 
-std::shared_ptr<KVServerStore::Pending> KVServerStore::StartPending(const Meta& meta,
-                                                                    std::size_t slices,
-                                                                    bool with_values,
-                                                                    std::vector<ShmTarget> shm) {
-  auto pending = std::make_shared<Pending>();
+KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, std::size_t slices,
+                                                    bool with_values,
+                                                    const std::vector<ShmTarget>& shm) {
+  if (spare_pendings_.empty()) {
+    pendings_.push_back(std::make_unique<Pending>());
+    spare_pendings_.push_back(pendings_.back().get());
+  }
+  Pending* pending = spare_pendings_.back();
+  spare_pendings_.pop_back();
+  // Assignments into a reused Pending keep the memory its strings and vectors already hold.
   pending->request = meta;
   pending->remaining = slices;
   pending->with_values = with_values;
-  pending->values.resize(slices);
-  pending->shm = std::move(shm);
+  pending->values.assign(with_values ? slices : 0, Blob());
+  pending->shm.assign(shm.begin(), shm.end());
+  pending->error.clear();
   if (slices == 0) {
     Answer(*pending);
     return nullptr;
@@ -221,19 +231,16 @@ std::shared_ptr<KVServerStore::Pending> KVServerStore::StartPending(const Meta& 
 }
 
 void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
-                               std::vector<Blob>& data, std::vector<ShmTarget> shm) {
-  std::vector<Gradient> gradients(request.slices.size());
-  for (std::size_t i = 0; i < gradients.size(); ++i) {
-    gradients[i] = Gradient{data[i], !shm.empty() && shm[i].data != nullptr};
-  }
-  const auto pending =
-      StartPending(meta, request.slices.size(), request.command == kv::kPushPull, std::move(shm));
-  if (!pending) return;
+                               std::vector<Blob>& data, const std::vector<ShmTarget>& shm) {
+  Pending* const pending =
+      StartPending(meta, request.slices.size(), request.command == kv::kPushPull, shm);
+  if (pending == nullptr) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
+    const Gradient gradient{data[i], !shm.empty() && shm[i].data != nullptr};
     if (!request.sync) {
-      ApplyUpdate(slice, gradients[i]);
+      ApplyUpdate(slice, gradient);
       Resolve(waiter, slice);
       continue;
     }
@@ -242,24 +249,24 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     if (last != slice.last_round.end() && last->second >= slice.completed) round = last->second + 1;
     slice.last_round[meta.sender] = round;
     if (round == slice.completed) {
-      MergeIntoRound(slice, meta.sender, gradients[i], waiter);
+      MergeIntoRound(slice, meta.sender, gradient, waiter);
       if (slice.pushed.size() == static_cast<std::size_t>(num_workers_)) CloseRound(slice);
     } else {
-      slice.deferred.push_back(DeferredPush{meta.sender, round, std::move(gradients[i]), waiter});
+      slice.deferred.push_back(DeferredPush{meta.sender, round, gradient, waiter});
     }
   }
 }
 
 void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
-                               std::vector<ShmTarget> shm) {
-  const auto pending = StartPending(meta, request.slices.size(), true, std::move(shm));
-  if (!pending) return;
+                               const std::vector<ShmTarget>& shm) {
+  Pending* const pending = StartPending(meta, request.slices.size(), true, shm);
+  if (pending == nullptr) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
     const auto last = slice.last_round.find(meta.sender);
     if (request.sync && last != slice.last_round.end() && last->second >= slice.completed) {
-      slice.waiters.emplace(last->second, waiter);  // after the puller's own push
+      slice.waiters.push_back({last->second, waiter});  // after the puller's own push
     } else {
       Resolve(waiter, slice);
     }
@@ -277,8 +284,8 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gra
     AddInto(slice.dtype, const_cast<std::byte*>(slice.first.values.data()), gradient.values.data(),
             slice.length);
   }
-  slice.pushed.insert(sender);
-  slice.waiters.emplace(slice.completed, waiter);
+  slice.pushed.push_back(sender);  // once per round: a worker's next push waits in `deferred`
+  slice.waiters.push_back({slice.completed, waiter});
 }
 
 void KVServerStore::CloseRound(Slice& slice) {
@@ -288,22 +295,19 @@ void KVServerStore::CloseRound(Slice& slice) {
     slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
     slice.pushed.clear();
     ++slice.completed;
-    // Answer everyone whose round is now closed.
-    const auto end = slice.waiters.lower_bound(slice.completed);
-    std::vector<Waiter> ready;
-    for (auto it = slice.waiters.begin(); it != end; ++it) ready.push_back(it->second);
-    slice.waiters.erase(slice.waiters.begin(), end);
-    for (const Waiter& waiter : ready) Resolve(waiter, slice);
+    // Answer everyone whose round is now closed (answering never touches this slice), and
+    // keep the others in order.
+    std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
+      if (entry.round >= slice.completed) return false;
+      Resolve(entry.waiter, slice);
+      return true;
+    });
     // Pushes that arrived early join the round that just opened.
-    std::deque<DeferredPush> later;
-    for (DeferredPush& push : slice.deferred) {
-      if (push.round == slice.completed) {
-        MergeIntoRound(slice, push.sender, push.gradient, push.waiter);
-      } else {
-        later.push_back(std::move(push));
-      }
-    }
-    slice.deferred = std::move(later);
+    std::erase_if(slice.deferred, [&](const DeferredPush& push) {
+      if (push.round != slice.completed) return false;
+      MergeIntoRound(slice, push.sender, push.gradient, push.waiter);
+      return true;
+    });
   }
 }
 
@@ -343,34 +347,38 @@ void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
 void KVServerStore::Answer(Pending& pending) {
   if (!pending.error.empty()) {
     runtime_.ReplyError(pending.request, pending.error);
-    return;
-  }
-  // The reply carries no body: the worker matches values to slices by the request it kept.
-  Message response;
-  if (pending.with_values) {
-    // Shared-memory slices: the value goes into the worker's slot, the frame stays empty.
-    for (std::size_t i = 0; i < pending.shm.size(); ++i) {
-      const ShmTarget& target = pending.shm[i];
-      if (target.data == nullptr) continue;
-      Blob& value = pending.values[i];
-      CopyInto(target.data, value.data(), value.bytes());
-      value = Blob(nullptr, nullptr, 0, value.dtype());
+  } else {
+    // The reply carries no body: the worker matches values to slices by the request it kept.
+    Message response;
+    if (pending.with_values) {
+      // Shared-memory slices: the value goes into the worker's slot, the frame stays empty.
+      for (std::size_t i = 0; i < pending.shm.size(); ++i) {
+        const ShmTarget& target = pending.shm[i];
+        if (target.data == nullptr) continue;
+        Blob& value = pending.values[i];
+        CopyInto(target.data, value.data(), value.bytes());
+        value = Blob(nullptr, nullptr, 0, value.dtype());
+      }
+      response.data = std::move(pending.values);
     }
-    response.data = std::move(pending.values);
+    runtime_.Reply(pending.request, std::move(response));
   }
-  runtime_.Reply(pending.request, std::move(response));
+  // Spare from here on: it must not keep values or mappings alive.
+  pending.values.clear();
+  pending.shm.clear();
+  spare_pendings_.push_back(&pending);
 }
 
 void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
-  std::vector<Waiter> failed;
-  for (auto& [round, waiter] : slice.waiters) failed.push_back(waiter);
-  for (DeferredPush& push : slice.deferred) failed.push_back(push.waiter);
+  ready_.clear();
+  for (const RoundWaiter& entry : slice.waiters) ready_.push_back(entry.waiter);
+  for (const DeferredPush& push : slice.deferred) ready_.push_back(push.waiter);
   slice.waiters.clear();
   slice.deferred.clear();
   slice.pushed.clear();
   slice.first = Gradient();
   slice.last_round.clear();
-  for (const Waiter& waiter : failed) {
+  for (const Waiter& waiter : ready_) {
     Pending& pending = *waiter.pending;
     if (pending.error.empty()) pending.error = why;
     if (--pending.remaining == 0) Answer(pending);
@@ -385,7 +393,9 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   // Its segments: requests still holding one keep it mapped until they are answered.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   for (auto& [id, slice] : slices_) {
-    const bool waits_on_peer = !slice.pushed.empty() && !slice.pushed.contains(peer.id);
+    const bool waits_on_peer =
+        !slice.pushed.empty() &&
+        std::find(slice.pushed.begin(), slice.pushed.end(), peer.id) == slice.pushed.end();
     if (waits_on_peer || !slice.deferred.empty()) {
       FailWaiters(slice, "server " + std::to_string(runtime_.rank()) + ": " +
                              UnfinishableRound(id.first, why));

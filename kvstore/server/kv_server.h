@@ -22,10 +22,8 @@
 // the same place before answering. The worker leaves that memory alone from sending the
 // request until the reply arrives.
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -54,7 +52,8 @@ class KVServerStore {
     std::byte* data = nullptr;               // null: the value travels as a frame
     std::size_t bytes = 0;
   };
-  // A request waiting for some of its slices; answered when `remaining` reaches 0.
+  // A request waiting for some of its slices; answered when `remaining` reaches 0, then kept
+  // for reuse (with the memory its members hold) by a later request.
   struct Pending {
     Meta request;
     std::size_t remaining = 0;
@@ -64,8 +63,12 @@ class KVServerStore {
     std::string error;
   };
   struct Waiter {
-    std::shared_ptr<Pending> pending;
+    Pending* pending;   // owned by pendings_; in use until answered
     std::size_t index;  // slice index within the request
+  };
+  struct RoundWaiter {
+    std::uint64_t round;  // released when this round closes
+    Waiter waiter;
   };
   // A pushed gradient: a received frame (this server's alone) or a view of the pushing
   // worker's shared-memory slot (the worker's again once the push is answered).
@@ -92,16 +95,18 @@ class KVServerStore {
     // The open round's sum: the first push's frame (or shared-memory slot), into which the
     // later pushes of the round are added in place.
     Gradient first;
-    std::set<int> pushed;                          // workers in the open round
-    std::map<int, std::uint64_t> last_round;       // worker -> round of its latest push
-    std::multimap<std::uint64_t, Waiter> waiters;  // released when that round closes
-    std::deque<DeferredPush> deferred;             // pushes for rounds after the open one
+    // The containers below keep their memory from round to round: a steady stream of rounds
+    // allocates nothing here.
+    std::vector<int> pushed;                  // workers in the open round
+    std::map<int, std::uint64_t> last_round;  // worker -> round of its latest push
+    std::vector<RoundWaiter> waiters;         // in arrival order
+    std::vector<DeferredPush> deferred;       // pushes for rounds after the open one
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
   void HandlePush(const Meta& meta, const kv::Request& request, std::vector<Blob>& data,
-                  std::vector<ShmTarget> shm);
-  void HandlePull(const Meta& meta, const kv::Request& request, std::vector<ShmTarget> shm);
+                  const std::vector<ShmTarget>& shm);
+  void HandlePull(const Meta& meta, const kv::Request& request, const std::vector<ShmTarget>& shm);
   void HandleSetOptimizer(const Meta& meta, const kv::Request& request);
   void HandleShmAttach(const Meta& meta, const kv::Request& request);
   // Points the shared-memory slices of a request into the sender's segment: their frames
@@ -110,11 +115,11 @@ class KVServerStore {
                          std::vector<ShmTarget>& shm) const;
   // Checks every slice of a request before anything changes; "" when all are fine.
   std::string Validate(const kv::Request& request, const std::vector<Blob>& data,
-                       const std::vector<ShmTarget>& shm) const;
+                       const std::vector<ShmTarget>& shm);
 
   // A reply waiting on `slices` slices; answered at once (and null returned) when there are none.
-  std::shared_ptr<Pending> StartPending(const Meta& meta, std::size_t slices, bool with_values,
-                                        std::vector<ShmTarget> shm);
+  Pending* StartPending(const Meta& meta, std::size_t slices, bool with_values,
+                        const std::vector<ShmTarget>& shm);
   void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter);
   void CloseRound(Slice& slice);
   // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.
@@ -133,6 +138,12 @@ class KVServerStore {
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
   // (worker node id, segment id) -> the worker's attached shared memory.
   std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
+  std::vector<std::unique_ptr<Pending>> pendings_;  // every Pending, in use or not
+  std::vector<Pending*> spare_pendings_;            // the answered ones, free for reuse
+  kv::RequestDecoder decoder_;                      // OnRequest's, reused
+  std::vector<ShmTarget> shm_;                      // OnRequest's, reused
+  std::vector<Waiter> ready_;                       // FailWaiters', reused
+  std::vector<SliceId> seen_;                       // Validate's, reused
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

@@ -11,8 +11,13 @@ bool ValidRole(int raw) { return raw >= 1 && raw <= 3; }
 
 }  // namespace
 
-std::string EncodeHeader(const Meta& meta, const std::vector<Blob>& data) {
-  ps::pb::Header header;
+HeaderEncoder::HeaderEncoder() : scratch_(std::make_unique<pb::Header>()) {}
+HeaderEncoder::~HeaderEncoder() = default;
+
+const std::string& HeaderEncoder::Encode(const Meta& meta, const std::vector<Blob>& data) {
+  // Clear() keeps the strings and repeated entries the last header allocated.
+  pb::Header& header = *scratch_;
+  header.Clear();
   header.set_version(kProtocolVersion);
   header.set_sender(meta.sender);
   header.set_recipient(meta.recipient);
@@ -41,69 +46,62 @@ std::string EncodeHeader(const Meta& meta, const std::vector<Blob>& data) {
     info->set_host_id(node.host_id);
     info->set_ipc_endpoint(node.ipc_endpoint);
   }
-  return header.SerializeAsString();
+  header.SerializeToString(&out_);
+  return out_;
 }
 
-DecodeResult DecodeHeader(const void* bytes, std::size_t size) {
-  DecodeResult result;
+HeaderDecoder::HeaderDecoder() : scratch_(std::make_unique<pb::Header>()) {}
+HeaderDecoder::~HeaderDecoder() = default;
+
+std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHeader& decoded) {
   if (size > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    result.error = "header of " + std::to_string(size) + " bytes is too large";
-    return result;
+    return "header of " + std::to_string(size) + " bytes is too large";
   }
-  ps::pb::Header header;
+  // Parsing clears the message first but keeps the memory of its strings and repeated fields.
+  pb::Header& header = *scratch_;
   if (!header.ParseFromArray(bytes, static_cast<int>(size))) {
-    result.error = "header of " + std::to_string(size) + " bytes is not a valid protobuf";
-    return result;
+    return "header of " + std::to_string(size) + " bytes is not a valid protobuf";
   }
   if (header.version() != kProtocolVersion) {
-    result.error = "protocol version " + std::to_string(header.version()) + ", expected " +
-                   std::to_string(kProtocolVersion) + " (mixed builds of ps?)";
-    return result;
+    return "protocol version " + std::to_string(header.version()) + ", expected " +
+           std::to_string(kProtocolVersion) + " (mixed builds of ps?)";
   }
   if (!ps::pb::Control_IsValid(header.control())) {
-    result.error = "unknown control command " + std::to_string(header.control());
-    return result;
+    return "unknown control command " + std::to_string(header.control());
   }
   if (header.sender() < kNoNode || header.recipient() < kNoNode) {
-    result.error = "negative node id";
-    return result;
+    return "negative node id";
   }
   if (header.data_size() > static_cast<int>(kMaxDataFrames)) {
-    result.error = std::to_string(header.data_size()) + " data frames, at most " +
-                   std::to_string(kMaxDataFrames) + " allowed";
-    return result;
+    return std::to_string(header.data_size()) + " data frames, at most " +
+           std::to_string(kMaxDataFrames) + " allowed";
   }
   if (header.nodes_size() > static_cast<int>(kMaxNodes) || header.body().size() > kMaxBodyBytes) {
-    result.error = "node table or body too large";
-    return result;
+    return "node table or body too large";
   }
   if (header.barrier_group() < 0 || header.barrier_group() > kAllGroups) {
-    result.error = "barrier group " + std::to_string(header.barrier_group()) + " out of range";
-    return result;
+    return "barrier group " + std::to_string(header.barrier_group()) + " out of range";
   }
 
-  DecodedHeader decoded;
+  decoded.data.clear();
+  decoded.meta.nodes.clear();
   for (const auto& desc : header.data()) {
     if (!IsValidDType(desc.dtype())) {
-      result.error = "unknown dtype " + std::to_string(desc.dtype());
-      return result;
+      return "unknown dtype " + std::to_string(desc.dtype());
     }
     const DType dtype = static_cast<DType>(desc.dtype());
     if (desc.count() > kMaxFrameBytes / DTypeSize(dtype)) {
-      result.error = "data frame of " + std::to_string(desc.count()) + " elements is absurd";
-      return result;
+      return "data frame of " + std::to_string(desc.count()) + " elements is absurd";
     }
     decoded.data.push_back(DataDesc{dtype, desc.count()});
   }
   for (const auto& node : header.nodes()) {
     if (!ValidRole(node.role()) || node.port() < 0 || node.port() > 65535 || node.id() < kNoNode ||
         node.rank() < -1) {
-      result.error = "invalid node entry for " + node.host();
-      return result;
+      return "invalid node entry for " + node.host();
     }
     if (!node.ipc_endpoint().empty() && node.ipc_endpoint().rfind("ipc://@", 0) != 0) {
-      result.error = "invalid ipc endpoint for " + node.host();
-      return result;
+      return "invalid ipc endpoint for " + node.host();
     }
     decoded.meta.nodes.push_back(NodeInfo{node.id(), static_cast<Role>(node.role()), node.host(),
                                           node.port(), node.rank(), node.host_id(),
@@ -118,11 +116,24 @@ DecodeResult DecodeHeader(const void* bytes, std::size_t size) {
   meta.customer_id = header.customer_id();
   meta.timestamp = header.timestamp();
   meta.head = header.head();
-  meta.body = header.body();
+  meta.body.assign(header.body());
   meta.barrier_group = header.barrier_group();
-  meta.error = header.error();
+  meta.error.assign(header.error());
   meta.priority = header.priority();
-  result.header = std::move(decoded);
+  return "";
+}
+
+std::string EncodeHeader(const Meta& meta, const std::vector<Blob>& data) {
+  HeaderEncoder encoder;
+  return encoder.Encode(meta, data);
+}
+
+DecodeResult DecodeHeader(const void* bytes, std::size_t size) {
+  HeaderDecoder decoder;
+  DecodedHeader header;
+  DecodeResult result;
+  result.error = decoder.Decode(bytes, size, header);
+  if (result.error.empty()) result.header = std::move(header);
   return result;
 }
 

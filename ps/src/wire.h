@@ -1,13 +1,18 @@
 #pragma once
 // The one encoder and the one decoder of the wire header. Decoding validates every field;
-// a header that fails is described in `error` and must be dropped by the caller.
+// a header that fails is described by the error returned and must be dropped by the caller.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ps/message.h"
+
+namespace ps::pb {
+class Header;  // generated from proto/ps.proto
+}  // namespace ps::pb
 
 namespace ps::wire {
 
@@ -24,13 +29,44 @@ struct DataDesc {
   std::uint64_t bytes() const { return count * DTypeSize(dtype); }
 };
 
-// Serializes `meta` plus one descriptor per payload buffer.
-std::string EncodeHeader(const Meta& meta, const std::vector<Blob>& data);
-
 struct DecodedHeader {
   Meta meta;
   std::vector<DataDesc> data;
 };
+
+// Encodes headers into one reused protobuf message and output buffer, so that a steady stream
+// of messages allocates nothing here. One thread at a time.
+class HeaderEncoder {
+ public:
+  HeaderEncoder();
+  ~HeaderEncoder();
+  HeaderEncoder(const HeaderEncoder&) = delete;
+  HeaderEncoder& operator=(const HeaderEncoder&) = delete;
+  // Serializes `meta` plus one descriptor per payload buffer; valid until the next call.
+  const std::string& Encode(const Meta& meta, const std::vector<Blob>& data);
+
+ private:
+  std::unique_ptr<pb::Header> scratch_;
+  std::string out_;
+};
+
+// Decodes headers through one reused protobuf message. One thread at a time.
+class HeaderDecoder {
+ public:
+  HeaderDecoder();
+  ~HeaderDecoder();
+  HeaderDecoder(const HeaderDecoder&) = delete;
+  HeaderDecoder& operator=(const HeaderDecoder&) = delete;
+  // Fills `header`, reusing the memory its containers hold. Returns "" or why the header is
+  // malformed (`header` is then unspecified).
+  std::string Decode(const void* bytes, std::size_t size, DecodedHeader& header);
+
+ private:
+  std::unique_ptr<pb::Header> scratch_;
+};
+
+// One-off forms of the above.
+std::string EncodeHeader(const Meta& meta, const std::vector<Blob>& data);
 struct DecodeResult {
   std::optional<DecodedHeader> header;
   std::string error;  // set when !header

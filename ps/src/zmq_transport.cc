@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "ps/error.h"
-#include "wire.h"
 
 namespace ps {
 namespace {
@@ -128,12 +127,12 @@ void ZmqTransport::Disconnect(int node_id) {
 
 bool ZmqTransport::Send(const Message& msg) {
   if (shut_down_.load()) return false;
-  const std::string header = wire::EncodeHeader(msg.meta, msg.data);
   std::shared_lock map_lock(peers_mu_);
   const auto it = peers_.find(msg.meta.recipient);
   if (it == peers_.end()) return false;
   Peer& peer = *it->second;
   std::lock_guard peer_lock(peer.mu);
+  const std::string& header = peer.encoder.Encode(msg.meta, msg.data);
   try {
     const auto more = msg.data.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
     peer.socket.send(zmq::buffer(header), more);
@@ -152,41 +151,41 @@ bool ZmqTransport::Send(const Message& msg) {
 
 std::optional<Message> ZmqTransport::Recv() {
   while (!shut_down_.load()) {
-    std::vector<zmq::message_t> frames;
+    frames_.clear();
     try {
       do {
         zmq::message_t frame;
         if (!receiver_.recv(frame)) continue;  // EAGAIN cannot happen on a blocking socket
         // Past the cap, keep draining the multipart message but stop storing it.
-        if (frames.size() <= wire::kMaxDataFrames + 1) frames.push_back(std::move(frame));
+        if (frames_.size() <= wire::kMaxDataFrames + 1) frames_.push_back(std::move(frame));
       } while (receiver_.get(zmq::sockopt::rcvmore));
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return std::nullopt;
       LOG(WARNING) << "receive failed: " << e.what();
       continue;
     }
-    if (frames.size() > wire::kMaxDataFrames + 1) {
+    if (frames_.size() > wire::kMaxDataFrames + 1) {
       Drop("message with more than " + std::to_string(wire::kMaxDataFrames) + " data frames");
       continue;
     }
-    auto decoded = wire::DecodeHeader(frames[0].data(), frames[0].size());
-    if (!decoded.header) {
-      Drop(decoded.error);
+    if (auto bad = decoder_.Decode(frames_[0].data(), frames_[0].size(), decoded_); !bad.empty()) {
+      Drop(bad);
       continue;
     }
-    std::vector<std::size_t> sizes;
-    for (std::size_t i = 1; i < frames.size(); ++i) sizes.push_back(frames[i].size());
-    if (auto bad = wire::CheckFrames(decoded.header->data, sizes); !bad.empty()) {
+    frame_sizes_.clear();
+    for (std::size_t i = 1; i < frames_.size(); ++i) frame_sizes_.push_back(frames_[i].size());
+    if (auto bad = wire::CheckFrames(decoded_.data, frame_sizes_); !bad.empty()) {
       Drop(bad);
       continue;
     }
     Message msg;
-    msg.meta = std::move(decoded.header->meta);
-    for (std::size_t i = 1; i < frames.size(); ++i) {
-      auto frame = std::make_shared<zmq::message_t>(std::move(frames[i]));
+    msg.meta = std::move(decoded_.meta);
+    msg.data.reserve(frames_.size() - 1);
+    for (std::size_t i = 1; i < frames_.size(); ++i) {
+      auto frame = std::make_shared<zmq::message_t>(std::move(frames_[i]));
       const void* data = frame->data();
       const std::size_t bytes = frame->size();
-      msg.data.emplace_back(std::move(frame), data, bytes, decoded.header->data[i - 1].dtype);
+      msg.data.emplace_back(std::move(frame), data, bytes, decoded_.data[i - 1].dtype);
     }
     if (verbose_ >= 2) LOG(INFO) << "received " << msg.DebugString();
     return msg;

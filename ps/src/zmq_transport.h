@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include "ps/message.h"
+#include "wire.h"
 
 namespace ps {
 
@@ -59,8 +60,9 @@ class ZmqTransport {
 
  private:
   struct Peer {
-    std::mutex mu;  // guards socket: ZeroMQ sockets are not thread-safe
+    std::mutex mu;  // guards socket and encoder: ZeroMQ sockets are not thread-safe
     zmq::socket_t socket;
+    wire::HeaderEncoder encoder;
     std::string endpoint;
   };
   void Drop(const std::string& why);
@@ -72,6 +74,12 @@ class ZmqTransport {
   const std::uint64_t send_affinity_;
   zmq::context_t context_;
   zmq::socket_t receiver_;  // receive thread only, after Bind()
+  // Receive thread only: reused for every message, so receiving allocates only what the
+  // returned Message keeps.
+  std::vector<zmq::message_t> frames_;
+  std::vector<std::size_t> frame_sizes_;
+  wire::HeaderDecoder decoder_;
+  wire::DecodedHeader decoded_;
   mutable std::shared_mutex peers_mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(peers_mu_)
   std::atomic<std::uint64_t> dropped_{0};

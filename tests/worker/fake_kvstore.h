@@ -54,15 +54,14 @@ class FakeKVStore final : public KVStore {
   int barriers = 0;
 
  protected:
-  void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) override {
+  void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) override {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const auto* data = static_cast<const float*>(values[i].data());
       store_[keys[i]].assign(data, data + values[i].size());
       init_keys.push_back(keys[i]);
     }
   }
-  void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                int priority) override {
+  void PushImpl(std::span<const Key> keys, std::span<const Tensor> grads, int priority) override {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       REQUIRE(store_.count(keys[i]) == 1);
       REQUIRE(grads[i].dtype() == DType::kFloat32);
@@ -72,16 +71,15 @@ class FakeKVStore final : public KVStore {
       pending_.push_back({ops.back(), grads[i], std::vector<float>(data, data + grads[i].size())});
     }
   }
-  void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
-                int priority) override {
+  void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) override {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       REQUIRE(store_.count(keys[i]) == 1);
       ops.push_back({Op::kPull, keys[i], priority});
       pending_.push_back({ops.back(), outs[i], {}});
     }
   }
-  void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                    const std::vector<Tensor>& outs, int priority) override {
+  void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
+                    std::span<const Tensor> outs, int priority) override {
     PushImpl(keys, grads, priority);
     PullImpl(keys, outs, priority);
   }

@@ -15,6 +15,7 @@
 // (anything the servers report, a peer that died).
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,20 +51,24 @@ class KVStore {
   KVStore(const KVStore&) = delete;
   KVStore& operator=(const KVStore&) = delete;
 
-  void Init(Key key, const Tensor& value) { InitImpl({key}, {value}); }
+  void Init(Key key, const Tensor& value) { InitImpl(One(key), One(value)); }
   void Init(const std::vector<Key>& keys, const std::vector<Tensor>& values) {
     InitImpl(keys, values);
   }
-  void Push(Key key, const Tensor& grad, int priority = 0) { PushImpl({key}, {grad}, priority); }
+  void Push(Key key, const Tensor& grad, int priority = 0) {
+    PushImpl(One(key), One(grad), priority);
+  }
   void Push(const std::vector<Key>& keys, const std::vector<Tensor>& grads, int priority = 0) {
     PushImpl(keys, grads, priority);
   }
-  void Pull(Key key, const Tensor& out, int priority = 0) { PullImpl({key}, {out}, priority); }
+  void Pull(Key key, const Tensor& out, int priority = 0) {
+    PullImpl(One(key), One(out), priority);
+  }
   void Pull(const std::vector<Key>& keys, const std::vector<Tensor>& outs, int priority = 0) {
     PullImpl(keys, outs, priority);
   }
   void PushPull(Key key, const Tensor& grad, const Tensor& out, int priority = 0) {
-    PushPullImpl({key}, {grad}, {out}, priority);
+    PushPullImpl(One(key), One(grad), One(out), priority);
   }
   void PushPull(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
                 const std::vector<Tensor>& outs, int priority = 0) {
@@ -79,13 +84,16 @@ class KVStore {
 
  protected:
   KVStore() = default;
-  virtual void InitImpl(const std::vector<Key>& keys, const std::vector<Tensor>& values) = 0;
-  virtual void PushImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                        int priority) = 0;
-  virtual void PullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& outs,
-                        int priority) = 0;
-  virtual void PushPullImpl(const std::vector<Key>& keys, const std::vector<Tensor>& grads,
-                            const std::vector<Tensor>& outs, int priority) = 0;
+  // The implementations take views, so a single-key call builds no vectors.
+  template <class T>
+  static std::span<const T> One(const T& item) {
+    return {&item, 1};
+  }
+  virtual void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) = 0;
+  virtual void PushImpl(std::span<const Key> keys, std::span<const Tensor> grads, int priority) = 0;
+  virtual void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) = 0;
+  virtual void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
+                            std::span<const Tensor> outs, int priority) = 0;
 };
 
 }  // namespace ps
