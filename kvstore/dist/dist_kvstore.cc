@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory_resource>
 #include <thread>
 #include <unordered_set>
 
@@ -18,6 +19,8 @@ namespace ps {
 namespace {
 
 constexpr std::string_view kStore = "dist kvstore";
+// Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
+constexpr std::size_t kIssueScratchBytes = 8192;
 
 }  // namespace
 
@@ -240,7 +243,11 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
     std::vector<ShmSlot*> slots;  // owned by this message until its reply
     std::size_t bytes = 0;
   };
-  std::map<int, std::vector<Outgoing>> per_server;
+  // The call's own bookkeeping lives in a buffer on this stack; only calls too big for it
+  // (hundreds of keys) reach the heap. What outlives the call (frames, destinations) does not.
+  alignas(std::max_align_t) std::byte scratch[kIssueScratchBytes];
+  std::pmr::monotonic_buffer_resource arena(scratch, sizeof(scratch));
+  std::pmr::map<int, std::pmr::vector<Outgoing>> per_server(&arena);
   // Slots acquired for messages not sent yet go back when anything below throws.
   const auto release_unsent = [&per_server](std::size_t from_wave) {
     for (auto& [server, queue] : per_server) {
@@ -250,11 +257,9 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
     }
   };
   const std::size_t chunk_bytes = layout_.chunk_bytes();
-  // Frames reference the caller's memory; this token marks them as borrowed, not owned.
-  const auto borrowed = std::make_shared<int>(0);
   try {
     std::shared_lock lock(keys_mu_);
-    std::unordered_set<Key> seen;
+    std::pmr::unordered_set<Key> seen(&arena);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const Key key = keys[i];
       const auto it = keys_.find(key);
@@ -272,11 +277,11 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
       // What frames point into: the caller's memory, or a host copy of a GPU tensor (made
       // only when some slice of it travels as a frame).
       const std::byte* send_base = user_send;
-      std::shared_ptr<const void> send_owner = borrowed;
+      std::shared_ptr<const void> send_owner = borrowed_;
       bool staged = false;
       for (std::size_t j = 0; j < info.slices.size(); ++j) {
         const KeySlice& slice = info.slices[j];
-        std::vector<Outgoing>& queue = per_server[slice.server_rank];
+        std::pmr::vector<Outgoing>& queue = per_server[slice.server_rank];
         const std::size_t slice_bytes = slice.length * element;
         if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
             (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {

@@ -90,6 +90,10 @@ class DistKVStore final : public KVStore {
   bool optimizer_set_ = false;             // collective calls only
   std::vector<bool> shm_servers_;          // collective calls only: per server rank, slots on
 
+  // The owner of frames that reference the caller's memory: a token marking them borrowed
+  // (the buffer lifetime rule keeps the memory valid), shared by all of them.
+  const std::shared_ptr<const void> borrowed_ = std::make_shared<int>(0);
+
   std::mutex ops_mu_;
   std::condition_variable ops_done_;
   // Changed only under ops_mu_ (so the condition variable sees every change); atomic so that
