@@ -7,20 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <sstream>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 namespace ps {
 namespace {
-
-// Chunk boundaries are multiples of this many elements (one 64-byte line of floats), so two
-// threads never write the same cache line of a float array.
-constexpr std::size_t kChunkAlign = 16;
 
 bool Overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
   const auto pa = reinterpret_cast<std::uintptr_t>(a);
@@ -215,35 +208,6 @@ std::string FieldError(const char* field, float value, const char* rule) {
 }
 
 }  // namespace
-
-// ---- parallel helpers ----
-
-unsigned ParallelThreads(std::size_t n, const ParallelOptions& options) {
-  if (n < options.min_parallel_elements || n < 2 * kChunkAlign) return 1;
-  unsigned threads = options.max_threads;
-  if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
-  // Never more threads than aligned chunks.
-  const std::size_t max_chunks = n / kChunkAlign;
-  return static_cast<unsigned>(std::min<std::size_t>(threads, max_chunks));
-}
-
-void detail::RunOnThreads(std::size_t n, unsigned threads,
-                          const std::function<void(std::size_t, std::size_t)>& fn) {
-  std::size_t chunk = (n + threads - 1) / threads;
-  chunk = (chunk + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-  // Helpers are joined by ~jthread at scope exit, also when fn throws on this thread.
-  std::vector<std::jthread> helpers;
-  helpers.reserve(threads - 1);
-  for (std::size_t begin = chunk; begin < n; begin += chunk) {
-    const std::size_t end = std::min(n, begin + chunk);
-    try {
-      helpers.emplace_back([&fn, begin, end] { fn(begin, end); });
-    } catch (const std::system_error&) {
-      fn(begin, end);  // no thread available: do the chunk here
-    }
-  }
-  fn(0, std::min(n, chunk));
-}
 
 void AddInto(float* acc, const float* src, std::size_t n, const ParallelOptions& options) {
   AddInto(DType::kFloat32, acc, src, n, options);

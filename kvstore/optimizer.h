@@ -2,13 +2,11 @@
 // Server-side optimizers (MXNet semantics) and the element-wise helpers the server uses to
 // merge pushes. The formulas, exactly as implemented, are in docs/optimizers.md.
 //
-// Threading: arrays of at least ParallelOptions::min_parallel_elements are split into
-// contiguous chunks run on short-lived threads (the calling thread takes the first chunk and
-// joins the rest before returning). Every operation here is element-wise, so the result is
+// Threading: arrays of at least ParallelOptions::min_parallel_elements are split over threads
+// (ParallelFor, kvstore/parallel.h). Every operation here is element-wise, so the result is
 // bit-for-bit the same whatever the split.
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -16,41 +14,9 @@
 #include <ps/kvstore.h>
 #include <ps/tensor.h>
 
+#include "parallel.h"
+
 namespace ps {
-
-// How element-wise kernels spread a big array over threads.
-struct ParallelOptions {
-  // Arrays shorter than this run on the calling thread: below ~1 MB of floats, starting
-  // threads costs more than the memory traffic they would share.
-  std::size_t min_parallel_elements = 256 * 1024;
-  // Most threads one call uses, the calling thread included. 0: the hardware thread count,
-  // capped at 4 (a few threads already saturate memory bandwidth; the server has other work).
-  unsigned max_threads = 0;
-};
-
-// Threads a call over n elements uses with these options (>= 1).
-unsigned ParallelThreads(std::size_t n, const ParallelOptions& options);
-
-namespace detail {
-// ParallelFor's threaded case: `threads` > 1 contiguous chunks.
-void RunOnThreads(std::size_t n, unsigned threads,
-                  const std::function<void(std::size_t, std::size_t)>& fn);
-}  // namespace detail
-
-// Runs fn(begin, end) over [0, n) split into contiguous chunks (see above); returns when all
-// chunks are done. fn must not throw on a helper thread (a throw there terminates). A template
-// so that the common single-chunk case calls fn directly, without wrapping (and allocating)
-// a std::function per call.
-template <class Fn>
-void ParallelFor(std::size_t n, const ParallelOptions& options, const Fn& fn) {
-  if (n == 0) return;
-  const unsigned threads = ParallelThreads(n, options);
-  if (threads <= 1) {
-    fn(std::size_t{0}, n);
-    return;
-  }
-  detail::RunOnThreads(n, threads, fn);
-}
 
 // acc[i] += src[i] for i < n. The ranges must not overlap (ps::Error).
 void AddInto(float* acc, const float* src, std::size_t n, const ParallelOptions& options = {});

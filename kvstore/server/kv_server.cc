@@ -191,7 +191,8 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     slice.total = ref.total;
     slice.state_id = next_state_id_++;
     slice.value = NewBuffer(data[i].bytes(), slice.dtype);
-    CopyInto(const_cast<std::byte*>(slice.value.data()), data[i].data(), data[i].bytes());
+    CopyInto(const_cast<std::byte*>(slice.value.data()), data[i].data(), data[i].bytes(),
+             parallel_);
     slices_.emplace(SliceId{ref.key, ref.offset}, std::move(slice));
   }
   runtime_.Reply(meta, Message{});
@@ -199,7 +200,7 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
 
 void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& request) {
   try {
-    optimizer_ = MakeOptimizer(request.optimizer);
+    optimizer_ = MakeOptimizer(request.optimizer, parallel_);
   } catch (const Error& e) {
     runtime_.ReplyError(meta, "server " + std::to_string(runtime_.rank()) + ": " + e.what());
     return;
@@ -282,7 +283,7 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gra
     // references it) or the pushing worker's shared-memory slot (which the worker leaves alone
     // until the reply, and which gets the reply value anyway).
     AddInto(slice.dtype, const_cast<std::byte*>(slice.first.values.data()), gradient.values.data(),
-            slice.length);
+            slice.length, parallel_);
   }
   slice.pushed.push_back(sender);  // once per round: a worker's next push waits in `deferred`
   slice.waiters.push_back({slice.completed, waiter});
@@ -315,7 +316,8 @@ std::byte* KVServerStore::WritableValue(Slice& slice) {
   // A reply frame may still reference the current buffer: write a fresh one then.
   if (slice.value.owner().use_count() > 1) {
     Blob fresh = NewBuffer(slice.value.bytes(), slice.dtype);
-    CopyInto(const_cast<std::byte*>(fresh.data()), slice.value.data(), slice.value.bytes());
+    CopyInto(const_cast<std::byte*>(fresh.data()), slice.value.data(), slice.value.bytes(),
+             parallel_);
     slice.value = std::move(fresh);
   }
   return const_cast<std::byte*>(slice.value.data());
@@ -335,7 +337,7 @@ void KVServerStore::ApplyUpdate(Slice& slice, const Gradient& gradient) {
     slice.value = gradient.values;
     return;
   }
-  CopyInto(WritableValue(slice), gradient.values.data(), slice.value.bytes());
+  CopyInto(WritableValue(slice), gradient.values.data(), slice.value.bytes(), parallel_);
 }
 
 void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
@@ -356,7 +358,7 @@ void KVServerStore::Answer(Pending& pending) {
         const ShmTarget& target = pending.shm[i];
         if (target.data == nullptr) continue;
         Blob& value = pending.values[i];
-        CopyInto(target.data, value.data(), value.bytes());
+        CopyInto(target.data, value.data(), value.bytes(), parallel_);
         value = Blob(nullptr, nullptr, 0, value.dtype());
       }
       response.data = std::move(pending.values);

@@ -132,6 +132,9 @@ class KVServerStore {
 
   Runtime& runtime_;
   const int num_workers_;
+  // Helper threads for big merges, copies and updates, started once with the store.
+  ParallelPool pool_;
+  const ParallelOptions parallel_{.pool = &pool_};
   std::map<SliceId, Slice> slices_;
   std::unique_ptr<Optimizer> optimizer_;
   std::uint64_t next_state_id_ = 1;

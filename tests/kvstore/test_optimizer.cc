@@ -9,6 +9,7 @@
 #include <iostream>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -434,6 +435,66 @@ TEST_CASE("ParallelFor covers the range once with aligned chunks", "[optimizer][
   REQUIRE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
   REQUIRE(chunks.size() == 4);
   for (const auto& [b, e] : chunks) REQUIRE(b % 16 == 0);
+}
+
+TEST_CASE("a ParallelPool runs many calls exactly, from several threads, and its updates match",
+          "[optimizer][threads]") {
+  ps::ParallelPool pool(3);
+  REQUIRE(pool.helpers() == 3);
+  ps::ParallelOptions options = ForceThreads();
+  options.pool = &pool;
+  REQUIRE(ps::ParallelThreads(100003, options) == 4);
+  // Many calls in a row, from two threads at once: every element is covered exactly once.
+  const auto cover = [&](std::size_t n) {
+    std::vector<int> hits(n, 0);
+    ps::ParallelFor(n, options, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) ++hits[i];
+    });
+    return std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; });
+  };
+  bool other_ok = true;
+  std::thread other([&] {
+    for (int call = 0; call < 200; ++call) other_ok = cover(4096 + 17 * call) && other_ok;
+  });
+  bool ok = true;
+  for (int call = 0; call < 200; ++call) ok = cover(100003 - 13 * call) && ok;
+  other.join();
+  CHECK(ok);
+  CHECK(other_ok);
+  // The pool's optimizer updates are the single-threaded ones, bit for bit.
+  ps::OptimizerConfig c = Config("sgd");
+  c.momentum = 0.9f;
+  auto single = ps::MakeOptimizer(c, SingleThread());
+  auto pooled = ps::MakeOptimizer(c, options);
+  const std::size_t n = (1u << 18) + 5;
+  Vec w1 = RandomVec(n, 7, -1.0f, 1.0f);
+  Vec w2 = w1;
+  for (int t = 0; t < 3; ++t) {
+    const Vec g = RandomVec(n, 70 + t, -2.0f, 2.0f);
+    single->Update(1, w1.data(), g.data(), n);
+    pooled->Update(1, w2.data(), g.data(), n);
+  }
+  CHECK(std::memcmp(w1.data(), w2.data(), n * sizeof(float)) == 0);
+}
+
+TEST_CASE("a ParallelPool call whose own chunk throws still waits for its helpers",
+          "[optimizer][threads]") {
+  ps::ParallelPool pool(2);
+  ps::ParallelOptions options = ForceThreads();
+  options.pool = &pool;
+  std::vector<int> hits(30000, 0);
+  REQUIRE_THROWS_AS(ps::ParallelFor(hits.size(), options,
+                                    [&](std::size_t b, std::size_t e) {
+                                      if (b == 0) throw std::runtime_error("chunk 0");
+                                      for (std::size_t i = b; i < e; ++i) ++hits[i];
+                                    }),
+                    std::runtime_error);
+  // The pool serves the next call normally.
+  std::vector<int> again(30000, 0);
+  ps::ParallelFor(again.size(), options, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) ++again[i];
+  });
+  CHECK(std::all_of(again.begin(), again.end(), [](int h) { return h == 1; }));
 }
 
 TEST_CASE("concurrent updates of distinct and shared states", "[optimizer][threads]") {

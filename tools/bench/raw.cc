@@ -190,8 +190,10 @@ Result MeasureServerAggregation(std::size_t bytes, int workers, unsigned max_thr
   config.name = "sgd";
   config.learning_rate = 0.01f;
   config.momentum = 0.9f;
+  ParallelPool pool;  // as a server has: helper threads started once
   ParallelOptions parallel;
   parallel.max_threads = max_threads;
+  parallel.pool = max_threads == 1 ? nullptr : &pool;
   const std::unique_ptr<Optimizer> optimizer = MakeOptimizer(config, parallel);
 
   // As KVServerStore does: the round's sum accumulates in place in the first push's buffer
