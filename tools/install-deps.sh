@@ -9,7 +9,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev
   libprotobuf-dev protobuf-compiler
   libgflags-dev libgoogle-glog-dev
-  catch2 zlib1g-dev libopenblas-dev
+  catch2 zlib1g-dev libopenblas-dev heaptrack
   dataset-fashion-mnist
   python3 python3-yaml python3-matplotlib
   openssh-server openssh-client rsync procps iproute2

@@ -2,6 +2,7 @@
 # Tests of ps-bench (registered with ctest by tests/bench/CMakeLists.txt, label "bench").
 # usage: bench_test.sh smoke|shm|server_failure|bad_flags PS_BENCH OUT_DIR
 #        bench_test.sh plot PLOT_BENCH_PY OUT_DIR
+#        bench_test.sh alloc ALLOC_PER_OP_SH OUT_DIR PS_BENCH
 # Correctness only: no assertion on any timing.
 set -uo pipefail
 
@@ -95,6 +96,23 @@ bad_flags)
   help=$(timeout 20 "$tool" --help 2>&1) || fail "--help exited with status $?"
   grep -q -- "--target-seconds" <<<"$help" || fail "--help does not describe --target-seconds"
   ! grep -qE -- "logtostderr|worker-mode" <<<"$help" || fail "--help lists foreign or internal flags"
+  ;;
+alloc)
+  # tools/bench/alloc_per_op.sh (here $tool, with ps-bench as $4): the steady-state heap
+  # allocations per 4 B push+pull stay far below what they were before the pooling work
+  # (worker 34, server 27; now 14 and 3). Counts, not timings: they do not depend on load.
+  bench=$4
+  log=$out/bench_alloc.log
+  timeout 100 bash "$tool" --iterations 300 --bench "$bench" >"$log" 2>&1
+  rc=$?
+  cat "$log"
+  ((rc == 3)) && exit 77  # heaptrack is not installed: skipped
+  ((rc == 0)) || fail "alloc_per_op.sh exited with status $rc"
+  worker=$(sed -n 's/^  worker: \([0-9.]*\)$/\1/p' "$log")
+  server=$(sed -n 's/^  server: \([0-9.]*\)$/\1/p' "$log")
+  [[ -n $worker && -n $server ]] || fail "no per-operation figures in the output"
+  awk -v w="$worker" -v s="$server" 'BEGIN { exit !(w <= 20 && s <= 6) }' ||
+    fail "worker $worker, server $server allocations per push+pull: more than 20 / 6"
   ;;
 plot)
   [[ -f $json ]] || fail "no $json (bench.smoke writes it)"

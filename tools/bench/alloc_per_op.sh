@@ -4,15 +4,16 @@
 # iterations; the difference of their allocation counts divided by 2N cancels start-up,
 # registration and shutdown, and leaves what each operation costs.
 #
+# Exit status: 0, 1 on failure, 2 for bad arguments, 3 without heaptrack.
 # usage: tools/bench/alloc_per_op.sh [--size 4B] [--op pushpull] [--transport tcp]
-#                                    [--mode dist_sync] [--iterations N] [--build DIR]
+#                                    [--mode dist_sync] [--iterations N] [--bench PS_BENCH]
 set -euo pipefail
 
 size=4B op=pushpull transport=tcp mode=dist_sync iterations=1000
-build=$(cd "$(dirname "$0")/../.." && pwd)/build
+bench=$(cd "$(dirname "$0")/../.." && pwd)/build/bin/ps-bench
 while (($#)); do
   case $1 in
-  --size | --op | --transport | --mode | --iterations | --build)
+  --size | --op | --transport | --mode | --iterations | --bench)
     (($# >= 2)) || {
       echo "alloc_per_op: $1 needs a value" >&2
       exit 2
@@ -21,7 +22,7 @@ while (($#)); do
     shift 2
     ;;
   -h | --help)
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -32,9 +33,8 @@ while (($#)); do
 done
 command -v heaptrack >/dev/null && command -v heaptrack_print >/dev/null || {
   echo "alloc_per_op: heaptrack is not installed: apt-get install heaptrack" >&2
-  exit 1
+  exit 3
 }
-bench=$build/bin/ps-bench
 [[ -x $bench ]] || {
   echo "alloc_per_op: no $bench: build first (bash tools/build.sh)" >&2
   exit 1
