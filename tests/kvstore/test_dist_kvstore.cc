@@ -141,6 +141,47 @@ TEST_CASE("dist_sync: server-side optimizers match a reference computed here", "
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist_sync: a value kept as a round's received sum updates right after SetOptimizer",
+          "[dist]") {
+  // Without an optimizer a server keeps a big round's sum as the received frame itself; an
+  // optimizer set later must update that value (copy-on-write while a reply still references
+  // it), and pulls issued right behind each push must see their own round's value.
+  const std::string use_shm = GENERATE(std::string("0"), std::string("1"));
+  INFO("PS_USE_SHM=" << use_shm);
+  constexpr std::size_t kSize = 100000;  // 2 slices of 200 KB: frames of 64 KiB and more
+  KVCluster cluster(2, 2, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}, {"PS_USE_SHM", use_shm}});
+  const auto grad_of = [](int rank, int round, std::size_t i) {
+    return static_cast<float>(static_cast<int>(i % 13) - 6 + 3 * rank + round);
+  };
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(kSize, 0.0f), grad(kSize), out(kSize), again(kSize);
+    kv.Init(3, ps::Tensor(value.data(), kSize));
+    std::vector<float> expected(kSize, 0.0f);
+    for (int round = 1; round <= 6; ++round) {
+      if (round == 4) {  // plain SGD, learning rate 1: w <- w - (g0 + g1), exact in floats
+        ps::OptimizerConfig sgd;
+        sgd.name = "sgd";
+        sgd.learning_rate = 1.0f;
+        sgd.momentum = 0.0f;
+        kv.SetOptimizer(sgd);
+      }
+      for (std::size_t i = 0; i < kSize; ++i) {
+        grad[i] = grad_of(kv.Rank(), round, i);
+        const float sum = grad_of(0, round, i) + grad_of(1, round, i);
+        expected[i] = round < 4 ? sum : expected[i] - sum;
+      }
+      kv.PushPull(3, ps::Tensor(grad.data(), kSize), ps::Tensor(out.data(), kSize));
+      kv.Pull(3, ps::Tensor(again.data(), kSize));  // no wait in between
+      kv.WaitAll();
+      if (out != expected || again != expected) {
+        throw ps::Error("round " + std::to_string(round) + ": wrong value");
+      }
+    }
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("dist_sync: pushes and pulls issued from several threads of each worker", "[dist]") {
   KVCluster cluster(2, 2);
   constexpr int kThreads = 4;
