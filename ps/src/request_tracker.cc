@@ -1,108 +1,135 @@
 #include "ps/request_tracker.h"
 
+#include <algorithm>
+
 namespace ps {
 
-void RequestTracker::Run(std::vector<Completion>& done) {
-  for (auto& [callback, result] : done) {
-    if (callback) callback(std::move(result));
-  }
+RequestTracker::RequestTracker() = default;
+RequestTracker::~RequestTracker() = default;
+
+RequestTracker::Slot* RequestTracker::Find(std::uint64_t timestamp) {
+  const auto index = static_cast<std::uint32_t>(timestamp);
+  if (index >= slots_.size()) return nullptr;
+  Slot& slot = *slots_[index];
+  const bool same_use = slot.uses == static_cast<std::uint32_t>(timestamp >> 32);
+  return slot.state == SlotState::kWaiting && same_use ? &slot : nullptr;
 }
 
-std::uint64_t RequestTracker::Start(const std::vector<int>& peers, Callback callback,
+std::uint64_t RequestTracker::Start(std::span<const int> peers, Callback callback,
                                     std::optional<Clock::time_point> deadline) {
-  std::vector<Completion> done;
-  std::uint64_t timestamp = 0;
-  {
-    std::lock_guard lock(mu_);
-    timestamp = next_timestamp_++;
-    if (closed_) {
-      done.emplace_back(std::move(callback), RequestResult{*closed_, {}});
-    } else if (peers.empty()) {
-      done.emplace_back(std::move(callback), RequestResult{});
-    } else {
-      Pending pending;
-      pending.waiting_on.insert(peers.begin(), peers.end());
-      pending.callback = std::move(callback);
-      pending.deadline = deadline;
-      pending_.emplace(timestamp, std::move(pending));
-    }
+  std::unique_lock lock(mu_);
+  if (closed_ || peers.empty()) {
+    RequestResult result{closed_.value_or(""), {}};
+    lock.unlock();
+    if (callback) callback(std::move(result));
+    return 0;
   }
-  Run(done);
-  return timestamp;
+  if (free_.empty()) {
+    slots_.push_back(std::make_unique<Slot>());
+    slots_.back()->index = static_cast<std::uint32_t>(slots_.size() - 1);
+    free_.reserve(slots_.size());  // Finish never allocates to give a slot back
+    free_.push_back(slots_.back()->index);
+  }
+  Slot& slot = *slots_[free_.back()];
+  free_.pop_back();
+  if (++slot.uses == 0) slot.uses = 1;  // timestamps are never 0
+  slot.state = SlotState::kWaiting;
+  slot.waiting_on.assign(peers.begin(), peers.end());
+  std::sort(slot.waiting_on.begin(), slot.waiting_on.end());
+  slot.waiting_on.erase(std::unique(slot.waiting_on.begin(), slot.waiting_on.end()),
+                        slot.waiting_on.end());
+  slot.callback = std::move(callback);
+  slot.deadline = deadline;
+  ++waiting_;
+  return (std::uint64_t{slot.uses} << 32) | slot.index;
+}
+
+void RequestTracker::Complete(Slot& slot, const std::string& error) {
+  if (!error.empty()) slot.result.error = error;
+  slot.state = SlotState::kCompleting;
+  --waiting_;
+}
+
+void RequestTracker::Finish(Slot& slot) {
+  // Completing: no other thread touches the slot until it is free again.
+  const auto release = [&] {
+    slot.callback = nullptr;  // drops what the callback captured, outside the lock
+    slot.result.error.clear();
+    slot.result.responses.clear();  // keeps the list's memory for the slot's next request
+    std::lock_guard lock(mu_);
+    slot.state = SlotState::kFree;
+    free_.push_back(slot.index);
+  };
+  try {
+    if (slot.callback) slot.callback(std::move(slot.result));
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
 }
 
 bool RequestTracker::OnResponse(Message&& msg) {
-  std::vector<Completion> done;
-  {
-    std::lock_guard lock(mu_);
-    const auto it = pending_.find(msg.meta.timestamp);
-    if (it == pending_.end() || !it->second.waiting_on.contains(msg.meta.sender)) return false;
-    Pending& pending = it->second;
-    pending.waiting_on.erase(msg.meta.sender);
-    const bool failed = msg.meta.control == Control::kError || !msg.meta.error.empty();
-    if (failed) pending.result.error = msg.meta.error.empty() ? "request failed" : msg.meta.error;
-    pending.result.responses.push_back(std::move(msg));
-    if (failed || pending.waiting_on.empty()) {
-      done.emplace_back(std::move(pending.callback), std::move(pending.result));
-      pending_.erase(it);
-    }
-  }
-  Run(done);
+  std::unique_lock lock(mu_);
+  Slot* slot = Find(msg.meta.timestamp);
+  if (slot == nullptr) return false;
+  std::vector<int>& waiting = slot->waiting_on;
+  const auto peer = std::find(waiting.begin(), waiting.end(), msg.meta.sender);
+  if (peer == waiting.end()) return false;
+  waiting.erase(peer);
+  const bool failed = msg.meta.control == Control::kError || !msg.meta.error.empty();
+  if (failed) slot->result.error = msg.meta.error.empty() ? "request failed" : msg.meta.error;
+  slot->result.responses.push_back(std::move(msg));
+  if (!failed && !waiting.empty()) return true;
+  Complete(*slot, "");
+  lock.unlock();
+  Finish(*slot);
   return true;
 }
 
-void RequestTracker::FailPeer(int node, const std::string& why) {
-  std::vector<Completion> done;
+void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
+                               const std::function<std::string(const Slot&)>& why) {
+  std::vector<Slot*> failed;
   {
     std::lock_guard lock(mu_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second.waiting_on.contains(node)) {
-        it->second.result.error = why;
-        done.emplace_back(std::move(it->second.callback), std::move(it->second.result));
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+    for (const auto& owned : slots_) {
+      Slot& slot = *owned;
+      if (slot.state != SlotState::kWaiting || !matches(slot)) continue;
+      Complete(slot, why(slot));
+      failed.push_back(&slot);
     }
   }
-  Run(done);
+  for (Slot* slot : failed) Finish(*slot);
+}
+
+void RequestTracker::FailPeer(int node, const std::string& why) {
+  FailWhere(
+      [node](const Slot& slot) {
+        return std::find(slot.waiting_on.begin(), slot.waiting_on.end(), node) !=
+               slot.waiting_on.end();
+      },
+      [&why](const Slot&) { return why; });
 }
 
 void RequestTracker::FailAll(const std::string& why) {
-  std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
     if (!closed_) closed_ = why;
-    for (auto& [timestamp, pending] : pending_) {
-      pending.result.error = why;
-      done.emplace_back(std::move(pending.callback), std::move(pending.result));
-    }
-    pending_.clear();
   }
-  Run(done);
+  FailWhere([](const Slot&) { return true; }, [&why](const Slot&) { return why; });
 }
 
 void RequestTracker::ExpireOverdue(Clock::time_point now) {
-  std::vector<Completion> done;
-  {
-    std::lock_guard lock(mu_);
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->second.deadline && *it->second.deadline <= now) {
-        it->second.result.error = "request timed out waiting for " +
-                                  std::to_string(it->second.waiting_on.size()) + " response(s)";
-        done.emplace_back(std::move(it->second.callback), std::move(it->second.result));
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  Run(done);
+  FailWhere([now](const Slot& slot) { return slot.deadline && *slot.deadline <= now; },
+            [](const Slot& slot) {
+              return "request timed out waiting for " + std::to_string(slot.waiting_on.size()) +
+                     " response(s)";
+            });
 }
 
 std::size_t RequestTracker::outstanding() const {
   std::lock_guard lock(mu_);
-  return pending_.size();
+  return waiting_;
 }
 
 }  // namespace ps

@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <optional>
+#include <vector>
+
 #include "ps/request_tracker.h"
 
 namespace {
@@ -89,4 +93,49 @@ TEST_CASE("tracker: a request to nobody completes at once", "[tracker]") {
   bool called = false;
   tracker.Start({}, [&](ps::RequestResult&& r) { called = r.ok(); });
   CHECK(called);
+}
+
+TEST_CASE("tracker: many requests outstanding at once, answered out of order", "[tracker]") {
+  // 100 requests at once, answered newest first, then the same again through the reused
+  // slots; each completes once, with its own responses.
+  ps::RequestTracker tracker;
+  for (int pass = 0; pass < 2; ++pass) {
+    constexpr int kRequests = 100;
+    std::vector<std::uint64_t> timestamps;
+    std::vector<int> completions(kRequests, 0);
+    std::vector<std::size_t> responses(kRequests, 0);
+    for (int r = 0; r < kRequests; ++r) {
+      timestamps.push_back(tracker.Start({1, 2}, [&, r](ps::RequestResult&& result) {
+        ++completions[r];
+        responses[r] = result.ok() ? result.responses.size() : 0;
+      }));
+    }
+    CHECK(tracker.outstanding() == kRequests);
+    for (int r = kRequests - 1; r >= 0; --r) {
+      CHECK(tracker.OnResponse(ResponseFrom(2, timestamps[r])));
+      CHECK(tracker.OnResponse(ResponseFrom(1, timestamps[r])));
+    }
+    CHECK(tracker.outstanding() == 0);
+    CHECK(std::all_of(completions.begin(), completions.end(), [](int c) { return c == 1; }));
+    CHECK(std::all_of(responses.begin(), responses.end(), [](std::size_t n) { return n == 2; }));
+    // Late duplicates of finished requests are ignored.
+    CHECK_FALSE(tracker.OnResponse(ResponseFrom(1, timestamps.front())));
+  }
+}
+
+TEST_CASE("tracker: an old request still waiting does not disturb newer ones", "[tracker]") {
+  ps::RequestTracker tracker;
+  std::optional<ps::RequestResult> old_result;
+  const auto old = tracker.Start({7}, [&](ps::RequestResult&& r) { old_result = std::move(r); });
+  int done = 0;
+  for (int r = 0; r < 200; ++r) {  // each completes at once, reusing one slot
+    const auto ts = tracker.Start({1}, [&](ps::RequestResult&& result) { done += result.ok(); });
+    CHECK(tracker.OnResponse(ResponseFrom(1, ts)));
+  }
+  CHECK(done == 200);
+  CHECK(tracker.outstanding() == 1);
+  tracker.FailPeer(7, "worker 3 died");
+  REQUIRE(old_result);
+  CHECK(old_result->error == "worker 3 died");
+  CHECK_FALSE(tracker.OnResponse(ResponseFrom(7, old)));
 }

@@ -5,14 +5,20 @@
 //
 // Threads: every method may be called from any thread. Callbacks run outside the lock, on the
 // thread that completed the request (usually the receive thread): keep them short.
-// The table holds only outstanding requests: a completed one is erased at once.
+//
+// Storage: each outstanding request holds a slot; its timestamp is the slot's index plus the
+// slot's use count (so a late answer to an earlier use of the slot is recognized as stale). A
+// freed slot keeps the memory of its peer list and response list for the next request, so a
+// steady stream of requests allocates nothing here; slots are added only when more requests
+// are outstanding at once than ever before.
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,12 +35,23 @@ struct RequestResult {
 class RequestTracker {
  public:
   using Clock = std::chrono::steady_clock;
+  // Gets the result as an rvalue: it may move from it (the tracker clears it afterwards).
   using Callback = std::function<void(RequestResult&&)>;
 
-  // Registers a request awaiting one response from each of `peers` and returns its timestamp.
+  RequestTracker();
+  ~RequestTracker();
+  RequestTracker(const RequestTracker&) = delete;
+  RequestTracker& operator=(const RequestTracker&) = delete;
+
+  // Registers a request awaiting one response from each of `peers` and returns its timestamp
+  // (never 0; 0 when the request completed at once: no peers, or after FailAll).
   // `deadline`: fail with a timeout error if not complete by then.
-  std::uint64_t Start(const std::vector<int>& peers, Callback callback,
+  std::uint64_t Start(std::span<const int> peers, Callback callback,
                       std::optional<Clock::time_point> deadline = std::nullopt);
+  std::uint64_t Start(std::initializer_list<int> peers, Callback callback,
+                      std::optional<Clock::time_point> deadline = std::nullopt) {
+    return Start(std::span<const int>(peers.begin(), peers.size()), std::move(callback), deadline);
+  }
 
   // A response (or error) from msg.meta.sender for msg.meta.timestamp. Unknown timestamps
   // (late answers to failed requests) are ignored; returns false for them.
@@ -50,18 +67,32 @@ class RequestTracker {
   std::size_t outstanding() const;
 
  private:
-  struct Pending {
-    std::set<int> waiting_on;
+  enum class SlotState { kFree, kWaiting, kCompleting };
+  struct Slot {
+    SlotState state = SlotState::kFree;
+    std::uint32_t index = 0;      // in slots_
+    std::uint32_t uses = 0;       // the high half of its timestamps; never 0
+    std::vector<int> waiting_on;  // peers that have not answered yet
     RequestResult result;
     Callback callback;
     std::optional<Clock::time_point> deadline;
   };
-  using Completion = std::pair<Callback, RequestResult>;
-  static void Run(std::vector<Completion>& done);
+
+  // The waiting slot of `timestamp`, or null. Needs mu_.
+  Slot* Find(std::uint64_t timestamp);
+  // Marks `slot` completing with `error` (unless empty); its callback runs in Finish.
+  void Complete(Slot& slot, const std::string& error);
+  // Runs a completing slot's callback (without mu_), then frees the slot.
+  void Finish(Slot& slot);
+  // Fails, then finishes, every waiting slot `matches` selects.
+  void FailWhere(const std::function<bool(const Slot&)>& matches,
+                 const std::function<std::string(const Slot&)>& why);
 
   mutable std::mutex mu_;
-  std::uint64_t next_timestamp_ = 1;          // GUARDED_BY(mu_)
-  std::map<std::uint64_t, Pending> pending_;  // GUARDED_BY(mu_)
+  // Slots are heap objects so that a completing callback's reference survives slots_ growing.
+  std::vector<std::unique_ptr<Slot>> slots_;  // GUARDED_BY(mu_)
+  std::vector<std::uint32_t> free_;           // GUARDED_BY(mu_): indices of free slots
+  std::size_t waiting_ = 0;                   // GUARDED_BY(mu_): slots in kWaiting
   std::optional<std::string> closed_;         // GUARDED_BY(mu_): set by FailAll
 };
 
