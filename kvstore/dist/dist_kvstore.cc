@@ -107,7 +107,9 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
     for (int s = 0; s < runtime_->num_servers(); ++s) {
       messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
-    Track(std::move(messages), {});
+    Inflight& inflight = AcquireInflight();
+    inflight.Reset(messages.size());
+    Track(messages, inflight);
   });
   optimizer_set_ = true;
 }
@@ -236,11 +238,13 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   // big key's slices travel separately, so servers and this worker work on one while the
   // next is in flight), its frames, and where its pulled slices go.
   struct Outgoing {
+    explicit Outgoing(std::pmr::memory_resource* arena)
+        : destinations(arena), copies(arena), slots(arena) {}
     kv::Request request;
-    std::vector<Blob> frames;
-    std::vector<Destination> destinations;
-    std::vector<SlotCopy> copies;
-    std::vector<ShmSlot*> slots;  // owned by this message until its reply
+    std::vector<Blob> frames;  // becomes the message's data
+    std::pmr::vector<Destination> destinations;
+    std::pmr::vector<SlotCopy> copies;
+    std::pmr::vector<ShmSlot*> slots;  // owned by this message until its reply
     std::size_t bytes = 0;
   };
   // The call's own bookkeeping lives in a buffer on this stack; only calls too big for it
@@ -285,7 +289,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
         const std::size_t slice_bytes = slice.length * element;
         if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
             (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {
-          queue.emplace_back();
+          queue.emplace_back(&arena);
         }
         Outgoing& target = queue.back();
         ShmSlot* slot = command != kv::kInit && !info.slots.empty() ? info.slots[j] : nullptr;
@@ -336,10 +340,11 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   // Wave w holds every server's w-th message: one request, at most one message per server.
   std::size_t waves = 0;
   for (const auto& [server, queue] : per_server) waves = std::max(waves, queue.size());
+  std::pmr::vector<Message> messages(&arena);
   for (std::size_t wave = 0; wave < waves; ++wave) {
-    std::vector<Message> messages;
-    std::vector<std::vector<Destination>> destinations;
-    std::vector<ShmSlot*> slots;
+    messages.clear();
+    Inflight& inflight = AcquireInflight();
+    inflight.Reset(per_server.size());
     try {
       for (auto& [server, queue] : per_server) {
         if (wave >= queue.size()) continue;
@@ -352,70 +357,98 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
         Message msg = kv::RequestMessage(target.request, runtime_->ServerId(server));
         msg.meta.priority = priority;
         msg.data = std::move(target.frames);
+        inflight.destinations[messages.size()].assign(target.destinations.begin(),
+                                                      target.destinations.end());
+        inflight.slots.insert(inflight.slots.end(), target.slots.begin(), target.slots.end());
         messages.push_back(std::move(msg));
-        destinations.push_back(std::move(target.destinations));
-        slots.insert(slots.end(), target.slots.begin(), target.slots.end());
       }
     } catch (...) {
+      ReleaseInflight(inflight);
       release_unsent(wave);
       throw;
     }
-    Track(std::move(messages), std::move(destinations), std::move(slots));
+    Track(messages, inflight);
   }
 }
 
-void DistKVStore::Track(std::vector<Message> messages,
-                        std::vector<std::vector<Destination>> destinations,
-                        std::vector<ShmSlot*> slots) {
-  if (messages.empty()) return;
-  // Which destinations belong to which server's response.
-  std::map<int, std::vector<Destination>> by_node;
-  for (std::size_t m = 0; m < destinations.size(); ++m) {
-    by_node[messages[m].meta.recipient] = std::move(destinations[m]);
+void DistKVStore::Inflight::Reset(std::size_t messages) {
+  nodes.clear();
+  slots.clear();
+  if (destinations.size() < messages) destinations.resize(messages);
+  for (auto& list : destinations) list.clear();
+}
+
+DistKVStore::Inflight& DistKVStore::AcquireInflight() {
+  std::lock_guard lock(inflight_mu_);
+  if (spare_inflights_.empty()) {
+    inflights_.push_back(std::make_unique<Inflight>());
+    spare_inflights_.reserve(inflights_.size());  // giving one back never allocates
+    spare_inflights_.push_back(inflights_.back().get());
   }
+  Inflight* inflight = spare_inflights_.back();
+  spare_inflights_.pop_back();
+  return *inflight;
+}
+
+void DistKVStore::ReleaseInflight(Inflight& inflight) {
+  std::lock_guard lock(inflight_mu_);
+  spare_inflights_.push_back(&inflight);
+}
+
+void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
+  if (messages.empty()) {
+    ReleaseInflight(inflight);
+    return;
+  }
+  for (const Message& msg : messages) inflight.nodes.push_back(msg.meta.recipient);
   {
     std::lock_guard lock(ops_mu_);
     ++outstanding_;
   }
-  runtime_->Request(std::move(messages), [this, by_node = std::move(by_node),
-                                          slots = std::move(slots)](RequestResult&& result) {
-    std::string error = result.error;
-    for (const Message& response : result.responses) {
-      if (!error.empty()) break;
-      const auto it = by_node.find(response.meta.sender);
-      if (it == by_node.end()) continue;
-      const auto& targets = it->second;
-      if (response.data.size() != targets.size()) {
-        error = "malformed response from " + runtime_->Describe(response.meta.sender);
+  // Captures two pointers: std::function keeps them without allocating.
+  runtime_->Request(messages, [this, pending = &inflight](RequestResult&& result) {
+    OnReplies(*pending, result);
+  });
+}
+
+void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
+  std::string error = result.error;
+  for (const Message& response : result.responses) {
+    if (!error.empty()) break;
+    const auto node = std::find(inflight.nodes.begin(), inflight.nodes.end(), response.meta.sender);
+    if (node == inflight.nodes.end()) continue;
+    const auto& targets =
+        inflight.destinations[static_cast<std::size_t>(node - inflight.nodes.begin())];
+    if (response.data.size() != targets.size()) {
+      error = "malformed response from " + runtime_->Describe(response.meta.sender);
+      break;
+    }
+    for (std::size_t j = 0; j < targets.size(); ++j) {
+      const ShmSlot* slot = targets[j].slot;
+      if (response.data[j].bytes() != (slot != nullptr ? 0 : targets[j].bytes)) {
+        error = "response from " + runtime_->Describe(response.meta.sender) + " has the wrong size";
         break;
       }
-      for (std::size_t j = 0; j < targets.size(); ++j) {
-        const ShmSlot* slot = targets[j].slot;
-        if (response.data[j].bytes() != (slot != nullptr ? 0 : targets[j].bytes)) {
-          error =
-              "response from " + runtime_->Describe(response.meta.sender) + " has the wrong size";
-          break;
-        }
-        const std::byte* value = slot != nullptr ? slot->data() : response.data[j].data();
-        try {
-          CopyFromHost(targets[j].data, targets[j].device, value, targets[j].bytes);
-        } catch (const Error& e) {
-          error = e.what();
-          break;
-        }
+      const std::byte* value = slot != nullptr ? slot->data() : response.data[j].data();
+      try {
+        CopyFromHost(targets[j].data, targets[j].device, value, targets[j].bytes);
+      } catch (const Error& e) {
+        error = e.what();
+        break;
       }
     }
-    // After a clean reply the server is done with the slots; after a failure it may
-    // still write into them, so they are never used again.
-    for (ShmSlot* slot : slots) {
-      if (error.empty()) {
-        slot->Release();
-      } else {
-        slot->Retire();
-      }
+  }
+  // After a clean reply the server is done with the slots; after a failure it may still
+  // write into them, so they are never used again.
+  for (ShmSlot* slot : inflight.slots) {
+    if (error.empty()) {
+      slot->Release();
+    } else {
+      slot->Retire();
     }
-    Complete(error);
-  });
+  }
+  ReleaseInflight(inflight);
+  Complete(error);
 }
 
 }  // namespace ps

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -68,10 +69,22 @@ class DistKVStore final : public KVStore {
   // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
   void Issue(kv::Command command, std::span<const Key> keys, std::span<const Tensor> sends,
              std::span<const Tensor> outs, int priority);
-  // Sends one wave of messages; on completion copies the pulled values to `destinations` (per
-  // message) and frees `slots` (or retires them, on error).
-  void Track(std::vector<Message> messages, std::vector<std::vector<Destination>> destinations,
-             std::vector<ShmSlot*> slots = {});
+  // What an in-flight request needs when its replies arrive. Pooled: a request takes one and
+  // gives it back with the memory of its lists, so tracking allocates nothing once warm.
+  struct Inflight {
+    std::vector<int> nodes;                              // per message: the server it went to
+    std::vector<std::vector<Destination>> destinations;  // per message: where its values go
+    std::vector<ShmSlot*> slots;  // the shared-memory slots the request holds
+    // Empties the lists for a request of `messages` messages (keeping their memory).
+    void Reset(std::size_t messages);
+  };
+  Inflight& AcquireInflight();
+  void ReleaseInflight(Inflight& inflight);
+  // Sends one wave of messages (moved from); `inflight` holds each message's destinations and
+  // the slots (the caller's) and is given back after the replies. On completion the pulled
+  // values are copied to their destinations and the slots freed (or retired, on error).
+  void Track(std::span<Message> messages, Inflight& inflight);
+  void OnReplies(Inflight& inflight, const RequestResult& result);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(std::span<const Key> keys);
   void Complete(const std::string& error);
@@ -79,8 +92,12 @@ class DistKVStore final : public KVStore {
   // rank 0's error, if any, after the barrier, so none is left waiting.
   void Collective(const std::function<void()>& work);
 
-  // Declared before runtime_: destroyed after its threads, which copy out of slots, stop.
+  // Declared before runtime_: destroyed after its threads, which copy out of slots and use
+  // the in-flight records, stop.
   ShmSlots shm_;
+  std::mutex inflight_mu_;
+  std::vector<std::unique_ptr<Inflight>> inflights_;  // GUARDED_BY(inflight_mu_): all of them
+  std::vector<Inflight*> spare_inflights_;            // GUARDED_BY(inflight_mu_): not in use
   std::unique_ptr<Runtime> runtime_;
   const bool sync_;
   const KeyLayout layout_;

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <memory_resource>
 
 #include "background.h"
 #include "net_util.h"
@@ -342,9 +344,13 @@ void Runtime::SetPeerHandler(PeerHandler handler) {
   peer_handler_ = std::move(handler);
 }
 
-std::uint64_t Runtime::Request(std::vector<Message> messages, RequestTracker::Callback callback,
+std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Callback callback,
                                std::optional<RequestTracker::Clock::time_point> deadline) {
-  std::vector<int> peers;
+  // The peer list lives on this stack unless a request goes to hundreds of peers.
+  alignas(int) std::byte stack[256 * sizeof(int)];
+  std::pmr::monotonic_buffer_resource arena(stack, sizeof(stack));
+  std::pmr::vector<int> peers(&arena);
+  peers.reserve(messages.size());
   for (const Message& msg : messages) peers.push_back(msg.meta.recipient);
   {
     std::lock_guard lock(mu_);
@@ -391,10 +397,8 @@ RequestResult Runtime::RequestAndWait(Message message,
   std::mutex done_mu;
   std::condition_variable done_cv;
   std::optional<RequestResult> outcome;
-  std::vector<Message> messages;
-  messages.push_back(std::move(message));
   Request(
-      std::move(messages),
+      std::span<Message>(&message, 1),
       [&](RequestResult&& result) {
         std::lock_guard lock(done_mu);
         outcome = std::move(result);

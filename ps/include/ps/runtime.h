@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,9 +76,10 @@ class Runtime {
   // worker finished.
   void SetPeerHandler(PeerHandler handler);
 
-  // Sends each message (to its meta.recipient) as one request with a shared timestamp and calls
-  // `callback` once every recipient answered, or with an error as soon as one fails or dies.
-  std::uint64_t Request(std::vector<Message> messages, RequestTracker::Callback callback,
+  // Sends each message (to its meta.recipient; moved from) as one request with a shared
+  // timestamp and calls `callback` once every recipient answered, or with an error as soon as
+  // one fails or dies.
+  std::uint64_t Request(std::span<Message> messages, RequestTracker::Callback callback,
                         std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
   // Request() for one message, blocking until it is answered, fails, or `deadline` passes.
   RequestResult RequestAndWait(
