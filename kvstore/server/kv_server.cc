@@ -351,7 +351,10 @@ void KVServerStore::Answer(Pending& pending) {
     runtime_.ReplyError(pending.request, pending.error);
   } else {
     // The reply carries no body: the worker matches values to slices by the request it kept.
-    Message response;
+    // One response Message serves every reply; its value list and the Pending's trade places,
+    // so neither allocates once both have grown.
+    response_.meta = Meta{};
+    response_.data.clear();
     if (pending.with_values) {
       // Shared-memory slices: the value goes into the worker's slot, the frame stays empty.
       for (std::size_t i = 0; i < pending.shm.size(); ++i) {
@@ -361,9 +364,10 @@ void KVServerStore::Answer(Pending& pending) {
         CopyInto(target.data, value.data(), value.bytes(), parallel_);
         value = Blob(nullptr, nullptr, 0, value.dtype());
       }
-      response.data = std::move(pending.values);
+      response_.data.swap(pending.values);
     }
-    runtime_.Reply(pending.request, std::move(response));
+    runtime_.ReplyWith(pending.request, response_);
+    response_.data.clear();  // the sent frames hold their own references
   }
   // Spare from here on: it must not keep values or mappings alive.
   pending.values.clear();

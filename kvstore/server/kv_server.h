@@ -147,6 +147,7 @@ class KVServerStore {
   std::vector<ShmTarget> shm_;                      // OnRequest's, reused
   std::vector<Waiter> ready_;                       // FailWaiters', reused
   std::vector<SliceId> seen_;                       // Validate's, reused
+  Message response_;                                // Answer's, reused
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

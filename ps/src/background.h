@@ -34,12 +34,15 @@ class PeriodicTask {
 };
 
 // Calls `handler` on its own thread for every message the transport receives, until the
-// transport is shut down. The owner shuts the transport down before destroying this.
+// transport is shut down. The owner shuts the transport down before destroying this. One
+// Message is received into again and again: a handler that leaves its lists in place (the
+// server store does) lets the next message reuse their memory.
 class ReceiveLoop {
  public:
   ReceiveLoop(ZmqTransport& transport, std::function<void(Message&&)> handler)
       : thread_([&transport, handler = std::move(handler)] {
-          while (auto msg = transport.Recv()) handler(std::move(*msg));
+          Message msg;
+          while (transport.Recv(msg)) handler(std::move(msg));
         }) {}
 
  private:

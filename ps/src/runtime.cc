@@ -285,7 +285,7 @@ void Runtime::OnTick() {
   beat.meta.control = Control::kHeartbeat;
   beat.meta.request = true;
   beat.meta.recipient = kSchedulerId;
-  SendToNode(std::move(beat));
+  SendToNode(beat);
 }
 
 void Runtime::Fail(const std::string& why) {
@@ -299,7 +299,7 @@ void Runtime::Fail(const std::string& why) {
   tracker_.FailAll(why);
 }
 
-bool Runtime::SendToNode(Message msg) {
+bool Runtime::SendToNode(Message& msg) {
   msg.meta.sender = self_.id;
   return transport_->Send(msg);
 }
@@ -315,7 +315,7 @@ void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeo
   msg.meta.request = true;
   msg.meta.recipient = kSchedulerId;
   msg.meta.barrier_group = groups;
-  SendToNode(std::move(msg));
+  SendToNode(msg);
   std::unique_lock lock(mu_);
   const auto ready = [&] {
     return barrier_released_.contains(groups) || !failure_.empty() || terminated_;
@@ -368,21 +368,23 @@ std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Call
     msg.meta.request = true;
     msg.meta.timestamp = timestamp;
     const int peer = msg.meta.recipient;
-    if (!SendToNode(std::move(msg))) {
+    if (!SendToNode(msg)) {
       tracker_.FailPeer(peer, "cannot send to " + Describe(peer) + ": the node is shutting down");
     }
   }
   return timestamp;
 }
 
-void Runtime::Reply(const Meta& request, Message response) {
+void Runtime::Reply(const Meta& request, Message response) { ReplyWith(request, response); }
+
+void Runtime::ReplyWith(const Meta& request, Message& response) {
   response.meta.recipient = request.sender;
   response.meta.request = false;
   response.meta.app_id = request.app_id;
   response.meta.customer_id = request.customer_id;
   response.meta.timestamp = request.timestamp;
   if (response.meta.head == 0) response.meta.head = request.head;
-  SendToNode(std::move(response));
+  SendToNode(response);
 }
 
 void Runtime::ReplyError(const Meta& request, const std::string& error) {

@@ -149,7 +149,7 @@ bool ZmqTransport::Send(const Message& msg) {
   return true;
 }
 
-std::optional<Message> ZmqTransport::Recv() {
+bool ZmqTransport::Recv(Message& msg) {
   while (!shut_down_.load()) {
     frames_.clear();
     try {
@@ -160,7 +160,7 @@ std::optional<Message> ZmqTransport::Recv() {
         if (frames_.size() <= wire::kMaxDataFrames + 1) frames_.push_back(std::move(frame));
       } while (receiver_.get(zmq::sockopt::rcvmore));
     } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) return std::nullopt;
+      if (e.num() == ETERM) return false;
       LOG(WARNING) << "receive failed: " << e.what();
       continue;
     }
@@ -178,19 +178,20 @@ std::optional<Message> ZmqTransport::Recv() {
       Drop(bad);
       continue;
     }
-    Message msg;
     msg.meta = std::move(decoded_.meta);
+    msg.data.clear();
     msg.data.reserve(frames_.size() - 1);
     for (std::size_t i = 1; i < frames_.size(); ++i) {
-      auto frame = std::make_shared<zmq::message_t>(std::move(frames_[i]));
+      auto frame = std::allocate_shared<zmq::message_t>(
+          PoolAllocator<zmq::message_t>(frame_holders_), std::move(frames_[i]));
       const void* data = frame->data();
       const std::size_t bytes = frame->size();
       msg.data.emplace_back(std::move(frame), data, bytes, decoded_.data[i - 1].dtype);
     }
     if (verbose_ >= 2) LOG(INFO) << "received " << msg.DebugString();
-    return msg;
+    return true;
   }
-  return std::nullopt;
+  return false;
 }
 
 void ZmqTransport::Drop(const std::string& why) {

@@ -17,6 +17,7 @@
 
 #include <zmq.hpp>
 
+#include "block_pool.h"
 #include "ps/message.h"
 #include "wire.h"
 
@@ -51,9 +52,10 @@ class ZmqTransport {
   // is shut down. Never blocks on a slow peer (unbounded queue).
   bool Send(const Message& msg);
 
-  // Blocks for the next well-formed message; malformed ones are logged, counted and dropped.
-  // nullopt once Shutdown() was called.
-  std::optional<Message> Recv();
+  // Blocks for the next well-formed message and stores it in `msg`, whose lists keep their
+  // memory (a caller that reuses one Message allocates nothing here per message); malformed
+  // messages are logged, counted and dropped. False once Shutdown() was called.
+  bool Recv(Message& msg);
 
   void Shutdown();
   std::uint64_t dropped_messages() const { return dropped_.load(); }
@@ -80,6 +82,8 @@ class ZmqTransport {
   std::vector<std::size_t> frame_sizes_;
   wire::HeaderDecoder decoder_;
   wire::DecodedHeader decoded_;
+  // The memory of each received data frame's holder (shared_ptr control block and frame).
+  const std::shared_ptr<BlockPool> frame_holders_ = std::make_shared<BlockPool>();
   mutable std::shared_mutex peers_mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(peers_mu_)
   std::atomic<std::uint64_t> dropped_{0};

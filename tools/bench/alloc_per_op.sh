@@ -64,5 +64,8 @@ echo "heap allocations per $op of $size, 1 worker 1 server, $mode over $transpor
   "(steady state, $((2 * iterations)) operations):"
 for role in worker server; do
   awk -v a="${total[$role.$iterations]}" -v b="${total[$role.$((3 * iterations))]}" \
-    -v n=$((2 * iterations)) -v r="$role" 'BEGIN { printf "  %s: %.1f\n", r, (b - a) / n }'
+    -v n=$((2 * iterations)) -v r="$role" 'BEGIN {
+      v = (b - a) / n  # one-off allocations that differ between the runs can make it dip below 0
+      printf "  %s: %.1f\n", r, (v < 0 ? 0 : v)
+    }'
 done

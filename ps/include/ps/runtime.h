@@ -86,6 +86,9 @@ class Runtime {
       Message message, std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
   // Answers `request` with `response` (same app, customer and timestamp).
   void Reply(const Meta& request, Message response);
+  // The same, leaving `response` to its caller: a server that answers through one Message
+  // again and again reuses the memory of its lists.
+  void ReplyWith(const Meta& request, Message& response);
   // Answers `request` with an error the requester's callback will see.
   void ReplyError(const Meta& request, const std::string& error);
 
@@ -114,7 +117,7 @@ class Runtime {
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
   void OnTick();                                           // timer thread
   void Fail(const std::string& why);
-  bool SendToNode(Message msg);
+  bool SendToNode(Message& msg);  // sets msg.meta.sender
 
   const ClusterConfig config_;
   std::string scheduler_ip_;
