@@ -107,7 +107,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
     for (int s = 0; s < runtime_->num_servers(); ++s) {
       messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
-    Inflight& inflight = AcquireInflight();
+    Inflight& inflight = inflights_.Take();
     inflight.Reset(messages.size());
     Track(messages, inflight);
   });
@@ -238,10 +238,16 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   // big key's slices travel separately, so servers and this worker work on one while the
   // next is in flight), its frames, and where its pulled slices go.
   struct Outgoing {
-    explicit Outgoing(std::pmr::memory_resource* arena)
-        : destinations(arena), copies(arena), slots(arena) {}
-    kv::Request request;
-    std::vector<Blob> frames;  // becomes the message's data
+    Outgoing(std::pmr::memory_resource* arena, Draft& taken)
+        : request(taken.request),
+          frames(taken.msg.data),
+          draft(&taken),
+          destinations(arena),
+          copies(arena),
+          slots(arena) {}
+    kv::Request& request;       // the draft's
+    std::vector<Blob>& frames;  // the draft's message's data
+    Draft* draft;
     std::pmr::vector<Destination> destinations;
     std::pmr::vector<SlotCopy> copies;
     std::pmr::vector<ShmSlot*> slots;  // owned by this message until its reply
@@ -252,6 +258,26 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   alignas(std::max_align_t) std::byte scratch[kIssueScratchBytes];
   std::pmr::monotonic_buffer_resource arena(scratch, sizeof(scratch));
   std::pmr::map<int, std::pmr::vector<Outgoing>> per_server(&arena);
+  // Every draft this call takes goes back to the pool when it returns (or throws), emptied of
+  // the frames that reference the caller's memory.
+  struct DraftsTaken {
+    ObjectPool<Draft>& pool;
+    std::pmr::vector<Draft*> taken;
+    ~DraftsTaken() {
+      for (Draft* draft : taken) {
+        draft->msg.data.clear();
+        pool.Give(*draft);
+      }
+    }
+  } drafts{drafts_, std::pmr::vector<Draft*>(&arena)};
+  const auto new_draft = [&]() -> Draft& {
+    Draft& draft = drafts_.Take();
+    drafts.taken.push_back(&draft);
+    draft.request.slices.clear();
+    draft.request.shm.clear();
+    draft.msg.data.clear();
+    return draft;
+  };
   // Slots acquired for messages not sent yet go back when anything below throws.
   const auto release_unsent = [&per_server](std::size_t from_wave) {
     for (auto& [server, queue] : per_server) {
@@ -289,7 +315,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
         const std::size_t slice_bytes = slice.length * element;
         if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
             (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {
-          queue.emplace_back(&arena);
+          queue.emplace_back(&arena, new_draft());
         }
         Outgoing& target = queue.back();
         ShmSlot* slot = command != kv::kInit && !info.slots.empty() ? info.slots[j] : nullptr;
@@ -341,9 +367,11 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   std::size_t waves = 0;
   for (const auto& [server, queue] : per_server) waves = std::max(waves, queue.size());
   std::pmr::vector<Message> messages(&arena);
+  std::pmr::vector<Draft*> sent(&arena);  // per message of the wave: its draft
   for (std::size_t wave = 0; wave < waves; ++wave) {
     messages.clear();
-    Inflight& inflight = AcquireInflight();
+    sent.clear();
+    Inflight& inflight = inflights_.Take();
     inflight.Reset(per_server.size());
     try {
       for (auto& [server, queue] : per_server) {
@@ -354,20 +382,23 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
         }
         target.request.command = command;
         target.request.sync = sync_;
-        Message msg = kv::RequestMessage(target.request, runtime_->ServerId(server));
+        Message& msg = target.draft->msg;
+        kv::FillRequestMessage(target.request, runtime_->ServerId(server), msg);
         msg.meta.priority = priority;
-        msg.data = std::move(target.frames);
         inflight.destinations[messages.size()].assign(target.destinations.begin(),
                                                       target.destinations.end());
         inflight.slots.insert(inflight.slots.end(), target.slots.begin(), target.slots.end());
+        // Lent to the request (which sends it and leaves it whole), then given back below.
         messages.push_back(std::move(msg));
+        sent.push_back(target.draft);
       }
     } catch (...) {
-      ReleaseInflight(inflight);
+      inflights_.Give(inflight);
       release_unsent(wave);
       throw;
     }
     Track(messages, inflight);
+    for (std::size_t m = 0; m < messages.size(); ++m) sent[m]->msg = std::move(messages[m]);
   }
 }
 
@@ -378,26 +409,9 @@ void DistKVStore::Inflight::Reset(std::size_t messages) {
   for (auto& list : destinations) list.clear();
 }
 
-DistKVStore::Inflight& DistKVStore::AcquireInflight() {
-  std::lock_guard lock(inflight_mu_);
-  if (spare_inflights_.empty()) {
-    inflights_.push_back(std::make_unique<Inflight>());
-    spare_inflights_.reserve(inflights_.size());  // giving one back never allocates
-    spare_inflights_.push_back(inflights_.back().get());
-  }
-  Inflight* inflight = spare_inflights_.back();
-  spare_inflights_.pop_back();
-  return *inflight;
-}
-
-void DistKVStore::ReleaseInflight(Inflight& inflight) {
-  std::lock_guard lock(inflight_mu_);
-  spare_inflights_.push_back(&inflight);
-}
-
 void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
   if (messages.empty()) {
-    ReleaseInflight(inflight);
+    inflights_.Give(inflight);
     return;
   }
   for (const Message& msg : messages) inflight.nodes.push_back(msg.meta.recipient);
@@ -447,7 +461,7 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
       slot->Retire();
     }
   }
-  ReleaseInflight(inflight);
+  inflights_.Give(inflight);
   Complete(error);
 }
 

@@ -25,6 +25,7 @@
 
 #include "key_layout.h"
 #include "kv_protocol.h"
+#include "object_pool.h"
 #include "ps/runtime.h"
 #include "shm_slots.h"
 
@@ -69,6 +70,12 @@ class DistKVStore final : public KVStore {
   // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
   void Issue(kv::Command command, std::span<const Key> keys, std::span<const Tensor> sends,
              std::span<const Tensor> outs, int priority);
+  // A message Issue builds, with the request it encodes. Pooled: taken for one Issue call and
+  // given back when it returns, so the memory of its lists serves the next call.
+  struct Draft {
+    kv::Request request;
+    Message msg;
+  };
   // What an in-flight request needs when its replies arrive. Pooled: a request takes one and
   // gives it back with the memory of its lists, so tracking allocates nothing once warm.
   struct Inflight {
@@ -78,8 +85,6 @@ class DistKVStore final : public KVStore {
     // Empties the lists for a request of `messages` messages (keeping their memory).
     void Reset(std::size_t messages);
   };
-  Inflight& AcquireInflight();
-  void ReleaseInflight(Inflight& inflight);
   // Sends one wave of messages (moved from); `inflight` holds each message's destinations and
   // the slots (the caller's) and is given back after the replies. On completion the pulled
   // values are copied to their destinations and the slots freed (or retired, on error).
@@ -95,9 +100,8 @@ class DistKVStore final : public KVStore {
   // Declared before runtime_: destroyed after its threads, which copy out of slots and use
   // the in-flight records, stop.
   ShmSlots shm_;
-  std::mutex inflight_mu_;
-  std::vector<std::unique_ptr<Inflight>> inflights_;  // GUARDED_BY(inflight_mu_): all of them
-  std::vector<Inflight*> spare_inflights_;            // GUARDED_BY(inflight_mu_): not in use
+  ObjectPool<Inflight> inflights_;
+  ObjectPool<Draft> drafts_;
   std::unique_ptr<Runtime> runtime_;
   const bool sync_;
   const KeyLayout layout_;

@@ -59,7 +59,10 @@ std::string CommandName(int command) {
   return "command " + std::to_string(command);
 }
 
-std::string EncodeBody(const Request& request) {
+namespace {
+
+// Serializes `request`'s body into `encoded`, reusing its memory.
+void EncodeBodyInto(const Request& request, std::string& encoded) {
   // The body lives in an arena whose first block is on this stack: a request of a few dozen
   // keys is encoded without touching the heap (Issue runs this for every message it sends).
   alignas(std::max_align_t) std::byte first_block[kEncodeArenaBytes];
@@ -102,15 +105,30 @@ std::string EncodeBody(const Request& request) {
     spec->set_beta2(c.beta2);
     spec->set_epsilon(c.epsilon);
   }
-  return body.SerializeAsString();
+  body.SerializeToString(&encoded);
+}
+
+}  // namespace
+
+std::string EncodeBody(const Request& request) {
+  std::string body;
+  EncodeBodyInto(request, body);
+  return body;
+}
+
+void FillRequestMessage(const Request& request, int recipient, Message& msg) {
+  std::string body = std::move(msg.meta.body);
+  msg.meta = Meta{};
+  msg.meta.body = std::move(body);
+  msg.meta.app_id = kAppId;
+  msg.meta.head = request.command;
+  msg.meta.recipient = recipient;
+  EncodeBodyInto(request, msg.meta.body);
 }
 
 Message RequestMessage(const Request& request, int recipient) {
   Message msg;
-  msg.meta.app_id = kAppId;
-  msg.meta.head = request.command;
-  msg.meta.recipient = recipient;
-  msg.meta.body = EncodeBody(request);
+  FillRequestMessage(request, recipient, msg);
   return msg;
 }
 

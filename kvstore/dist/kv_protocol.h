@@ -64,6 +64,9 @@ struct Request {
 std::string EncodeBody(const Request& request);
 // A KVStore request message carrying `request` (its command and encoded body) to `recipient`.
 Message RequestMessage(const Request& request, int recipient);
+// The same, written over `msg`'s header (its data frames are left alone) so that the memory
+// of its body string is reused.
+void FillRequestMessage(const Request& request, int recipient, Message& msg);
 
 // Decodes requests through one reused protobuf body and Request, so that a steady stream of
 // requests allocates nothing here. One thread at a time.

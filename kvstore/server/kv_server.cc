@@ -211,12 +211,7 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
 KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, std::size_t slices,
                                                     bool with_values,
                                                     const std::vector<ShmTarget>& shm) {
-  if (spare_pendings_.empty()) {
-    pendings_.push_back(std::make_unique<Pending>());
-    spare_pendings_.push_back(pendings_.back().get());
-  }
-  Pending* pending = spare_pendings_.back();
-  spare_pendings_.pop_back();
+  Pending* pending = &pendings_.Take();
   // Assignments into a reused Pending keep the memory its strings and vectors already hold.
   pending->request = meta;
   pending->remaining = slices;
@@ -372,7 +367,7 @@ void KVServerStore::Answer(Pending& pending) {
   // Spare from here on: it must not keep values or mappings alive.
   pending.values.clear();
   pending.shm.clear();
-  spare_pendings_.push_back(&pending);
+  pendings_.Give(pending);
 }
 
 void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {

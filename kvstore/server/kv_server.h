@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kv_protocol.h"
+#include "object_pool.h"
 #include "optimizer.h"
 #include "ps/config.h"
 #include "ps/runtime.h"
@@ -63,7 +64,7 @@ class KVServerStore {
     std::string error;
   };
   struct Waiter {
-    Pending* pending;   // owned by pendings_; in use until answered
+    Pending* pending;   // from pendings_; in use until answered
     std::size_t index;  // slice index within the request
   };
   struct RoundWaiter {
@@ -141,13 +142,12 @@ class KVServerStore {
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
   // (worker node id, segment id) -> the worker's attached shared memory.
   std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
-  std::vector<std::unique_ptr<Pending>> pendings_;  // every Pending, in use or not
-  std::vector<Pending*> spare_pendings_;            // the answered ones, free for reuse
-  kv::RequestDecoder decoder_;                      // OnRequest's, reused
-  std::vector<ShmTarget> shm_;                      // OnRequest's, reused
-  std::vector<Waiter> ready_;                       // FailWaiters', reused
-  std::vector<SliceId> seen_;                       // Validate's, reused
-  Message response_;                                // Answer's, reused
+  ObjectPool<Pending> pendings_;  // a Pending is in use until answered
+  kv::RequestDecoder decoder_;    // OnRequest's, reused
+  std::vector<ShmTarget> shm_;    // OnRequest's, reused
+  std::vector<Waiter> ready_;     // FailWaiters', reused
+  std::vector<SliceId> seen_;     // Validate's, reused
+  Message response_;              // Answer's, reused
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

@@ -55,7 +55,12 @@ void RequestTracker::Finish(Slot& slot) {
   const auto release = [&] {
     slot.callback = nullptr;  // drops what the callback captured, outside the lock
     slot.result.error.clear();
-    slot.result.responses.clear();  // keeps the list's memory for the slot's next request
+    // The responses, emptied of their frames, go back to the receive loop one by one.
+    for (Message& response : slot.result.responses) {
+      response.data.clear();
+      slot.spare.push_back(std::move(response));
+    }
+    slot.result.responses.clear();
     std::lock_guard lock(mu_);
     slot.state = SlotState::kFree;
     free_.push_back(slot.index);
@@ -80,6 +85,10 @@ bool RequestTracker::OnResponse(Message&& msg) {
   const bool failed = msg.meta.control == Control::kError || !msg.meta.error.empty();
   if (failed) slot->result.error = msg.meta.error.empty() ? "request failed" : msg.meta.error;
   slot->result.responses.push_back(std::move(msg));
+  if (!slot->spare.empty()) {
+    msg = std::move(slot->spare.back());
+    slot->spare.pop_back();
+  }
   if (!failed && !waiting.empty()) return true;
   Complete(*slot, "");
   lock.unlock();

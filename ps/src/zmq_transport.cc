@@ -18,22 +18,36 @@ constexpr int kLingerMs = 2000;
 // Below this size a payload is copied into the frame: cheaper than reference bookkeeping.
 constexpr std::size_t kZeroCopyMinBytes = 512;
 
-// ZeroMQ calls this once it no longer reads a zero-copy frame; drops our reference.
-void ReleaseBlobOwner(void* /*data*/, void* hint) {
-  std::unique_ptr<std::shared_ptr<const void>> owner(
-      static_cast<std::shared_ptr<const void>*>(hint));
+// What a zero-copy frame holds until ZeroMQ is done with it: a reference to the Blob's
+// owner. Its memory comes from, and goes back to, the transport's pool of such holders.
+struct FrameOwner {
+  std::shared_ptr<const void> owner;
+  std::shared_ptr<BlockPool> pool;  // keeps the pool alive while ZeroMQ holds the frame
+};
+
+// ZeroMQ calls this (on one of its I/O threads) once it no longer reads a zero-copy frame:
+// drops our reference and returns the holder's memory.
+void ReleaseFrameOwner(void* /*data*/, void* hint) {
+  auto* holder = static_cast<FrameOwner*>(hint);
+  PoolAllocator<FrameOwner> allocator(std::move(holder->pool));
+  std::destroy_at(holder);
+  allocator.deallocate(holder, 1);
 }
 
-zmq::message_t FrameFor(const Blob& blob) {
+zmq::message_t FrameFor(const Blob& blob, const std::shared_ptr<BlockPool>& holders) {
   if (blob.bytes() < kZeroCopyMinBytes || !blob.owner()) {
     return zmq::message_t(blob.data(), blob.bytes());
   }
-  auto owner = std::make_unique<std::shared_ptr<const void>>(blob.owner());
-  // const_cast: ZeroMQ's API takes void* but never writes to an outgoing frame.
-  zmq::message_t frame(const_cast<std::byte*>(blob.data()), blob.bytes(), &ReleaseBlobOwner,
-                       owner.get());
-  owner.release();  // now owned by the frame; freed in ReleaseBlobOwner
-  return frame;
+  PoolAllocator<FrameOwner> allocator(holders);
+  FrameOwner* holder = std::construct_at(allocator.allocate(1), FrameOwner{blob.owner(), holders});
+  try {
+    // const_cast: ZeroMQ's API takes void* but never writes to an outgoing frame.
+    return zmq::message_t(const_cast<std::byte*>(blob.data()), blob.bytes(), &ReleaseFrameOwner,
+                          holder);  // from here the frame owns the holder
+  } catch (...) {
+    ReleaseFrameOwner(nullptr, holder);
+    throw;
+  }
 }
 
 int PortOf(const std::string& endpoint) {
@@ -138,7 +152,7 @@ bool ZmqTransport::Send(const Message& msg) {
     peer.socket.send(zmq::buffer(header), more);
     for (std::size_t i = 0; i < msg.data.size(); ++i) {
       const bool last = i + 1 == msg.data.size();
-      peer.socket.send(FrameFor(msg.data[i]),
+      peer.socket.send(FrameFor(msg.data[i], frame_owners_),
                        last ? zmq::send_flags::none : zmq::send_flags::sndmore);
     }
   } catch (const zmq::error_t& e) {

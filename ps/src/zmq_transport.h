@@ -76,14 +76,16 @@ class ZmqTransport {
   const std::uint64_t send_affinity_;
   zmq::context_t context_;
   zmq::socket_t receiver_;  // receive thread only, after Bind()
-  // Receive thread only: reused for every message, so receiving allocates only what the
-  // returned Message keeps.
+  // Receive thread only: reused for every message, so receiving allocates nothing once warm.
   std::vector<zmq::message_t> frames_;
   std::vector<std::size_t> frame_sizes_;
   wire::HeaderDecoder decoder_;
   wire::DecodedHeader decoded_;
-  // The memory of each received data frame's holder (shared_ptr control block and frame).
+  // Pools (thread-safe; blocks come back from whichever thread drops the last reference):
+  // each received data frame's holder (shared_ptr control block and frame), and what each
+  // zero-copy frame sent holds until ZeroMQ releases it.
   const std::shared_ptr<BlockPool> frame_holders_ = std::make_shared<BlockPool>();
+  const std::shared_ptr<BlockPool> frame_owners_ = std::make_shared<BlockPool>();
   mutable std::shared_mutex peers_mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(peers_mu_)
   std::atomic<std::uint64_t> dropped_{0};

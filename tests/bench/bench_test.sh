@@ -100,7 +100,8 @@ bad_flags)
 alloc)
   # tools/bench/alloc_per_op.sh (here $tool, with ps-bench as $4): the steady-state heap
   # allocations per 4 B push+pull stay far below what they were before the pooling work
-  # (worker 34, server 27; now 4 and 0). Counts, not timings: they do not depend on load.
+  # (worker 34, server 27; now 1 and 0: the 1 is ZeroMQ's copy of the request header).
+  # Counts, not timings: they do not depend on load.
   bench=$4
   log=$out/bench_alloc.log
   timeout 100 bash "$tool" --iterations 300 --bench "$bench" >"$log" 2>&1
@@ -111,8 +112,8 @@ alloc)
   worker=$(sed -n 's/^  worker: \([0-9.]*\)$/\1/p' "$log")
   server=$(sed -n 's/^  server: \([0-9.]*\)$/\1/p' "$log")
   [[ -n $worker && -n $server ]] || fail "no per-operation figures in the output"
-  awk -v w="$worker" -v s="$server" 'BEGIN { exit !(w <= 6 && s <= 2) }' ||
-    fail "worker $worker, server $server allocations per push+pull: more than 6 / 2"
+  awk -v w="$worker" -v s="$server" 'BEGIN { exit !(w <= 2 && s <= 1) }' ||
+    fail "worker $worker, server $server allocations per push+pull: more than 2 / 1"
   ;;
 plot)
   [[ -f $json ]] || fail "no $json (bench.smoke writes it)"

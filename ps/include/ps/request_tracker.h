@@ -54,7 +54,9 @@ class RequestTracker {
   }
 
   // A response (or error) from msg.meta.sender for msg.meta.timestamp. Unknown timestamps
-  // (late answers to failed requests) are ignored; returns false for them.
+  // (late answers to failed requests) are ignored; returns false for them. A taken response
+  // leaves `msg` holding an emptied earlier response, whose lists' memory the caller (the
+  // receive loop) reuses for the next message.
   bool OnResponse(Message&& msg);
 
   // Fails every request still waiting on `node` with `why`.
@@ -74,6 +76,7 @@ class RequestTracker {
     std::uint32_t uses = 0;       // the high half of its timestamps; never 0
     std::vector<int> waiting_on;  // peers that have not answered yet
     RequestResult result;
+    std::vector<Message> spare;  // emptied responses of earlier uses, handed back on receive
     Callback callback;
     std::optional<Clock::time_point> deadline;
   };
