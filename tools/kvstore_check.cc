@@ -7,11 +7,9 @@
 // dist_sync checks that value after every round; dist_async and local check it at the end.
 #include <gflags/gflags.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,8 +41,8 @@ int main(int argc, char** argv) {
   const std::string usage =
       "ps-kvstore-check: checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
       "(cluster from the DMLC_* environment)";
-  if (std::any_of(argv + 1, argv + argc, ps::cli::IsHelpFlag)) {
-    ps::cli::PrintFlagHelp(std::cout, usage, "kvstore_check.cc", ps::cli::FlagSpelling::kDashes);
+  if (ps::cli::PrintHelpIfAsked(argc, argv, usage, "kvstore_check.cc",
+                                ps::cli::FlagSpelling::kDashes)) {
     return 0;
   }
   gflags::SetUsageMessage(usage);

@@ -107,9 +107,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
     for (int s = 0; s < runtime_->num_servers(); ++s) {
       messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
-    Inflight& inflight = inflights_.Take();
-    inflight.Reset(messages.size());
-    Track(messages, inflight);
+    Track(messages, NewInflight(messages.size()));
   });
   optimizer_set_ = true;
 }
@@ -273,9 +271,8 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   const auto new_draft = [&]() -> Draft& {
     Draft& draft = drafts_.Take();
     drafts.taken.push_back(&draft);
-    draft.request.slices.clear();
+    draft.request.slices.clear();  // its frames were cleared when it was given back
     draft.request.shm.clear();
-    draft.msg.data.clear();
     return draft;
   };
   // Slots acquired for messages not sent yet go back when anything below throws.
@@ -371,8 +368,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   for (std::size_t wave = 0; wave < waves; ++wave) {
     messages.clear();
     sent.clear();
-    Inflight& inflight = inflights_.Take();
-    inflight.Reset(per_server.size());
+    Inflight& inflight = NewInflight(per_server.size());
     try {
       for (auto& [server, queue] : per_server) {
         if (wave >= queue.size()) continue;
@@ -402,11 +398,14 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   }
 }
 
-void DistKVStore::Inflight::Reset(std::size_t messages) {
-  nodes.clear();
-  slots.clear();
-  if (destinations.size() < messages) destinations.resize(messages);
-  for (auto& list : destinations) list.clear();
+DistKVStore::Inflight& DistKVStore::NewInflight(std::size_t messages) {
+  // Clearing keeps the lists' memory for this request.
+  Inflight& inflight = inflights_.Take();
+  inflight.nodes.clear();
+  inflight.slots.clear();
+  if (inflight.destinations.size() < messages) inflight.destinations.resize(messages);
+  for (auto& list : inflight.destinations) list.clear();
+  return inflight;
 }
 
 void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {

@@ -82,12 +82,13 @@ class DistKVStore final : public KVStore {
     std::vector<int> nodes;                              // per message: the server it went to
     std::vector<std::vector<Destination>> destinations;  // per message: where its values go
     std::vector<ShmSlot*> slots;  // the shared-memory slots the request holds
-    // Empties the lists for a request of `messages` messages (keeping their memory).
-    void Reset(std::size_t messages);
   };
-  // Sends one wave of messages (moved from); `inflight` holds each message's destinations and
-  // the slots (the caller's) and is given back after the replies. On completion the pulled
-  // values are copied to their destinations and the slots freed (or retired, on error).
+  // An in-flight record from the pool, emptied for a request of `messages` messages.
+  Inflight& NewInflight(std::size_t messages);
+  // Sends one wave of messages (left whole for the caller to reuse); `inflight` holds each
+  // message's destinations and the slots (filled by the caller) and goes back to the pool after
+  // the replies. On completion the pulled values are copied to their destinations and the slots
+  // freed (or retired, on error).
   void Track(std::span<Message> messages, Inflight& inflight);
   void OnReplies(Inflight& inflight, const RequestResult& result);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).

@@ -79,11 +79,17 @@ void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view f
   }
 }
 
+bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
+                      std::string_view flag_file, FlagSpelling spelling) {
+  if (std::none_of(argv + 1, argv + argc, IsHelpFlag)) return false;
+  PrintFlagHelp(std::cout, usage, flag_file, spelling);
+  return true;
+}
+
 void Init(int* argc, char*** argv, const std::string& usage) {
-  if (std::any_of(*argv + 1, *argv + *argc, IsHelpFlag)) {
-    const std::string program = std::string((*argv)[0]);
-    PrintFlagHelp(std::cout, program.substr(program.rfind('/') + 1) + ": " + usage, "cli.cc",
-                  FlagSpelling::kAsDefined);
+  const std::string program = std::string((*argv)[0]);
+  if (PrintHelpIfAsked(*argc, *argv, program.substr(program.rfind('/') + 1) + ": " + usage,
+                       "cli.cc", FlagSpelling::kAsDefined)) {
     std::exit(0);
   }
   gflags::SetVersionString(PS_VERSION);

@@ -26,6 +26,9 @@ enum class FlagSpelling { kAsDefined, kDashes };
 // starts with "Internal" are left out.
 void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view flag_file,
                    FlagSpelling spelling);
+// When argv holds a help flag: PrintFlagHelp on stdout, and true (the caller exits 0).
+bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
+                      std::string_view flag_file, FlagSpelling spelling);
 
 // The cluster configuration for `role` from the flags given on the command line, falling back
 // to the environment. Throws ps::Error naming the variable (and its flag) that is wrong.

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -950,8 +949,7 @@ int main(int argc, char** argv) {
       "Usage: ps-bench [--quick] [--verify] [--json FILE] [--sizes 4B,16MB] [--workers 1,2] "
       "[--servers 1,2] [--modes dist_sync] [--ops pushpull]\n"
       "Needs ps-scheduler and ps-server next to it. See docs/performance.md.";
-  if (std::any_of(argv + 1, argv + argc, ps::cli::IsHelpFlag)) {
-    ps::cli::PrintFlagHelp(std::cout, usage, "ps_bench.cc", ps::cli::FlagSpelling::kDashes);
+  if (ps::cli::PrintHelpIfAsked(argc, argv, usage, "ps_bench.cc", ps::cli::FlagSpelling::kDashes)) {
     return 0;
   }
   gflags::SetUsageMessage(usage);

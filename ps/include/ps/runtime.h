@@ -76,9 +76,10 @@ class Runtime {
   // worker finished.
   void SetPeerHandler(PeerHandler handler);
 
-  // Sends each message (to its meta.recipient; moved from) as one request with a shared
-  // timestamp and calls `callback` once every recipient answered, or with an error as soon as
-  // one fails or dies.
+  // Sends each message (to its meta.recipient) as one request with a shared timestamp and calls
+  // `callback` once every recipient answered, or with an error as soon as one fails or dies.
+  // The messages are left whole (only their sender, request flag and timestamp are set), so a
+  // caller may reuse them and the memory they hold.
   std::uint64_t Request(std::span<Message> messages, RequestTracker::Callback callback,
                         std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
   // Request() for one message, blocking until it is answered, fails, or `deadline` passes.
