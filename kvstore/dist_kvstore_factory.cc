@@ -1,6 +1,8 @@
 // CreateDistKVStore: the dist_* types. In a server or scheduler process (DMLC_ROLE), this
 // runs that role to the end of the job and exits the process with its status, so that one
 // program can be launched for every role, as with MXNet's launcher.
+#include <glog/logging.h>
+
 #include <cstdlib>
 #include <iostream>
 
@@ -21,14 +23,26 @@ int RunScheduler(const ClusterConfig& config) {
   return status;
 }
 
+// A scheduler or server role owns its process until it exits, so it may set up glog when the
+// user's program has not (glog would otherwise open with "Logging before InitGoogleLogging").
+// A worker's process stays the user's: their own InitGoogleLogging may still come, and glog
+// aborts on a second one.
+void LogToStderrUnlessSetUp(const char* role_program) {
+  if (google::IsGoogleLoggingInitialized()) return;
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(role_program);
+}
+
 }  // namespace
 
 std::unique_ptr<KVStore> CreateDistKVStore(const std::string& type, const ClusterConfig* given) {
   const ClusterConfig config = given != nullptr ? *given : ClusterConfig::FromEnvironment();
   switch (config.role) {
     case Role::kScheduler:
+      LogToStderrUnlessSetUp("ps-scheduler");
       std::exit(RunScheduler(config));
     case Role::kServer:
+      LogToStderrUnlessSetUp("ps-server");
       std::exit(RunServer(config));
     case Role::kWorker:
       break;

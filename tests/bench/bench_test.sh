@@ -96,6 +96,18 @@ bad_flags)
   help=$(timeout 20 "$tool" --help 2>&1) || fail "--help exited with status $?"
   grep -q -- "--target-seconds" <<<"$help" || fail "--help does not describe --target-seconds"
   ! grep -qE -- "logtostderr|worker-mode" <<<"$help" || fail "--help lists foreign or internal flags"
+  # The MPI baseline helper (built only where MPI is installed), run as an MPI singleton:
+  # --help and a bad flag end cleanly, without MPI_Abort.
+  mpi_tool=$(dirname "$tool")/ps-bench-mpi-allreduce
+  if [[ -x $mpi_tool ]]; then
+    help=$(timeout 20 "$mpi_tool" --help 2>&1) || fail "$mpi_tool --help exited with status $?"
+    grep -q -- "--sizes=LIST" <<<"$help" || fail "$mpi_tool --help does not describe --sizes"
+    message=$(timeout 20 "$mpi_tool" --bogus 2>&1)
+    rc=$?
+    ((rc == 2)) || fail "$mpi_tool --bogus: expected exit status 2, got $rc"
+    grep -q -- "unknown argument '--bogus'" <<<"$message" || fail "$mpi_tool: $message"
+    ! grep -q "MPI_ABORT" <<<"$message" || fail "$mpi_tool aborted on a bad flag"
+  fi
   ;;
 alloc)
   # tools/bench/alloc_per_op.sh (here $tool, with ps-bench as $4): the steady-state heap

@@ -71,6 +71,18 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assert_kvstore_ok(r, 3)
         self.assert_nothing_left_here()
 
+    @unittest.skipIf(missing("ps-kvstore-check"), missing("ps-kvstore-check"))
+    def test_kvstore_job_same_program_for_every_role(self):
+        # MXNet style: KVStore::Create runs the scheduler and server roles in the user's
+        # program, and those set up logging themselves (no glog "before InitGoogleLogging").
+        r = self.run_launcher(["-n", "2", "-s", "2", "--same-cmd-for-all-roles"] + self.marked()
+                              + [binary("ps-kvstore-check"), "--rounds", "20"],
+                              env=self.real_env(), timeout=60)
+        self.assert_kvstore_ok(r, 2)
+        self.assertIn("all 2 server(s) and 2 worker(s) registered", r.err + r.out, r)
+        self.assertNotIn("before InitGoogleLogging", r.err + r.out, r)
+        self.assert_nothing_left_here()
+
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-node"),
                      missing("ps-scheduler", "ps-server", "ps-test-node"))
     def test_runtime_barriers(self):

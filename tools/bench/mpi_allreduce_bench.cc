@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "cli.h"
 
 namespace {
 
@@ -23,7 +24,20 @@ struct Options {
   std::string sizes = "16MB";
   ps::bench::Calibration calibration;
   bool verify = false;
+  bool help = false;
 };
+
+constexpr const char* kUsage =
+    "ps-bench-mpi-allreduce: MPI_Allreduce (sum of float32) timings, run under mpirun by "
+    "ps-bench.\n"
+    "usage: mpirun -np 2 ps-bench-mpi-allreduce [flags]\n"
+    "  --sizes=LIST           sizes, comma-separated, binary units (default 16MB)\n"
+    "  --target_seconds=S     timed work per size; iterations are calibrated to it\n"
+    "  --min_iterations=N     lower bound of the calibration\n"
+    "  --max_iterations=N     upper bound of the calibration\n"
+    "  --iterations=N         exactly N timed iterations\n"
+    "  --verify               check every reduced value\n"
+    "Rank 0 prints one 'mpi-allreduce: size=...' line per size.\n";
 
 bool StartsWith(const std::string& text, const std::string& prefix) {
   return text.compare(0, prefix.size(), prefix) == 0;
@@ -46,10 +60,10 @@ Options Parse(int argc, char** argv) {
       options.calibration.fixed_iterations = std::stoi(value("--iterations="));
     } else if (arg == "--verify") {
       options.verify = true;
+    } else if (ps::cli::IsHelpFlag(arg)) {
+      options.help = true;
     } else {
-      throw std::invalid_argument("unknown argument '" + arg +
-                                  "' (accepted: --sizes= --target_seconds= --min_iterations= "
-                                  "--max_iterations= --iterations= --verify)");
+      throw std::invalid_argument("unknown argument '" + arg + "' (see --help)");
     }
   }
   return options;
@@ -108,13 +122,29 @@ int main(int argc, char** argv) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  int status = 0;
+  // Every rank parses the same arguments, so a bad flag (or --help) ends every rank the same
+  // way: a clean exit, no MPI_Abort and its screenful.
+  Options options;
   try {
-    status = Run(Parse(argc, argv), rank, ranks);
+    options = Parse(argc, argv);
   } catch (const std::exception& e) {
     if (rank == 0) std::fprintf(stderr, "mpi-allreduce: error: %s\n", e.what());
+    MPI_Finalize();
+    return 2;
+  }
+  if (options.help) {
+    if (rank == 0) std::fputs(kUsage, stdout);
+    MPI_Finalize();
+    return 0;
+  }
+  int status = 0;
+  try {
+    status = Run(options, rank, ranks);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpi-allreduce: error on rank %d: %s\n", rank, e.what());
     status = 2;
   }
+  // A failure on one rank leaves the others blocked in a collective: abort them all.
   if (status != 0) MPI_Abort(MPI_COMM_WORLD, status);
   MPI_Finalize();
   return status;
