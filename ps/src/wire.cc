@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "ps.pb.h"
@@ -8,6 +9,14 @@ namespace ps::wire {
 namespace {
 
 bool ValidRole(int raw) { return raw >= 1 && raw <= 3; }
+
+// Host names, host ids and endpoints end up in ZeroMQ endpoints and in log lines: printable
+// ASCII without spaces only (protobuf does not check them: they are `bytes` fields).
+bool ValidName(const std::string& text) {
+  constexpr std::size_t kMaxNameBytes = 255;
+  return text.size() <= kMaxNameBytes &&
+         std::all_of(text.begin(), text.end(), [](char c) { return c > ' ' && c < '\x7f'; });
+}
 
 }  // namespace
 
@@ -96,6 +105,9 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
     decoded.data.push_back(DataDesc{dtype, desc.count()});
   }
   for (const auto& node : header.nodes()) {
+    if (!ValidName(node.host()) || !ValidName(node.host_id()) || !ValidName(node.ipc_endpoint())) {
+      return "node entry with a malformed host name, host id or ipc endpoint";
+    }
     if (!ValidRole(node.role()) || node.port() < 0 || node.port() > 65535 || node.id() < kNoNode ||
         node.rank() < -1) {
       return "invalid node entry for " + node.host();

@@ -1,0 +1,191 @@
+// The server must survive anything a peer sends: a worker runtime of this test sends the real
+// ps-server thousands of random KVStore requests (random commands, keys, slices, totals,
+// dtypes, frame sizes, shared-memory references, bodies of random bytes), every one of which
+// must be answered, with success or an error, and none of which may touch a key it does not
+// validly address. A canary key's value is tracked exactly throughout.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <ps/runtime.h>
+
+#include "kv_cluster.h"
+#include "kv_protocol.h"
+#include "shared_segment.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ps::kv::Request;
+
+constexpr ps::Key kCanary = 1;
+constexpr std::size_t kCanaryLength = 8;
+constexpr int kRequests = 3000;
+
+class Fuzzer {
+ public:
+  Fuzzer(std::uint32_t seed, int server, const ps::SharedSegment& segment)
+      : random_(seed), server_(server), segment_(segment) {}
+
+  // A request that may or may not be valid; never one that addresses the canary key, never
+  // a valid SetOptimizer (it would change the canary's update rule), never an attach of a
+  // real segment other than the test's own.
+  ps::Message Next() {
+    Request request;
+    request.command = static_cast<ps::kv::Command>(Pick(1, 6));
+    request.sync = Pick(0, 1) == 1;
+    const int slices = Pick(0, 3);
+    for (int i = 0; i < slices; ++i) {
+      const ps::Key key = Key();
+      request.slices.push_back({key, Pick(0, 4) == 0 ? Small() : 0, Total(key)});
+    }
+    for (int i = 0; i < slices; ++i) {
+      if (Pick(0, 3) != 0) continue;
+      const std::uint64_t bytes = Pick(0, 3) == 0 ? Small() : request.slices[i].total * 4;
+      request.shm.push_back({static_cast<std::uint32_t>(Pick(0, 4) == 0 ? Pick(0, slices) : i),
+                             static_cast<std::uint32_t>(Pick(0, 4) == 0 ? 1 : 0),
+                             Pick(0, 4) == 0 ? Small() * 8192 : 4096 + Small() * 64, bytes});
+    }
+    if (request.command == ps::kv::kSetOptimizer) {
+      request.optimizer.name = Pick(0, 1) ? "" : "fuzz";
+      request.optimizer.learning_rate = -1.0f;
+    }
+    if (request.command == ps::kv::kShmAttach) {
+      request.segment_id = static_cast<std::uint32_t>(Pick(1, 2));  // segment 0 stays the real one
+      request.segment = segment_.descriptor();
+      switch (Pick(0, 3)) {  // all but one wrong in some way
+        case 0:
+          request.segment.token ^= 1;
+          break;
+        case 1:
+          request.segment.bytes += 4096;
+          break;
+        case 2:
+          request.segment.pid = 0x7ffffff0;  // no such process
+          break;
+        default:
+          break;
+      }
+    }
+    ps::Message msg = ps::kv::RequestMessage(request, server_);
+    if (Pick(0, 30) == 0) msg.meta.app_id = Pick(2, 9);
+    if (Pick(0, 30) == 0) msg.meta.head = Pick(-2, 9);
+    if (Pick(0, 20) == 0) {  // a body of random bytes
+      msg.meta.body.resize(static_cast<std::size_t>(Pick(0, 40)));
+      for (char& c : msg.meta.body) c = static_cast<char>(Pick(0, 255));
+    }
+    const bool carries_values = request.command == ps::kv::kInit ||
+                                request.command == ps::kv::kPush ||
+                                request.command == ps::kv::kPushPull;
+    const int frames = Pick(0, 10) == 0 ? Pick(0, 3) : carries_values ? slices : 0;
+    for (int i = 0; i < frames; ++i) {
+      const auto dtype = Pick(0, 6) == 0 ? static_cast<ps::DType>(Pick(0, 6)) : ps::DType::kFloat32;
+      // Mostly the length of the frame's slice, the size a valid request would give; empty
+      // when the slice travels through shared memory.
+      std::size_t count = Small();
+      if (i < slices && Pick(0, 5) != 0) {
+        const auto& slice = request.slices[static_cast<std::size_t>(i)];
+        const bool in_shm = std::any_of(
+            request.shm.begin(), request.shm.end(),
+            [&](const auto& ref) { return ref.slice == static_cast<std::uint32_t>(i); });
+        count = in_shm ? 0 : slice.total - std::min(slice.offset, slice.total);
+      }
+      std::vector<std::byte> bytes(count * ps::DTypeSize(dtype), std::byte{1});
+      msg.data.push_back(ps::Blob::FromVector(std::move(bytes), dtype));
+    }
+    return msg;
+  }
+
+ private:
+  int Pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(random_); }
+  std::uint64_t Small() { return static_cast<std::uint64_t>(Pick(0, 12)); }
+  ps::Key Key() {
+    if (Pick(0, 20) == 0) return static_cast<ps::Key>(random_()) << 32 | random_();
+    return static_cast<ps::Key>(100 + Pick(0, 3));  // the fuzz keys, often initialized
+  }
+  // Mostly the one length a fuzz key is initialized with, so that many requests are valid.
+  std::uint64_t Total(ps::Key key) { return Pick(0, 5) == 0 ? Small() : 4 * (key % 4 + 1); }
+
+  std::mt19937 random_;
+  int server_;
+  const ps::SharedSegment& segment_;
+};
+
+// One request answered in time; returns its error ("" on success).
+std::string Ask(ps::Runtime& runtime, ps::Message msg) {
+  const auto result =
+      runtime.RequestAndWait(std::move(msg), std::chrono::steady_clock::now() + 10s);
+  return result.error;
+}
+
+ps::Message Canary(ps::kv::Command command, int server, const std::vector<float>& values) {
+  Request request;
+  request.command = command;
+  request.slices = {{kCanary, 0, kCanaryLength}};
+  ps::Message msg = ps::kv::RequestMessage(request, server);
+  if (command != ps::kv::kPull) {
+    msg.data.push_back(
+        ps::Blob::Copy(values.data(), values.size() * sizeof(float), ps::DType::kFloat32));
+  }
+  return msg;
+}
+
+}  // namespace
+
+TEST_CASE("server: answers thousands of random requests and keeps its values exact",
+          "[dist][errors][fuzz]") {
+  ps::test::KVCluster cluster(1, 1);
+  const std::uint32_t seed = std::random_device{}();
+  INFO("seed " << seed);
+  int failures_seen = 0;
+  {
+    auto runtime = ps::Runtime::Start(cluster.WorkerConfig());
+    const int server = runtime->ServerId(0);
+    const auto segment = ps::SharedSegment::Create(64 << 10);
+    Request attach;
+    attach.command = ps::kv::kShmAttach;
+    attach.segment_id = 0;
+    attach.segment = segment->descriptor();
+    REQUIRE(Ask(*runtime, ps::kv::RequestMessage(attach, server)).empty());
+    Request sgd;
+    sgd.command = ps::kv::kSetOptimizer;
+    sgd.optimizer.name = "sgd";
+    sgd.optimizer.learning_rate = 1.0f;
+    REQUIRE(Ask(*runtime, ps::kv::RequestMessage(sgd, server)).empty());
+    std::vector<float> expected(kCanaryLength, 5.0f);
+    REQUIRE(Ask(*runtime, Canary(ps::kv::kInit, server, expected)).empty());
+
+    Fuzzer fuzzer(seed, server, *segment);
+    for (int i = 0; i < kRequests; ++i) {
+      ps::Message msg = fuzzer.Next();
+      const std::string error = Ask(*runtime, std::move(msg));
+      INFO("request " << i);
+      REQUIRE_THAT(error, !Catch::Contains("timed out"));
+      if (!error.empty()) ++failures_seen;
+      if (i % 500 == 0) {  // the canary still updates exactly: value -= gradient
+        const std::vector<float> gradient(kCanaryLength, static_cast<float>(i % 7 + 1));
+        REQUIRE(Ask(*runtime, Canary(ps::kv::kPush, server, gradient)).empty());
+        for (float& v : expected) v -= static_cast<float>(i % 7 + 1);
+      }
+    }
+    ps::RequestResult pulled = runtime->RequestAndWait(Canary(ps::kv::kPull, server, {}),
+                                                       std::chrono::steady_clock::now() + 10s);
+    REQUIRE(pulled.ok());
+    REQUIRE(pulled.responses.size() == 1);
+    REQUIRE(pulled.responses[0].data.size() == 1);
+    std::vector<float> value(kCanaryLength);
+    REQUIRE(pulled.responses[0].data[0].bytes() == value.size() * sizeof(float));
+    std::memcpy(value.data(), pulled.responses[0].data[0].data(), value.size() * sizeof(float));
+    CHECK(value == expected);
+    runtime->FinishWorker();
+  }
+  // Most random requests are wrong in some way; the server said so and kept serving.
+  CHECK(failures_seen > kRequests / 2);
+  CHECK(cluster.EndedCleanly());
+  CHECK_THAT(cluster.servers()[0]->Output(), Catch::Contains("rejected a request from worker 0"));
+}
