@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "text.h"
+
 namespace ps {
 namespace {
 
@@ -60,8 +62,10 @@ void KVServerStore::OnRequest(Message&& msg) {
   if (request && error.empty()) error = Validate(*request, msg.data, shm_);
   if (!error.empty()) {
     const std::string server = "server " + std::to_string(runtime_.rank());
-    LOG(WARNING) << server << ": rejected a request from " << runtime_.Describe(msg.meta.sender)
-                 << ": " << error;
+    if (LogOccurrence(++rejected_)) {  // the requester gets every error; the log a sample
+      LOG(WARNING) << server << ": rejected a request (#" << rejected_ << ") from "
+                   << runtime_.Describe(msg.meta.sender) << ": " << error;
+    }
     runtime_.ReplyError(msg.meta, server + ": " + error);
     return;
   }

@@ -147,6 +147,7 @@ class KVServerStore {
   std::vector<ShmTarget> shm_;    // OnRequest's, reused
   std::vector<Waiter> ready_;     // FailWaiters', reused
   std::vector<SliceId> seen_;     // Validate's, reused
+  std::uint64_t rejected_ = 0;    // requests answered with an error, for log throttling
   Message response_;              // Answer's, reused
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // Small text helpers for messages the runtime and the scheduler show users.
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 namespace ps {
@@ -11,5 +12,9 @@ inline std::string FormatSeconds(std::chrono::milliseconds ms) {
   return std::to_string(tenths / 10) + (tenths % 10 ? "." + std::to_string(tenths % 10) : "") +
          " s";
 }
+
+// Whether the count-th occurrence (from 1) of a repeated problem gets a log line: the first
+// ten, then every 1000th, so that a peer sending bad messages in a loop cannot flood the log.
+inline bool LogOccurrence(std::uint64_t count) { return count <= 10 || count % 1000 == 0; }
 
 }  // namespace ps

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ps/error.h"
+#include "text.h"
 
 namespace ps {
 namespace {
@@ -210,8 +211,7 @@ bool ZmqTransport::Recv(Message& msg) {
 
 void ZmqTransport::Drop(const std::string& why) {
   const auto count = ++dropped_;
-  // Log the first few and then every 1000th: a flood of garbage must not flood the log.
-  if (count <= 10 || count % 1000 == 0) {
+  if (LogOccurrence(count)) {
     LOG(WARNING) << "dropped malformed message #" << count << ": " << why;
   }
 }
