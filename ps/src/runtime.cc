@@ -156,9 +156,10 @@ void Runtime::OnMessage(Message&& msg) {
                                           static_cast<std::size_t>(meta.sender) < nodes_.size() &&
                                           meta.recipient == self_.id);
     if (!known) {
-      ++dropped_;
-      LOG(WARNING) << "dropped a message from unknown node " << meta.sender << " to "
-                   << meta.recipient << ": " << msg.DebugString();
+      if (const auto count = ++dropped_; LogOccurrence(count)) {
+        LOG(WARNING) << "dropped a message (#" << count << ") from unknown node " << meta.sender
+                     << " to " << meta.recipient << ": " << msg.DebugString();
+      }
       return;
     }
     if (from_scheduler) last_scheduler_contact_ = RequestTracker::Clock::now();
@@ -247,7 +248,9 @@ void Runtime::OnControl(Message&& msg) {
       for (const NodeInfo& dead : meta.nodes) OnNodeDead(dead);
       break;
     default:
-      LOG(WARNING) << "dropped unexpected " << msg.DebugString();
+      if (const auto count = ++dropped_; LogOccurrence(count)) {
+        LOG(WARNING) << "dropped an unexpected message (#" << count << "): " << msg.DebugString();
+      }
   }
 }
 

@@ -111,8 +111,10 @@ void Scheduler::OnMessage(Message&& msg) {
                      static_cast<std::size_t>(meta.sender) < nodes_.size() &&
                      meta.recipient == kSchedulerId;
   if (!known) {
-    LOG(WARNING) << "dropped a message from unregistered node " << meta.sender << ": "
-                 << msg.DebugString();
+    if (LogOccurrence(++dropped_)) {
+      LOG(WARNING) << "dropped a message (#" << dropped_ << ") from unregistered node "
+                   << meta.sender << ": " << msg.DebugString();
+    }
     return;
   }
   last_seen_[meta.sender] = Clock::now();
@@ -155,7 +157,10 @@ void Scheduler::OnMessage(Message&& msg) {
       break;
     }
     default:
-      LOG(WARNING) << "dropped unexpected " << msg.DebugString();
+      if (LogOccurrence(++dropped_)) {
+        LOG(WARNING) << "dropped an unexpected message (#" << dropped_
+                     << "): " << msg.DebugString();
+      }
   }
 }
 

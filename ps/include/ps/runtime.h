@@ -141,7 +141,7 @@ class Runtime {
   std::vector<Message> held_until_registered_;  // GUARDED_BY(mu_): peers' early messages
   RequestTracker::Clock::time_point last_scheduler_contact_;  // GUARDED_BY(mu_)
 
-  std::atomic<std::size_t> dropped_{0};  // messages from unknown senders
+  std::atomic<std::size_t> dropped_{0};  // from unknown senders, or unexpected controls
 
   std::mutex handler_mu_;           // held while a handler runs, so Set*Handler never races a call
   RequestHandler request_handler_;  // GUARDED_BY(handler_mu_)

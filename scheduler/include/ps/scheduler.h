@@ -11,6 +11,7 @@
 // registration deadline; Run() waits on the caller's thread; Stop() may come from any thread.
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -80,6 +81,7 @@ class Scheduler {
   std::set<int> dead_;                        // GUARDED_BY(mu_)
   std::map<int, std::set<int>> barriers_;     // GUARDED_BY(mu_): group -> arrived ids
   int next_reject_id_ = 1 << 30;              // GUARDED_BY(mu_): socket ids for refusals
+  std::uint64_t dropped_ = 0;                 // GUARDED_BY(mu_): unknown senders, unexpected
   bool finished_ = false;                     // GUARDED_BY(mu_)
   int status_ = 0;                            // GUARDED_BY(mu_)
   std::string failure_;                       // GUARDED_BY(mu_)
