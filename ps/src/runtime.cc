@@ -20,7 +20,11 @@ namespace {
 // The address this node tells the others: DMLC_NODE_HOST, else DMLC_INTERFACE's address, else
 // the local end of the route to the scheduler.
 std::string AdvertisedHost(const ClusterConfig& config, const std::string& scheduler_ip) {
-  if (!config.node_host.empty()) return config.node_host;
+  if (!config.node_host.empty()) {
+    // Peers will connect to this name: a typo fails here, with the variable named.
+    net::ResolveIPv4(config.node_host, "DMLC_NODE_HOST");
+    return config.node_host;
+  }
   if (!config.interface.empty()) return net::InterfaceAddress(config.interface);
   return net::RouteSourceAddress(scheduler_ip);
 }

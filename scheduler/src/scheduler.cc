@@ -168,9 +168,12 @@ void Scheduler::OnRegister(Message&& msg) {
   const auto refuse = [&](const NodeInfo& node, const std::string& why) {
     LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
                  << ": " << why;
-    if (node.port <= 0) return;
     const int socket_id = next_reject_id_++;
-    transport_->Connect(socket_id, node.host, node.port);
+    try {
+      transport_->Connect(socket_id, node.host, node.port);
+    } catch (const Error&) {
+      return;  // an address ZeroMQ cannot even parse: nobody to tell
+    }
     Message reply;
     reply.meta.control = Control::kRegisterReply;
     reply.meta.recipient = socket_id;
@@ -183,6 +186,13 @@ void Scheduler::OnRegister(Message&& msg) {
     return;
   }
   NodeInfo node = msg.meta.nodes[0];
+  if (node.host.empty() || node.port <= 0 || node.port > 65535) {
+    if (LogOccurrence(++dropped_)) {
+      LOG(WARNING) << "dropped a register message (#" << dropped_ << ") without an address: host '"
+                   << node.host << "', port " << node.port;
+    }
+    return;
+  }
   if (node.role == Role::kScheduler) {
     refuse(node, "a second scheduler cannot join: set DMLC_ROLE to server or worker");
     return;
@@ -211,11 +221,20 @@ void Scheduler::OnRegister(Message&& msg) {
     return;
   }
   node.id = static_cast<int>(nodes_.size());
+  // Every peer will connect to the advertised address: a name nobody can resolve (a typo in
+  // DMLC_NODE_HOST) is refused now, not found out as requests that never arrive.
+  try {
+    net::ResolveIPv4(node.host,
+                     "the host name this " + RoleName(node.role) + " advertises (DMLC_NODE_HOST)");
+    transport_->Connect(node.id, node.host, node.port);
+  } catch (const Error& e) {
+    refuse(node, e.what());
+    return;
+  }
   requested_rank_.push_back(node.rank);
   node.rank = -1;
   nodes_.push_back(node);
   last_seen_.push_back(Clock::now());
-  transport_->Connect(node.id, node.host, node.port);
   Message ack;
   ack.meta.control = Control::kRegisterReply;
   ack.meta.recipient = node.id;

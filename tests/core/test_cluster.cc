@@ -164,6 +164,19 @@ TEST_CASE("cluster: an unreachable scheduler is a clear error within the timeout
   CHECK(std::chrono::steady_clock::now() - start < 5s);
 }
 
+TEST_CASE("cluster: a DMLC_NODE_HOST nobody can resolve is a clear error at the node",
+          "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 1));
+  auto config = scheduler.NodeConfig(ps::Role::kWorker);
+  config.node_host = "no-such-host.invalid";
+  try {
+    ps::Runtime::Start(config);
+    FAIL("Start succeeded with an unresolvable DMLC_NODE_HOST");
+  } catch (const ps::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("cannot resolve DMLC_NODE_HOST='no-such-host.invalid'"));
+  }
+}
+
 TEST_CASE("cluster: a scheduler port in use is a clear error", "[cluster][fault]") {
   ps::Scheduler first(SchedulerConfig(1, 1));
   auto config = SchedulerConfig(1, 1);
@@ -298,6 +311,48 @@ TEST_CASE(
   attacked = true;
   CHECK(scheduler.Run() == 0);
   for (const auto& outcome : workers.Join()) CHECK(outcome == "");
+  CHECK(server.Join()[0] == "");
+}
+
+TEST_CASE("cluster: bogus registrations are refused or dropped and the job still runs",
+          "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 1));
+  {
+    zmq::context_t context;
+    zmq::socket_t attacker(context, zmq::socket_type::push);
+    attacker.set(zmq::sockopt::linger, 1000);
+    attacker.connect("tcp://127.0.0.1:" + std::to_string(scheduler.port()));
+    const auto send_register = [&](std::vector<ps::NodeInfo> nodes) {
+      ps::Meta meta;
+      meta.control = ps::Control::kRegister;
+      meta.request = true;
+      meta.recipient = 0;
+      meta.nodes = std::move(nodes);
+      attacker.send(zmq::buffer(ps::wire::EncodeHeader(meta, {})));
+    };
+    const auto node = [](ps::Role role, std::string host, int port) {
+      return ps::NodeInfo{ps::kNoNode, role, std::move(host), port, -1, "", ""};
+    };
+    send_register({});  // no entry
+    send_register({node(ps::Role::kWorker, "127.0.0.1", 1),
+                   node(ps::Role::kWorker, "127.0.0.1", 2)});             // two entries
+    send_register({node(ps::Role::kScheduler, "127.0.0.1", 1)});          // a scheduler
+    send_register({node(ps::Role::kWorker, "", 5)});                      // no host
+    send_register({node(ps::Role::kWorker, "127.0.0.1", 0)});             // no port
+    send_register({node(ps::Role::kServer, "no-such-host.invalid", 5)});  // unresolvable
+    send_register({node(ps::Role::kWorker, "[::1", 5)});                  // bad syntax
+  }
+  // The real nodes register after the bogus ones, and the job runs to its end.
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 1,
+                      [](ps::Runtime& runtime, int) -> std::string {
+                        runtime.Barrier(ps::kWorkerGroup);
+                        runtime.FinishWorker();
+                        return "";
+                      });
+  CHECK(scheduler.Run() == 0);
+  CHECK(scheduler.failure().empty());
+  CHECK(workers.Join()[0] == "");
   CHECK(server.Join()[0] == "");
 }
 
