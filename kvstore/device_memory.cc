@@ -18,42 +18,61 @@ namespace {
 
 void Check(cudaError_t status, const char* what, Device device) {
   if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it, so that the caller's next CUDA call is not blamed for it
     throw Error(std::string("KVStore: ") + what + " on " + device.ToString() +
                 " failed: " + cudaGetErrorString(status));
   }
 }
 
+// Makes `device` current for one copy and restores the caller's device afterwards: the
+// calling thread may drive another GPU (a training backend relies on its current device).
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device device) {
+    Check(cudaGetDevice(&previous_), "reading the current device", device);
+    if (previous_ != device.id) Check(cudaSetDevice(device.id), "selecting the device", device);
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 }  // namespace
 
 bool DeviceCopiesBuilt() { return true; }
 
-void SelectDevice(Device device) {
-  Check(cudaSetDevice(device.id), "selecting the device", device);
-}
+void CheckDevice(Device device) { DeviceScope scope(device); }
 
 void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device) {
-  SelectDevice(device);
+  DeviceScope scope(device);
   Check(cudaMemcpy(host, device_ptr, bytes, cudaMemcpyDeviceToHost), "copying to the host", device);
 }
 
 void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device device) {
-  SelectDevice(device);
+  DeviceScope scope(device);
   Check(cudaMemcpy(device_ptr, host, bytes, cudaMemcpyHostToDevice), "copying to the device",
         device);
+  // From pageable memory cudaMemcpy may return before the data reaches the GPU, and the
+  // caller's kernels may run on a non-blocking stream that is not ordered after the legacy
+  // stream: wait, so that a completed Pull means the value is in device memory.
+  Check(cudaStreamSynchronize(cudaStreamLegacy), "copying to the device", device);
 }
 
 #else
 
 bool DeviceCopiesBuilt() { return false; }
 
-void SelectDevice(Device device) {
+void CheckDevice(Device device) {
   throw Error("KVStore: a tensor on " + device.ToString() +
               " needs a build with CUDA (this one has none): stage it in host memory");
 }
 
-void CopyFromDevice(void*, const void*, std::size_t, Device device) { SelectDevice(device); }
+void CopyFromDevice(void*, const void*, std::size_t, Device device) { CheckDevice(device); }
 
-void CopyToDevice(void*, const void*, std::size_t, Device device) { SelectDevice(device); }
+void CopyToDevice(void*, const void*, std::size_t, Device device) { CheckDevice(device); }
 
 #endif
 

@@ -14,12 +14,13 @@ namespace ps {
 
 // True when this build can copy to and from GPU memory.
 bool DeviceCopiesBuilt();
-// Makes `device` current on this thread; throws ps::Error when it does not exist (or the build
-// has no CUDA). Lets a call check an output's device before it changes anything.
-void SelectDevice(Device device);
+// Throws ps::Error when `device` does not exist (or the build has no CUDA). Lets a call check
+// an output's device before it changes anything. The calling thread's current device is left
+// as it was, here and by the copies below.
+void CheckDevice(Device device);
 // host <- device (`device` names the GPU); throws ps::Error naming the CUDA error.
 void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device);
-// device <- host.
+// device <- host; returns once the data is in device memory.
 void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device device);
 
 // host <- `source`, which lives on `device` (a memcpy for CPU memory).

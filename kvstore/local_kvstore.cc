@@ -118,7 +118,7 @@ void LocalKVStore::CheckPullLocked(std::span<const Key> keys, std::span<const Te
     checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size);
     // A PushPull must not push when its pull cannot land: check the output's GPU exists.
     if (outs[i].device().is_cuda()) {
-      checks::NamingKey(kStore, "Pull", keys[i], [&] { SelectDevice(outs[i].device()); });
+      checks::NamingKey(kStore, "Pull", keys[i], [&] { CheckDevice(outs[i].device()); });
     }
   }
 }

@@ -11,7 +11,7 @@
 // all keys of a call are checked before any value is written.
 //
 // Stored dtypes: float32, float64, int32, int64 (the ones a dist server can sum); the
-// optimizer needs float32. CPU tensors only (CUDA tensors: ps::Error).
+// optimizer needs float32. GPU tensors are staged through host memory during the call.
 //
 // Thread safety: every public call may come from any thread; one mutex serializes them (the
 // optimizer still spreads one big update over threads).

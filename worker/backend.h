@@ -78,6 +78,7 @@ class Backend {
   virtual void CopyToDevice(void* dst, const void* host_src, std::size_t bytes) = 0;
   // Waits for pending work, then copies.
   virtual void CopyToHost(void* host_dst, const void* src, std::size_t bytes) = 0;
+  // The ranges must not overlap (cudaMemcpyAsync does not allow it).
   virtual void CopyOnDevice(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void Synchronize() = 0;
   virtual void Fill(float* x, std::size_t n, float value) = 0;

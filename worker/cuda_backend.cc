@@ -14,6 +14,7 @@ namespace {
 
 void Check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it, so that the next call is not blamed for this one
     throw DeviceError(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(err));
   }
 }
@@ -49,13 +50,20 @@ class CudaBackend final : public Backend {
       cudaStreamDestroy(stream_);
       Check(status, "cublasCreate");
     }
-    cublasSetStream(cublas_, stream_);
-    // Plain FP32 GEMMs (no TF32): the CPU agreement tests compare against OpenBLAS.
-    cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH);
+    try {
+      Check(cublasSetStream(cublas_, stream_), "cublasSetStream");
+      // Plain FP32 GEMMs (no TF32): the CPU agreement tests compare against OpenBLAS.
+      Check(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    } catch (...) {
+      cublasDestroy(cublas_);
+      cudaStreamDestroy(stream_);
+      throw;
+    }
   }
 
   ~CudaBackend() override {
     // Scratch buffers are freed by their members after this body; cudaFree needs no stream.
+    cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -67,45 +75,57 @@ class CudaBackend final : public Backend {
   }
 
   void* Allocate(std::size_t bytes) override {
+    Use();
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     Check(cudaMalloc(&p, bytes), "cudaMalloc");
     return p;
   }
   void Free(void* ptr) noexcept override {
+    cudaSetDevice(ordinal_);  // unchecked: a noexcept release has nobody to tell
     if (ptr != nullptr) cudaFree(ptr);
   }
   void* AllocateHost(std::size_t bytes) override {
+    Use();
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     Check(cudaMallocHost(&p, bytes), "cudaMallocHost");
     return p;
   }
   void FreeHost(void* ptr) noexcept override {
+    cudaSetDevice(ordinal_);  // unchecked: a noexcept release has nobody to tell
     if (ptr != nullptr) cudaFreeHost(ptr);
   }
   // Synchronous, so the host source may be reused as soon as this returns.
   void CopyToDevice(void* dst, const void* host_src, std::size_t bytes) override {
+    Use();
     if (bytes == 0) return;
     Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
     Check(cudaStreamSynchronize(stream_), "copy to device");
   }
   void CopyToHost(void* host_dst, const void* src, std::size_t bytes) override {
+    Use();
     if (bytes == 0) return;
     Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
     Check(cudaStreamSynchronize(stream_), "copy to host");
   }
   void CopyOnDevice(void* dst, const void* src, std::size_t bytes) override {
+    Use();
     if (bytes == 0) return;
     Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
   }
-  void Synchronize() override { Check(cudaStreamSynchronize(stream_), "synchronize"); }
+  void Synchronize() override {
+    Use();
+    Check(cudaStreamSynchronize(stream_), "synchronize");
+  }
   void Fill(float* x, std::size_t n, float value) override {
+    Use();
     Check(cuda::Fill(x, n, value, stream_), "fill");
   }
 
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
+    Use();
     // cuBLAS is column-major: a row-major C (m x n) is a column-major C^T, and
     // C^T = op(B)^T * op(A)^T, where the stored B and A already read as their transposes.
     Check(cublasSgemm(cublas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -114,55 +134,69 @@ class CudaBackend final : public Backend {
           "cublasSgemm");
   }
   void Axpy(std::size_t n, float alpha, const float* x, float* y) override {
+    Use();
     Check(cuda::Axpy(n, alpha, x, y, stream_), "axpy");
   }
   void Scale(std::size_t n, float alpha, float* x) override {
+    Use();
     Check(cuda::Scale(n, alpha, x, stream_), "scale");
   }
   void SgdUpdate(float* w, const float* g, float* mom, std::size_t n, float lr, float momentum,
                  float weight_decay) override {
+    Use();
     Check(cuda::SgdUpdate(w, g, mom, n, lr, momentum, weight_decay, stream_), "sgd update");
   }
 
   void AddBias(float* y, const float* bias, int batch, int channels, int spatial) override {
+    Use();
     Check(cuda::AddBias(y, bias, batch, channels, spatial, stream_), "add bias");
   }
   void BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial) override {
+    Use();
     Check(cuda::BiasGrad(dy, dbias, batch, channels, spatial, stream_), "bias grad");
   }
   void ReluForward(const float* x, float* y, std::size_t n) override {
+    Use();
     Check(cuda::ReluForward(x, y, n, stream_), "relu forward");
   }
   void ReluBackward(const float* y, const float* dy, float* dx, std::size_t n) override {
+    Use();
     Check(cuda::ReluBackward(y, dy, dx, n, stream_), "relu backward");
   }
   void MaxPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) override {
+    Use();
     Check(cuda::MaxPoolForward(x, y, batch * g.channels, g.height, g.width, g.window, stream_),
           "max pool forward");
   }
   void MaxPoolBackward(const float* x, const float* dy, float* dx, int batch,
                        const PoolGeometry& g) override {
+    Use();
     Check(
         cuda::MaxPoolBackward(x, dy, dx, batch * g.channels, g.height, g.width, g.window, stream_),
         "max pool backward");
   }
   void AvgPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) override {
+    Use();
     Check(cuda::AvgPoolForward(x, y, batch * g.channels, g.height, g.width, g.window, stream_),
           "avg pool forward");
   }
   void AvgPoolBackward(const float* dy, float* dx, int batch, const PoolGeometry& g) override {
+    Use();
     Check(cuda::AvgPoolBackward(dy, dx, batch * g.channels, g.height, g.width, g.window, stream_),
           "avg pool backward");
   }
   void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
+    Use();
     Check(cuda::Im2Col(x, col, Shape(g), stream_), "im2col");
   }
   void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
+    Use();
     Check(cuda::Col2Im(col, dx, Shape(g), stream_), "col2im");
   }
 
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
                                           float* probs, int batch, int classes) override {
+    Use();
     if (batch <= 0) return {};
     ReserveSoftmaxScratch(static_cast<std::size_t>(batch));
     auto* loss = static_cast<float*>(loss_dev_.get());
@@ -190,11 +224,17 @@ class CudaBackend final : public Backend {
 
   void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels, float* dlogits,
                                    int batch, int classes, float scale) override {
+    Use();
     Check(cuda::SoftmaxCrossEntropyBackward(probs, labels, dlogits, batch, classes, scale, stream_),
           "softmax backward");
   }
 
  private:
+  // Every call makes this backend's GPU current first: CUDA allocates and launches on the
+  // calling thread's current device, which another backend, a KVStore copy or another thread
+  // may have changed (cuBLAS and the stream belong to ordinal_).
+  void Use() const { Check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+
   static cuda::ConvShape Shape(const ConvGeometry& g) {
     return {g.channels, g.height,   g.width,    g.kernel_h,     g.kernel_w,   g.pad_h,
             g.pad_w,    g.stride_h, g.stride_w, g.out_height(), g.out_width()};
@@ -224,23 +264,25 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-int CudaDeviceCountOrZero(std::string* why) {
+CudaProbe ProbeCudaRuntime() {
+  int driver = 0;
+  cudaDriverGetVersion(&driver);  // 0: no NVIDIA driver installed
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    if (why != nullptr) *why = cudaGetErrorString(err);
-    cudaGetLastError();  // reset the runtime's last-error state for later calls
-    return 0;
-  }
-  if (count == 0 && why != nullptr) *why = "the CUDA runtime reports 0 devices";
-  return count;
+  cudaGetLastError();  // reset the runtime's last-error state for later calls
+  if (err == cudaSuccess && count > 0) return CudaProbe{count, false, ""};
+  CudaProbe probe;
+  probe.gpu_absent = driver == 0 || err == cudaSuccess || err == cudaErrorNoDevice;
+  probe.why = err == cudaSuccess ? "the CUDA runtime reports 0 devices" : cudaGetErrorString(err);
+  if (driver == 0) probe.why += "; no NVIDIA driver is installed";
+  return probe;
 }
 
 std::unique_ptr<Backend> MakeCudaBackend(int ordinal) {
-  std::string why;
-  const int count = CudaDeviceCountOrZero(&why);
+  const CudaProbe probe = ProbeCudaRuntime();
+  const int count = probe.devices;
   if (count == 0) {
-    throw DeviceError("no CUDA device found (" + why + "): use --device cpu");
+    throw DeviceError("no CUDA device found (" + probe.why + "): use --device cpu");
   }
   if (ordinal < 0 || ordinal >= count) {
     throw DeviceError("CUDA device " + std::to_string(ordinal) + " does not exist (" +

@@ -5,12 +5,12 @@
 #include <string>
 
 #include "worker/backend.h"
+#include "worker/device.h"
 
 namespace ps::worker {
 
-// Number of CUDA devices the runtime sees; 0 when there is no GPU or no driver. *why, when
-// given, receives the runtime's reason for 0.
-int CudaDeviceCountOrZero(std::string* why);
+// ProbeCuda (device.h) in a build with CUDA.
+CudaProbe ProbeCudaRuntime();
 
 // Throws DeviceError when the device cannot be used.
 std::unique_ptr<Backend> MakeCudaBackend(int ordinal);

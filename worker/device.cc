@@ -12,12 +12,11 @@ namespace ps::worker {
 
 bool BuiltWithCuda() { return PS_WORKER_HAVE_CUDA != 0; }
 
-int CudaDeviceCount(std::string* why) {
+CudaProbe ProbeCuda() {
 #if PS_WORKER_HAVE_CUDA
-  return CudaDeviceCountOrZero(why);
+  return ProbeCudaRuntime();
 #else
-  if (why != nullptr) *why = "this build has no CUDA support";
-  return 0;
+  return CudaProbe{0, true, "this build has no CUDA support"};
 #endif
 }
 
@@ -38,12 +37,15 @@ std::unique_ptr<Backend> MakeCuda([[maybe_unused]] int ordinal) {
 std::unique_ptr<Backend> CreateBackend(const std::string& device, int cuda_ordinal) {
   if (device == "cpu") return MakeCpuBackend();
   if (device == "auto") {
-    const int count = CudaDeviceCount();
-    if (count == 0) return MakeCpuBackend();
-    return MakeCuda(cuda_ordinal % count);
+    const CudaProbe probe = ProbeCuda();
+    if (probe.devices > 0) return MakeCuda(cuda_ordinal % probe.devices);
+    if (probe.gpu_absent) return MakeCpuBackend();
+    // Silently training on the CPU next to a GPU would be far slower than the user expects.
+    throw DeviceError("a GPU driver is installed but CUDA cannot use it (" + probe.why +
+                      "): update the NVIDIA driver, or use --device cpu");
   }
   if (device == "cuda") {
-    const int count = CudaDeviceCount();
+    const int count = ProbeCuda().devices;
     return MakeCuda(count > 0 ? cuda_ordinal % count : 0);  // count 0: MakeCuda explains
   }
   if (device.starts_with("cuda:")) {

@@ -10,11 +10,19 @@ namespace ps::worker {
 // True when this build compiled the CUDA backend (the toolkit was found at configure time).
 bool BuiltWithCuda();
 
-// Number of usable CUDA devices: 0 without CUDA support in the build, without a driver or
-// without a GPU. *why, when given, receives the reason for 0.
-int CudaDeviceCount(std::string* why = nullptr);
+// What the CUDA runtime offers this process.
+struct CudaProbe {
+  int devices = 0;  // usable GPUs
+  // True when there is no GPU to use at all: no CUDA in the build, no NVIDIA driver installed,
+  // or no device. False with devices == 0: a driver is there but CUDA cannot use it (too old
+  // for this runtime, a broken install): an error to report, not a CPU-only machine.
+  bool gpu_absent = true;
+  std::string why;  // why devices == 0
+};
+CudaProbe ProbeCuda();
 
-// device: "auto" (CUDA when a GPU is present, else CPU), "cpu", "cuda" or "cuda:N".
+// device: "auto" (CUDA when a GPU is present, else CPU; a GPU CUDA cannot use is a
+// DeviceError), "cpu", "cuda" or "cuda:N".
 // cuda_ordinal picks the GPU for "auto" and "cuda", modulo the GPU count (ps-train passes its
 // rank, spreading the workers of one machine over its GPUs). Throws ConfigError for an unknown name
 // and DeviceError when CUDA is asked for but not available ("no CUDA device found: use --device

@@ -24,11 +24,18 @@ using ps::test::Env;
 using ps::test::KVCluster;
 using ps::test::SyncSumRounds;
 
+// True with a GPU; false (reported as skipped) without one. A GPU with a driver CUDA cannot
+// use (too old for the runtime) fails: skipping would hide it.
 bool GpuOrSkip() {
 #ifdef PS_TEST_CUDA
+  int driver = 0;
+  cudaDriverGetVersion(&driver);  // 0: no NVIDIA driver installed
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status == cudaSuccess && count > 0) return true;
+  if (driver != 0 && status != cudaSuccess && status != cudaErrorNoDevice) {
+    FAIL("a GPU driver is installed but CUDA cannot use it: " << cudaGetErrorString(status));
+  }
   WARN("no CUDA device: skipped ("
        << (status != cudaSuccess ? cudaGetErrorString(status) : "no device") << ")");
 #else

@@ -127,7 +127,7 @@ inline void AgreePooling(Backend& a, Backend& b) {
     const std::size_t out =
         static_cast<std::size_t>(batch) * g.channels * g.out_height() * g.out_width();
     auto x = RandomVector(in, 10);
-    x[0] = x[1];  // a tie: both backends must pick the first maximum
+    x[0] = x[1] = 2.0f;  // a tie at the window's maximum: both must pick the first one
     const auto dy = RandomVector(out, 11);
     std::vector<float> maxf[2], maxb[2], avgf[2], avgb[2];
     Backend* backends[2] = {&a, &b};
@@ -189,8 +189,13 @@ inline void AgreeSoftmax(Backend& a, Backend& b) {
   const int classes = 10;
   const std::size_t n = static_cast<std::size_t>(batch) * classes;
   auto logits = RandomVector(n, 14, -6.0f, 6.0f);
-  logits[5] = 80.0f;  // large logits must not overflow
-  const auto labels = RandomLabels(static_cast<std::size_t>(batch), classes, 15);
+  logits[5] = 1000.0f;    // far past expf's range (~88.7): only max-subtraction survives
+  logits[15] = -1000.0f;  // and far below it
+  // Row 2 has two equal maxima, and its label is the second: the first maximum is the
+  // prediction, so the row counts as wrong on both backends (a ">=" argmax would differ).
+  logits[22] = logits[27] = 50.0f;
+  auto labels = RandomLabels(static_cast<std::size_t>(batch), classes, 15);
+  labels[2] = 7;
   SoftmaxStats stats[2];
   std::vector<float> probs[2], grads[2];
   Backend* backends[2] = {&a, &b};

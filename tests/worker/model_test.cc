@@ -119,13 +119,17 @@ TEST_CASE("device selection: auto falls back to the CPU, cuda without a GPU is a
   CHECK(CreateBackend("cpu")->kind() == DeviceKind::kCPU);
   CHECK_THROWS_WITH(CreateBackend("tpu"), "unknown --device 'tpu': use auto, cpu, cuda or cuda:N");
   CHECK_THROWS_AS(CreateBackend("cuda:x"), ConfigError);
-  std::string why;
-  if (CudaDeviceCount(&why) == 0) {
-    INFO("no GPU here (" << why << "), as on the CI machines");
+  const CudaProbe probe = ProbeCuda();
+  if (probe.devices == 0 && probe.gpu_absent) {
+    INFO("no GPU here (" << probe.why << "), as on the CI machines");
     CHECK(CreateBackend("auto")->kind() == DeviceKind::kCPU);
     CHECK_THROWS_AS(CreateBackend("cuda"), DeviceError);
     CHECK_THROWS_WITH(CreateBackend("cuda"), Catch::Contains("no CUDA device found") &&
                                                  Catch::EndsWith("use --device cpu"));
+  } else if (probe.devices == 0) {
+    INFO("a GPU CUDA cannot use (" << probe.why << ")");
+    CHECK_THROWS_WITH(CreateBackend("auto"),
+                      Catch::Contains("CUDA cannot use it") && Catch::EndsWith("use --device cpu"));
   } else {
     CHECK(CreateBackend("auto")->kind() == DeviceKind::kCUDA);
     CHECK(CreateBackend("cuda")->kind() == DeviceKind::kCUDA);

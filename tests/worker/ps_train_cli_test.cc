@@ -66,7 +66,7 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
                     "cannot open data file /nonexistent/train-images-idx3-ubyte.gz");
   CheckOneLineError(RunPsTrain("--kvstore local --batch-size 0"), "--batch-size");
   CheckOneLineError(RunPsTrain("--kvstore local stray"), "unexpected argument 'stray'");
-  if (ps::worker::CudaDeviceCount() == 0) {
+  if (ps::worker::ProbeCuda().devices == 0) {
     CheckOneLineError(RunPsTrain("--kvstore local --device cuda"), "no CUDA device found");
   }
 }

@@ -3,6 +3,7 @@
 // local SGD in both update modes, and the ps-train log format.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -31,9 +32,88 @@ TrainConfig SmallConfig(bool update_on_kvstore) {
   return c;
 }
 
+// The CPU backend dressed as a GPU: it reports DeviceKind::kCUDA, so the trainer takes its
+// device path (gradients staged through pinned host buffers, pulled values copied back), and
+// it fills every fresh allocation with NaN bytes, so that a value the staging forgets to copy
+// shows. Lets machines without a GPU test that path.
+class DeviceLikeCpuBackend final : public Backend {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCUDA; }
+  std::string Name() const override { return "cpu dressed as cuda"; }
+  void* Allocate(std::size_t bytes) override { return Poisoned(cpu_->Allocate(bytes), bytes); }
+  void Free(void* p) noexcept override { cpu_->Free(p); }
+  void* AllocateHost(std::size_t bytes) override {
+    ++host_allocations;
+    return Poisoned(cpu_->AllocateHost(bytes), bytes);
+  }
+  void FreeHost(void* p) noexcept override { cpu_->FreeHost(p); }
+  void CopyToDevice(void* d, const void* s, std::size_t b) override { cpu_->CopyToDevice(d, s, b); }
+  void CopyToHost(void* d, const void* s, std::size_t b) override { cpu_->CopyToHost(d, s, b); }
+  void CopyOnDevice(void* d, const void* s, std::size_t b) override { cpu_->CopyOnDevice(d, s, b); }
+  void Synchronize() override { cpu_->Synchronize(); }
+  void Fill(float* x, std::size_t n, float v) override { cpu_->Fill(x, n, v); }
+  void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override {
+    cpu_->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void Axpy(std::size_t n, float a, const float* x, float* y) override { cpu_->Axpy(n, a, x, y); }
+  void Scale(std::size_t n, float a, float* x) override { cpu_->Scale(n, a, x); }
+  void SgdUpdate(float* w, const float* g, float* m, std::size_t n, float lr, float momentum,
+                 float wd) override {
+    cpu_->SgdUpdate(w, g, m, n, lr, momentum, wd);
+  }
+  void AddBias(float* y, const float* b, int n, int c, int s) override {
+    cpu_->AddBias(y, b, n, c, s);
+  }
+  void BiasGrad(const float* dy, float* db, int n, int c, int s) override {
+    cpu_->BiasGrad(dy, db, n, c, s);
+  }
+  void ReluForward(const float* x, float* y, std::size_t n) override { cpu_->ReluForward(x, y, n); }
+  void ReluBackward(const float* y, const float* dy, float* dx, std::size_t n) override {
+    cpu_->ReluBackward(y, dy, dx, n);
+  }
+  void MaxPoolForward(const float* x, float* y, int b, const PoolGeometry& g) override {
+    cpu_->MaxPoolForward(x, y, b, g);
+  }
+  void MaxPoolBackward(const float* x, const float* dy, float* dx, int b,
+                       const PoolGeometry& g) override {
+    cpu_->MaxPoolBackward(x, dy, dx, b, g);
+  }
+  void AvgPoolForward(const float* x, float* y, int b, const PoolGeometry& g) override {
+    cpu_->AvgPoolForward(x, y, b, g);
+  }
+  void AvgPoolBackward(const float* dy, float* dx, int b, const PoolGeometry& g) override {
+    cpu_->AvgPoolBackward(dy, dx, b, g);
+  }
+  void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
+    cpu_->Im2Col(x, col, g);
+  }
+  void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
+    cpu_->Col2Im(col, dx, g);
+  }
+  SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
+                                          float* probs, int batch, int classes) override {
+    return cpu_->SoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
+  }
+  void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels, float* d,
+                                   int batch, int classes, float scale) override {
+    cpu_->SoftmaxCrossEntropyBackward(probs, labels, d, batch, classes, scale);
+  }
+
+  int host_allocations = 0;  // the trainer's pinned staging buffers
+
+ private:
+  static void* Poisoned(void* p, std::size_t bytes) {
+    if (p != nullptr) std::memset(p, 0xFF, bytes);  // every float a NaN
+    return p;
+  }
+  std::unique_ptr<Backend> cpu_ = MakeCpuBackend();
+};
+
 // Trains `steps` batches through the fake store and, from the same seed, locally with
-// SgdOptimizer; every weight must agree.
-void CheckAgainstLocalSgd(bool update_on_kvstore) {
+// SgdOptimizer on the CPU; every weight must agree. `device_path`: the trainer's model lives
+// on a DeviceLikeCpuBackend, so its GPU staging code runs.
+void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false) {
   const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), 1000);
   const TrainConfig config = SmallConfig(update_on_kvstore);
   const ShardSampler sampler(data.count, 0, 1, config.batch_size, 3);
@@ -41,7 +121,8 @@ void CheckAgainstLocalSgd(bool update_on_kvstore) {
   MetricsLog metrics(log, "", 0);
 
   auto backend = MakeCpuBackend();
-  auto via_kv = BuildModel("mlp", *backend, config.batch_size);
+  DeviceLikeCpuBackend device;
+  auto via_kv = BuildModel("mlp", device_path ? device : *backend, config.batch_size);
   via_kv->InitParams(11);
   FakeKVStore kv;
   KVTrainer trainer(config, kv, *via_kv);
@@ -62,6 +143,7 @@ void CheckAgainstLocalSgd(bool update_on_kvstore) {
   }
   CHECK(kv.has_optimizer == update_on_kvstore);
   CHECK(kv.wait_alls == 1 + sampler.batches_per_epoch());  // Start, then one per step
+  if (device_path) CHECK(device.host_allocations == 2);    // one push, one pull staging buffer
   // Two Speedometer lines for 20 batches at an interval of 10.
   const std::string text = log.str();
   CHECK(text.find("Epoch[0] Batch[10] Speed: ") != std::string::npos);
@@ -74,6 +156,14 @@ TEST_CASE("trainer with update on kvstore matches local SGD", "[trainer]") {
 
 TEST_CASE("trainer with update on the worker matches local SGD", "[trainer]") {
   CheckAgainstLocalSgd(false);
+}
+
+TEST_CASE("trainer's GPU staging path matches local SGD (update on kvstore)", "[trainer]") {
+  CheckAgainstLocalSgd(true, true);
+}
+
+TEST_CASE("trainer's GPU staging path matches local SGD (update on the worker)", "[trainer]") {
+  CheckAgainstLocalSgd(false, true);
 }
 
 TEST_CASE("trainer pushes each layer as its backward finishes, first layer first priority",

@@ -5,6 +5,12 @@
 // must stay alive and unmodified (for a push) or untouched (for a pull) until WaitAll()
 // returns. Init and SetOptimizer are synchronous and collective.
 //
+// GPU tensors (Device::CUDA(i)): the data must be complete when Push is called, so
+// synchronize the stream that produced it first (the store copies it with cudaMemcpy on the
+// legacy default stream, which is not ordered after non-blocking streams). After WaitAll() a
+// pulled GPU tensor holds its value in device memory, ready for kernels on any stream. The
+// calling thread's current device is left as it was.
+//
 // Thread safety: Push, Pull, PushPull and WaitAll may be called from several threads at
 // once. WaitAll waits for every operation issued so far by any thread; in dist_sync an
 // operation completes only when every worker pushed, so threads that each loop "push, then
