@@ -507,12 +507,17 @@ class Launch:
             return self.c.sync_dst_dir
         return self.c.cwd
 
-    def dmlc_env(self, role, node_host, root_uri, root_port, rank=None):
+    def dmlc_env(self, role, node_host, root_uri, root_port, rank=None, local_rank=None):
         c = self.c
         env = {}
         if rank is not None:
             # Ask for the rank the output prefix shows, so "[worker 1]" is KVStore rank 1.
             env["PS_RANK"] = str(rank)
+        if local_rank is not None:
+            # The worker's index among the workers on its host: ps-train's GPU there. Ranks
+            # are dealt round-robin over the hosts, so rank modulo the GPU count would put two
+            # workers of one host on the same GPU.
+            env["PS_LOCAL_RANK"] = str(local_rank)
         if c.interface:
             env["DMLC_INTERFACE"] = c.interface
         env.update({
@@ -540,10 +545,14 @@ class Launch:
             node = h.name if h else "127.0.0.1"
             specs.append(Spec("server", i, h, c.server_cmd,
                               self.dmlc_env("server", node, root_uri, root_port_for_others, i)))
+        on_host = {}  # host name -> workers placed there so far
         for i, h in enumerate(worker_hosts):
             node = h.name if h else "127.0.0.1"
+            local_rank = on_host.get(node, 0)
+            on_host[node] = local_rank + 1
             specs.append(Spec("worker", i, h, c.worker_cmd,
-                              self.dmlc_env("worker", node, root_uri, root_port_for_others, i)))
+                              self.dmlc_env("worker", node, root_uri, root_port_for_others, i,
+                                            local_rank)))
         return specs
 
     def scheduler_spec(self, root_uri, port):

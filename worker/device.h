@@ -24,7 +24,8 @@ CudaProbe ProbeCuda();
 // device: "auto" (CUDA when a GPU is present, else CPU; a GPU CUDA cannot use is a
 // DeviceError), "cpu", "cuda" or "cuda:N".
 // cuda_ordinal picks the GPU for "auto" and "cuda", modulo the GPU count (ps-train passes its
-// rank, spreading the workers of one machine over its GPUs). Throws ConfigError for an unknown name
+// index on its machine, PS_LOCAL_RANK, else its rank, spreading a machine's workers over its
+// GPUs). Throws ConfigError for an unknown name
 // and DeviceError when CUDA is asked for but not available ("no CUDA device found: use --device
 // cpu").
 std::unique_ptr<Backend> CreateBackend(const std::string& device, int cuda_ordinal = 0);

@@ -7,7 +7,9 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -51,7 +53,8 @@ constexpr const char* kUsage =
     "                [--update-on-kvstore | --no-update-on-kvstore]\n\n"
     "The role and the cluster come from the environment, as for MXNet: DMLC_ROLE, "
     "DMLC_PS_ROOT_URI,\nDMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER (see "
-    "tools/launch.py).\n";
+    "tools/launch.py).\nPS_LOCAL_RANK (launch.py sets it): this worker's index among the workers "
+    "on its machine,\nwhich picks its GPU.\n";
 
 // gflags spells a negated boolean --noflag; accept MXNet's --no-flag as well.
 std::vector<std::string> NormalizeArgs(int argc, char** argv) {
@@ -60,6 +63,18 @@ std::vector<std::string> NormalizeArgs(int argc, char** argv) {
     if (a.starts_with("--no-")) a = "--no" + a.substr(5);
   }
   return args;
+}
+
+// PS_LOCAL_RANK, a non-negative integer (launch.py sets it for each worker).
+int ParseLocalRank(const std::string& text) {
+  int value = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0) {
+    throw ps::worker::ConfigError("PS_LOCAL_RANK='" + text +
+                                  "' is invalid: expected this worker's index (0, 1, ...) among "
+                                  "the workers on its machine, or leave it unset");
+  }
+  return value;
 }
 
 }  // namespace
@@ -101,6 +116,9 @@ int main(int argc, char** argv) {
   config.metrics_out = FLAGS_metrics_out;
 
   try {
+    if (const char* local_rank = std::getenv("PS_LOCAL_RANK"); local_rank != nullptr) {
+      config.local_rank = ParseLocalRank(local_rank);
+    }
     // Flags first, so a typo fails fast on every role; then the store (servers and the
     // scheduler stay inside Create), then devices and data, which only workers need.
     ps::worker::ValidateConfig(config);

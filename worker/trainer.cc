@@ -259,7 +259,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   const int workers = kv.NumWorkers();
   MetricsLog metrics(log, config.metrics_out, rank);
   // Several workers on one machine spread over its GPUs.
-  std::unique_ptr<Backend> backend = CreateBackend(config.device, rank);
+  std::unique_ptr<Backend> backend =
+      CreateBackend(config.device, config.local_rank >= 0 ? config.local_rank : rank);
   const Dataset train = LoadFashionMnist(config.data_dir, Split::kTrain);
   // Only rank 0 evaluates.
   const Dataset test = rank == 0 ? LoadFashionMnist(config.data_dir, Split::kTest) : Dataset{};

@@ -42,6 +42,10 @@ struct TrainConfig {
   std::uint64_t seed = 1;
   int log_interval = 100;
   std::string metrics_out;  // JSON lines, written by rank 0; empty: none
+  // This worker's index among the job's workers on its machine (PS_LOCAL_RANK, which
+  // launch.py sets): the GPU that --device auto or cuda takes, modulo the GPU count.
+  // -1: the worker's rank, right when the ranks on each machine are consecutive.
+  int local_rank = -1;
 };
 
 // Checks every field that can be checked without data or devices. Throws ConfigError naming

@@ -218,6 +218,20 @@ class Args(LauncherTest):
         sched = la.scheduler_spec("10.0.0.1", 0)
         self.assertEqual(la.command_for(sched), [os.path.join(self.tmp, "bin", "ps-scheduler")])
 
+    def test_workers_learn_their_rank_and_local_rank(self):
+        hosts = os.path.join(self.tmp, "hosts")
+        with open(hosts, "w") as f:
+            f.write("h1\nh2\n")
+        la = launch.Launch(self.parse(["-n", "4", "-s", "2", "-H", hosts, "prog"]))
+        workers = [s for s in la.make_specs("10.0.0.1", 9000) if s.role == "worker"]
+        got = [(s.env["DMLC_NODE_HOST"], s.env["PS_RANK"], s.env["PS_LOCAL_RANK"]) for s in workers]
+        # round-robin: ranks 0 and 2 on h1, 1 and 3 on h2; each host counts its own from 0
+        self.assertEqual(got, [("h1", "0", "0"), ("h2", "1", "0"), ("h1", "2", "1"),
+                               ("h2", "3", "1")])
+        local = launch.Launch(self.parse(["-n", "3", "-s", "1", "prog"]))
+        self.assertEqual([s.env.get("PS_LOCAL_RANK") for s in local.make_specs("127.0.0.1", 1)],
+                         [None, "0", "1", "2"])  # the server has none; one host: the rank
+
     def test_root_port_and_uri_overrides(self):
         c = self.parse(["-n", "1", "--env", "DMLC_PS_ROOT_PORT=9100", "--env",
                         "DMLC_PS_ROOT_URI=10.1.2.3", "prog"], DMLC_PS_ROOT_PORT="9200")

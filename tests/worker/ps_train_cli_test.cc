@@ -23,9 +23,9 @@ struct PipeCloser {
   void operator()(FILE* f) const { pclose(f); }
 };
 
-Result RunPsTrain(const std::string& args) {
+Result RunPsTrain(const std::string& args, const std::string& env = "") {
   const std::string cmd =
-      "env -u DMLC_ROLE " + std::string(PS_BIN_DIR) + "/ps-train " + args + " 2>&1";
+      "env -u DMLC_ROLE " + env + " " + std::string(PS_BIN_DIR) + "/ps-train " + args + " 2>&1";
   std::unique_ptr<FILE, PipeCloser> pipe(popen(cmd.c_str(), "r"));
   REQUIRE(pipe != nullptr);
   Result r;
@@ -66,6 +66,10 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
                     "cannot open data file /nonexistent/train-images-idx3-ubyte.gz");
   CheckOneLineError(RunPsTrain("--kvstore local --batch-size 0"), "--batch-size");
   CheckOneLineError(RunPsTrain("--kvstore local stray"), "unexpected argument 'stray'");
+  CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=first"),
+                    "PS_LOCAL_RANK='first' is invalid");
+  CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=-1"),
+                    "PS_LOCAL_RANK='-1' is invalid");
   if (ps::worker::ProbeCuda().devices == 0) {
     CheckOneLineError(RunPsTrain("--kvstore local --device cuda"), "no CUDA device found");
   }
