@@ -35,6 +35,12 @@ class SgdOptimizer {
 struct EpochResult {
   BatchStats train;  // summed over the epoch's batches
   double seconds = 0.0;
+  // KVTrainer only: the epoch's time split per batch into computing (forward, backward, and
+  // staging and issuing each layer's push as its backward ends) and waiting (blocked in
+  // WaitAll for the communication that did not overlap, then applying the pulled values).
+  int batches = 0;
+  double compute_seconds = 0.0;
+  double wait_seconds = 0.0;
   double samples_per_sec() const { return seconds > 0.0 ? train.samples / seconds : 0.0; }
 };
 

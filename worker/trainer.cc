@@ -1,5 +1,6 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -75,14 +76,20 @@ void MetricsLog::Batch(int epoch, int batch, double samples_per_sec, double loss
 }
 
 void MetricsLog::EpochEnd(int epoch, const EpochResult& train) {
+  // Per batch: compute, and the wait for communication that compute did not hide.
+  const double batches = std::max(1, train.batches);
+  const double compute_ms = 1e3 * train.compute_seconds / batches;
+  const double wait_ms = 1e3 * train.wait_seconds / batches;
   log_ << Format("Epoch[%d] Train-loss=%.6f Train-accuracy=%.6f Time cost=%.3f\n", epoch,
                  train.train.mean_loss(), train.train.accuracy(), train.seconds)
+       << Format("Epoch[%d] Batch-time compute_ms=%.3f wait_ms=%.3f\n", epoch, compute_ms, wait_ms)
        << std::flush;
   Json(
       Format("{\"event\":\"epoch\",\"rank\":%d,\"epoch\":%d,\"train_loss\":%.6f,"
-             "\"train_accuracy\":%.6f,\"time_cost\":%.3f,\"samples_per_sec\":%.2f}",
+             "\"train_accuracy\":%.6f,\"time_cost\":%.3f,\"samples_per_sec\":%.2f,"
+             "\"compute_ms_per_batch\":%.3f,\"wait_ms_per_batch\":%.3f}",
              rank_, epoch, train.train.mean_loss(), train.train.accuracy(), train.seconds,
-             train.samples_per_sec()));
+             train.samples_per_sec(), compute_ms, wait_ms));
 }
 
 void MetricsLog::TestAccuracy(int epoch, double accuracy) {
@@ -233,9 +240,14 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
   auto interval_start = Clock::now();
   for (int b = 0; b < sampler.batches_per_epoch(); ++b) {
     GatherBatch(data, std::span<const int>(order.data() + b * batch, batch), images, labels);
+    const auto step_start = Clock::now();
     const BatchStats stats =
         model_.TrainStep(images.data(), labels.data(), static_cast<int>(batch), hook);
+    const auto computed = Clock::now();
     FinishStep();
+    result.compute_seconds += std::chrono::duration<double>(computed - step_start).count();
+    result.wait_seconds += Seconds(computed);
+    ++result.batches;
     result.train += stats;
     interval += stats;
     if ((b + 1) % config_.log_interval == 0) {

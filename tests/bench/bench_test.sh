@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests of ps-bench (registered with ctest by tests/bench/CMakeLists.txt, label "bench").
-# usage: bench_test.sh smoke|shm|server_failure|bad_flags PS_BENCH OUT_DIR
+# usage: bench_test.sh smoke|shm|server_failure|bad_flags|gpu_staging TOOL OUT_DIR
 #        bench_test.sh plot PLOT_BENCH_PY OUT_DIR
 #        bench_test.sh alloc ALLOC_PER_OP_SH OUT_DIR PS_BENCH
 # Correctness only: no assertion on any timing.
@@ -108,6 +108,23 @@ bad_flags)
     grep -q -- "unknown argument '--bogus'" <<<"$message" || fail "$mpi_tool: $message"
     ! grep -q "MPI_ABORT" <<<"$message" || fail "$mpi_tool aborted on a bad flag"
   fi
+  ;;
+gpu_staging)
+  # ps-bench-gpu-staging ($tool) on the CPU backend: the same code path a GPU run takes,
+  # every line present with a positive figure; bad input is a one-line error.
+  out_text=$(timeout 60 "$tool" --device cpu --repeat 3 --peak-mib 16 2>&1) ||
+    fail "exited with status $?: $out_text"
+  echo "$out_text"
+  grep -qE "^gpu-staging: peak: one 16 MiB copy to page-locked memory: [0-9.]+ GB/s$" <<<"$out_text" ||
+    fail "no peak line"
+  grep -qE "^gpu-staging: mlp gradients: 6 copies, 0\.90 MiB into one page-locked buffer: [0-9.]+ ms, [0-9.]+ GB/s \([0-9.]+x peak\)$" \
+    <<<"$out_text" || fail "no staging line for the mlp's 6 parameters"
+  ! grep -qE " 0\.00 GB/s" <<<"$out_text" || fail "a zero bandwidth"
+  message=$(timeout 20 "$tool" --device cpu --model resnet 2>&1)
+  rc=$?
+  ((rc == 1)) || fail "--model resnet: expected exit status 1, got $rc"
+  [[ $message == "ps-bench-gpu-staging: error: unknown --model 'resnet': use mlp or cnn" ]] ||
+    fail "--model resnet: $message"
   ;;
 alloc)
   # tools/bench/alloc_per_op.sh (here $tool, with ps-bench as $4): the steady-state heap

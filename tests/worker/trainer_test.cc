@@ -219,6 +219,12 @@ TEST_CASE("RunTraining logs Speedometer lines, test accuracy and the final line"
   CHECK(std::regex_search(text, std::regex(R"(Epoch\[0\] Batch\[200\] Speed: [0-9.]+ samples/sec )"
                                            R"(loss=[0-9.]+ accuracy=[0-9.]+\n)")));
   CHECK(std::regex_search(text, std::regex(R"(Epoch\[0\] test_accuracy=0\.[0-9]{4}\n)")));
+  std::smatch times;
+  REQUIRE(std::regex_search(
+      text, times,
+      std::regex(R"(Epoch\[0\] Batch-time compute_ms=([0-9.]+) wait_ms=([0-9.]+)\n)")));
+  CHECK(std::stod(times[1]) > 0.0);  // a CPU step of a 100-sample batch takes real time
+  CHECK(std::stod(times[2]) >= 0.0);
   CHECK(std::regex_search(
       text, std::regex(R"(\nfinal test_accuracy=0\.[0-9]{4} samples_per_sec=[0-9]+\n$)")));
   CHECK(kv.barriers == 1);
@@ -229,6 +235,9 @@ TEST_CASE("RunTraining logs Speedometer lines, test accuracy and the final line"
   REQUIRE(lines.size() == 3 + 1 + 1 + 1);  // batches 200, 400, 600; epoch; test; final
   CHECK(lines.front().starts_with("{\"event\":\"batch\",\"rank\":0,\"epoch\":0,\"batch\":200,"));
   CHECK(lines.back().starts_with("{\"event\":\"final\",\"rank\":0,\"test_accuracy\":0."));
+  CHECK_THAT(lines[3], Catch::StartsWith("{\"event\":\"epoch\"") &&
+                           Catch::Contains("\"compute_ms_per_batch\":") &&
+                           Catch::Contains("\"wait_ms_per_batch\":"));
 }
 
 TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[trainer]") {
