@@ -64,18 +64,22 @@ void Runtime::Register() {
         transport_->BindIpc("ps-" + std::to_string(getpid()) + "-" + std::to_string(self_.port));
   }
   transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port);
-  receiver_ = std::make_unique<ReceiveLoop>(*transport_,
-                                            [this](Message&& msg) { OnMessage(std::move(msg)); });
 
+  // Everything read from self_ is read before the receive thread starts: that thread rewrites
+  // self_ (under mu_) when the node table arrives, and nothing orders this thread's later
+  // reads before that write but the network round trip, which is invisible to the memory model.
+  const NodeInfo announced = self_;
   Message hello;
   hello.meta.control = Control::kRegister;
   hello.meta.request = true;
   hello.meta.recipient = kSchedulerId;
-  hello.meta.nodes.push_back(self_);
+  hello.meta.nodes.push_back(announced);
   hello.meta.nodes.back().rank = config_.rank_hint;  // a request; the table has the real rank
+  receiver_ = std::make_unique<ReceiveLoop>(*transport_,
+                                            [this](Message&& msg) { OnMessage(std::move(msg)); });
   transport_->Send(hello);
   if (config_.verbose >= 1) {
-    LOG(INFO) << RoleName(self_.role) << " at " << self_.host << ":" << self_.port
+    LOG(INFO) << RoleName(announced.role) << " at " << announced.host << ":" << announced.port
               << " registering with the scheduler at " << config_.SchedulerAddress();
   }
 

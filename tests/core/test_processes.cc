@@ -183,8 +183,12 @@ TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the 
   auto second = Start("ps-test-node", env, {"--barriers", "5"});
   CHECK(first->Wait(30s) == 0);
   CHECK(second->Wait(30s) == 0);
-  CHECK(server->Wait(15s) == 0);
-  CHECK(scheduler->Wait(15s) == 0);
+  const auto server_status = server->Wait(15s);
+  INFO("server output: " << server->Output());
+  CHECK(server_status == 0);
+  const auto scheduler_status = scheduler->Wait(15s);
+  INFO("scheduler output: " << scheduler->Output());
+  CHECK(scheduler_status == 0);
   CHECK_THAT(scheduler->Output(), Catch::Contains("dropped malformed message"));
 }
 
