@@ -24,35 +24,36 @@ void Check(cudaError_t status, const char* what, Device device) {
   }
 }
 
-// Makes `device` current for one copy and restores the caller's device afterwards: the
-// calling thread may drive another GPU (a training backend relies on its current device).
-class DeviceScope {
- public:
-  explicit DeviceScope(Device device) {
-    Check(cudaGetDevice(&previous_), "reading the current device", device);
-    if (previous_ != device.id) Check(cudaSetDevice(device.id), "selecting the device", device);
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
+// Makes `device` current on the calling thread when it is not already. Not restored
+// afterwards: switching back would create a context on the previous device (device 0 on a
+// thread that never chose one, such as the runtime's receive thread), a few hundred MB on a GPU
+// the process may never use. The training backend selects its own device at every call.
+void UseDevice(Device device) {
+  int current = -1;
+  Check(cudaGetDevice(&current), "reading the current device", device);
+  if (current != device.id) Check(cudaSetDevice(device.id), "selecting the device", device);
+}
 
 }  // namespace
 
 bool DeviceCopiesBuilt() { return true; }
 
-void CheckDevice(Device device) { DeviceScope scope(device); }
+void CheckDevice(Device device) {
+  int count = 0;
+  Check(cudaGetDeviceCount(&count), "counting the devices", device);
+  if (device.id < 0 || device.id >= count) {
+    throw Error("KVStore: " + device.ToString() + " does not exist (this machine has " +
+                std::to_string(count) + " GPU" + (count == 1 ? "" : "s") + ")");
+  }
+}
 
 void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device) {
-  DeviceScope scope(device);
+  UseDevice(device);
   Check(cudaMemcpy(host, device_ptr, bytes, cudaMemcpyDeviceToHost), "copying to the host", device);
 }
 
 void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device device) {
-  DeviceScope scope(device);
+  UseDevice(device);
   Check(cudaMemcpy(device_ptr, host, bytes, cudaMemcpyHostToDevice), "copying to the device",
         device);
   // From pageable memory cudaMemcpy may return before the data reaches the GPU, and the

@@ -15,8 +15,8 @@ namespace ps {
 // True when this build can copy to and from GPU memory.
 bool DeviceCopiesBuilt();
 // Throws ps::Error when `device` does not exist (or the build has no CUDA). Lets a call check
-// an output's device before it changes anything. The calling thread's current device is left
-// as it was, here and by the copies below.
+// an output's device before it changes anything; changes nothing itself. The copies below make
+// their tensor's device current on the calling thread when it is not (and leave it so).
 void CheckDevice(Device device);
 // host <- device (`device` names the GPU); throws ps::Error naming the CUDA error.
 void CopyFromDevice(void* host, const void* device_ptr, std::size_t bytes, Device device);

@@ -545,7 +545,9 @@ class Launch:
             node = h.name if h else "127.0.0.1"
             specs.append(Spec("server", i, h, c.server_cmd,
                               self.dmlc_env("server", node, root_uri, root_port_for_others, i)))
-        on_host = {}  # host name -> workers placed there so far
+        # host name -> workers placed there so far. Entries of one name are one machine (its
+        # GPUs), even with different ssh ports.
+        on_host = {}
         for i, h in enumerate(worker_hosts):
             node = h.name if h else "127.0.0.1"
             local_rank = on_host.get(node, 0)

@@ -99,8 +99,9 @@ void Runtime::Register() {
     }
     throw Error("cannot reach the scheduler at " + config_.SchedulerAddress() + " within " +
                 FormatSeconds(config_.register_timeout) +
-                ": check that ps-scheduler is running there and that DMLC_PS_ROOT_URI and "
-                "DMLC_PS_ROOT_PORT point to it (PS_REGISTER_TIMEOUT sets this wait)");
+                ": check that ps-scheduler is running there, that DMLC_PS_ROOT_URI and "
+                "DMLC_PS_ROOT_PORT point to it, and that it can resolve this node's address '" +
+                self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
   lock.unlock();

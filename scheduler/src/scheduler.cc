@@ -85,6 +85,16 @@ std::string Scheduler::failure() const {
   return failure_;
 }
 
+std::uint64_t Scheduler::dropped_messages() const {
+  std::lock_guard lock(mu_);
+  return dropped_;
+}
+
+std::uint64_t Scheduler::refused_registrations() const {
+  std::lock_guard lock(mu_);
+  return refused_;
+}
+
 std::vector<NodeInfo> Scheduler::dead_nodes() const {
   std::lock_guard lock(mu_);
   std::vector<NodeInfo> dead;
@@ -166,6 +176,7 @@ void Scheduler::OnMessage(Message&& msg) {
 
 void Scheduler::OnRegister(Message&& msg) {
   const auto refuse = [&](const NodeInfo& node, const std::string& why) {
+    ++refused_;
     LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
                  << ": " << why;
     const int socket_id = next_reject_id_++;
@@ -182,7 +193,10 @@ void Scheduler::OnRegister(Message&& msg) {
     transport_->Disconnect(socket_id);  // still flushes the reply
   };
   if (msg.meta.nodes.size() != 1) {
-    LOG(WARNING) << "dropped a register message with " << msg.meta.nodes.size() << " node entries";
+    if (LogOccurrence(++dropped_)) {
+      LOG(WARNING) << "dropped a register message (#" << dropped_ << ") with "
+                   << msg.meta.nodes.size() << " node entries";
+    }
     return;
   }
   NodeInfo node = msg.meta.nodes[0];
@@ -221,14 +235,18 @@ void Scheduler::OnRegister(Message&& msg) {
     return;
   }
   node.id = static_cast<int>(nodes_.size());
-  // Every peer will connect to the advertised address: a name nobody can resolve (a typo in
-  // DMLC_NODE_HOST) is refused now, not found out as requests that never arrive.
+  // Every peer will connect to the advertised address: a name the scheduler cannot resolve
+  // (a typo in DMLC_NODE_HOST, a resolver that differs) is turned away now, not found out as
+  // requests that never arrive. No reply can reach that address: the node's registration
+  // times out, and its message points here.
   try {
     net::ResolveIPv4(node.host,
                      "the host name this " + RoleName(node.role) + " advertises (DMLC_NODE_HOST)");
     transport_->Connect(node.id, node.host, node.port);
   } catch (const Error& e) {
-    refuse(node, e.what());
+    ++refused_;
+    LOG(WARNING) << "turned away " << RoleName(node.role) << " at " << node.host << ":" << node.port
+                 << ": " << e.what();
     return;
   }
   requested_rank_.push_back(node.rank);

@@ -340,8 +340,12 @@ TEST_CASE("cluster: bogus registrations are refused or dropped and the job still
     send_register({node(ps::Role::kWorker, "", 5)});                      // no host
     send_register({node(ps::Role::kWorker, "127.0.0.1", 0)});             // no port
     send_register({node(ps::Role::kServer, "no-such-host.invalid", 5)});  // unresolvable
-    send_register({node(ps::Role::kWorker, "[::1", 5)});                  // bad syntax
+    send_register({node(ps::Role::kWorker, "[::1", 5)});                  // unresolvable too
+    send_register({node(ps::Role::kScheduler, "a/b", 5)});  // refused, and ZeroMQ rejects a/b
   }
+  // Every bogus registration handled before the real nodes come: 4 dropped, 4 refused.
+  REQUIRE(Eventually(
+      [&] { return scheduler.dropped_messages() == 4 && scheduler.refused_registrations() == 4; }));
   // The real nodes register after the bogus ones, and the job runs to its end.
   NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
   NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 1,

@@ -25,7 +25,8 @@ using ps::test::KVCluster;
 using ps::test::SyncSumRounds;
 
 // True with a GPU; false (reported as skipped) without one. A GPU with a driver CUDA cannot
-// use (too old for the runtime) fails: skipping would hide it.
+// use (too old for the runtime) fails: skipping would hide it. The same rule as the worker's
+// ProbeCuda (worker/device.h), which this library's tests cannot link.
 bool GpuOrSkip() {
 #ifdef PS_TEST_CUDA
   int driver = 0;

@@ -224,7 +224,6 @@ TEST_CASE("RunTraining logs Speedometer lines, test accuracy and the final line"
       text, times,
       std::regex(R"(Epoch\[0\] Batch-time compute_ms=([0-9.]+) wait_ms=([0-9.]+)\n)")));
   CHECK(std::stod(times[1]) > 0.0);  // a CPU step of a 100-sample batch takes real time
-  CHECK(std::stod(times[2]) >= 0.0);
   CHECK(std::regex_search(
       text, std::regex(R"(\nfinal test_accuracy=0\.[0-9]{4} samples_per_sec=[0-9]+\n$)")));
   CHECK(kv.barriers == 1);

@@ -8,8 +8,8 @@
 // GPU tensors (Device::CUDA(i)): the data must be complete when Push is called, so
 // synchronize the stream that produced it first (the store copies it with cudaMemcpy on the
 // legacy default stream, which is not ordered after non-blocking streams). After WaitAll() a
-// pulled GPU tensor holds its value in device memory, ready for kernels on any stream. The
-// calling thread's current device is left as it was.
+// pulled GPU tensor holds its value in device memory, ready for kernels on any stream. A call
+// with a tensor on another GPU than the calling thread's current one makes that GPU current.
 //
 // Thread safety: Push, Pull, PushPull and WaitAll may be called from several threads at
 // once. WaitAll waits for every operation issued so far by any thread; in dist_sync an

@@ -50,6 +50,10 @@ class Scheduler {
   std::string failure() const;
   // Nodes declared dead so far (for tests and the final report).
   std::vector<NodeInfo> dead_nodes() const;
+  // Messages dropped (unknown senders, unexpected controls, malformed registrations), and
+  // registrations refused or turned away, so far.
+  std::uint64_t dropped_messages() const;
+  std::uint64_t refused_registrations() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -82,6 +86,7 @@ class Scheduler {
   std::map<int, std::set<int>> barriers_;     // GUARDED_BY(mu_): group -> arrived ids
   int next_reject_id_ = 1 << 30;              // GUARDED_BY(mu_): socket ids for refusals
   std::uint64_t dropped_ = 0;                 // GUARDED_BY(mu_): unknown senders, unexpected
+  std::uint64_t refused_ = 0;                 // GUARDED_BY(mu_): registrations turned away
   bool finished_ = false;                     // GUARDED_BY(mu_)
   int status_ = 0;                            // GUARDED_BY(mu_)
   std::string failure_;                       // GUARDED_BY(mu_)
