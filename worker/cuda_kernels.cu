@@ -2,6 +2,7 @@
 // Every kernel is deterministic: reductions use a fixed tree, and backward passes gather (each
 // thread writes its own output element) instead of scattering with atomics.
 #include "worker/cuda_kernels.h"
+#include "worker/cuda_launch.h"
 
 namespace ps::worker::cuda {
 namespace {
@@ -62,7 +63,7 @@ __global__ void BiasGradKernel(const float* dy, float* dbias, int batch, int cha
   }
   partial[threadIdx.x] = sum;
   __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+  for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
@@ -245,19 +246,19 @@ __global__ void SoftmaxBackwardKernel(const float* probs, const std::int32_t* la
 
 cudaError_t Fill(float* x, std::size_t n, float value, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FillKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, value);
+  PS_LAUNCH(FillKernel, Blocks(n), kThreads, stream, x, n, value);
   return cudaGetLastError();
 }
 
 cudaError_t Axpy(std::size_t n, float alpha, const float* x, float* y, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  AxpyKernel<<<Blocks(n), kThreads, 0, stream>>>(n, alpha, x, y);
+  PS_LAUNCH(AxpyKernel, Blocks(n), kThreads, stream, n, alpha, x, y);
   return cudaGetLastError();
 }
 
 cudaError_t Scale(std::size_t n, float alpha, float* x, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ScaleKernel<<<Blocks(n), kThreads, 0, stream>>>(n, alpha, x);
+  PS_LAUNCH(ScaleKernel, Blocks(n), kThreads, stream, n, alpha, x);
   return cudaGetLastError();
 }
 
@@ -265,9 +266,10 @@ cudaError_t SgdUpdate(float* w, const float* g, float* mom, std::size_t n, float
                       float weight_decay, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (momentum == 0.0f || mom == nullptr) {
-    SgdKernel<<<Blocks(n), kThreads, 0, stream>>>(w, g, n, lr, weight_decay);
+    PS_LAUNCH(SgdKernel, Blocks(n), kThreads, stream, w, g, n, lr, weight_decay);
   } else {
-    SgdMomentumKernel<<<Blocks(n), kThreads, 0, stream>>>(w, g, mom, n, lr, momentum, weight_decay);
+    PS_LAUNCH(SgdMomentumKernel, Blocks(n), kThreads, stream, w, g, mom, n, lr, momentum,
+              weight_decay);
   }
   return cudaGetLastError();
 }
@@ -276,28 +278,28 @@ cudaError_t AddBias(float* y, const float* bias, int batch, int channels, int sp
                     cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(batch) * channels * spatial;
   if (n == 0) return cudaSuccess;
-  AddBiasKernel<<<Blocks(n), kThreads, 0, stream>>>(y, bias, n, channels, spatial);
+  PS_LAUNCH(AddBiasKernel, Blocks(n), kThreads, stream, y, bias, n, channels, spatial);
   return cudaGetLastError();
 }
 
 cudaError_t BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial,
                      cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
-  BiasGradKernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(dy, dbias, batch,
-                                                                           channels, spatial);
+  PS_LAUNCH_SYNCED(BiasGradKernel, static_cast<unsigned>(channels), kThreads, stream, dy, dbias,
+                   batch, channels, spatial);
   return cudaGetLastError();
 }
 
 cudaError_t ReluForward(const float* x, float* y, std::size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ReluForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, n);
+  PS_LAUNCH(ReluForwardKernel, Blocks(n), kThreads, stream, x, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t ReluBackward(const float* y, const float* dy, float* dx, std::size_t n,
                          cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(y, dy, dx, n);
+  PS_LAUNCH(ReluBackwardKernel, Blocks(n), kThreads, stream, y, dy, dx, n);
   return cudaGetLastError();
 }
 
@@ -305,7 +307,7 @@ cudaError_t MaxPoolForward(const float* x, float* y, int planes, int height, int
                            cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(planes) * (height / window) * (width / window);
   if (n == 0) return cudaSuccess;
-  MaxPoolForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, planes, height, width, window);
+  PS_LAUNCH(MaxPoolForwardKernel, Blocks(n), kThreads, stream, x, y, planes, height, width, window);
   return cudaGetLastError();
 }
 
@@ -313,8 +315,8 @@ cudaError_t MaxPoolBackward(const float* x, const float* dy, float* dx, int plan
                             int width, int window, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(planes) * height * width;
   if (n == 0) return cudaSuccess;
-  MaxPoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(x, dy, dx, planes, height, width,
-                                                            window);
+  PS_LAUNCH(MaxPoolBackwardKernel, Blocks(n), kThreads, stream, x, dy, dx, planes, height, width,
+            window);
   return cudaGetLastError();
 }
 
@@ -322,7 +324,7 @@ cudaError_t AvgPoolForward(const float* x, float* y, int planes, int height, int
                            cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(planes) * (height / window) * (width / window);
   if (n == 0) return cudaSuccess;
-  AvgPoolForwardKernel<<<Blocks(n), kThreads, 0, stream>>>(x, y, planes, height, width, window);
+  PS_LAUNCH(AvgPoolForwardKernel, Blocks(n), kThreads, stream, x, y, planes, height, width, window);
   return cudaGetLastError();
 }
 
@@ -330,7 +332,8 @@ cudaError_t AvgPoolBackward(const float* dy, float* dx, int planes, int height, 
                             int window, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(planes) * height * width;
   if (n == 0) return cudaSuccess;
-  AvgPoolBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(dy, dx, planes, height, width, window);
+  PS_LAUNCH(AvgPoolBackwardKernel, Blocks(n), kThreads, stream, dy, dx, planes, height, width,
+            window);
   return cudaGetLastError();
 }
 
@@ -338,14 +341,14 @@ cudaError_t Im2Col(const float* x, float* col, const ConvShape& s, cudaStream_t 
   const std::size_t n =
       static_cast<std::size_t>(s.channels) * s.kernel_h * s.kernel_w * s.out_h * s.out_w;
   if (n == 0) return cudaSuccess;
-  Im2ColKernel<<<Blocks(n), kThreads, 0, stream>>>(x, col, s);
+  PS_LAUNCH(Im2ColKernel, Blocks(n), kThreads, stream, x, col, s);
   return cudaGetLastError();
 }
 
 cudaError_t Col2Im(const float* col, float* dx, const ConvShape& s, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(s.channels) * s.height * s.width;
   if (n == 0) return cudaSuccess;
-  Col2ImKernel<<<Blocks(n), kThreads, 0, stream>>>(col, dx, s);
+  PS_LAUNCH(Col2ImKernel, Blocks(n), kThreads, stream, col, dx, s);
   return cudaGetLastError();
 }
 
@@ -353,8 +356,8 @@ cudaError_t SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* 
                                        float* probs, float* loss, std::int32_t* correct, int batch,
                                        int classes, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  SoftmaxForwardKernel<<<Blocks(static_cast<std::size_t>(batch)), kThreads, 0, stream>>>(
-      logits, labels, probs, loss, correct, batch, classes);
+  PS_LAUNCH(SoftmaxForwardKernel, Blocks(static_cast<std::size_t>(batch)), kThreads, stream, logits,
+            labels, probs, loss, correct, batch, classes);
   return cudaGetLastError();
 }
 
@@ -363,8 +366,8 @@ cudaError_t SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* 
                                         cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(batch) * classes;
   if (n == 0) return cudaSuccess;
-  SoftmaxBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(probs, labels, dlogits, batch, classes,
-                                                            scale);
+  PS_LAUNCH(SoftmaxBackwardKernel, Blocks(n), kThreads, stream, probs, labels, dlogits, batch,
+            classes, scale);
   return cudaGetLastError();
 }
 

@@ -2,7 +2,9 @@
 // Launchers for the worker's own CUDA kernels (cuda_kernels.cu). Each enqueues its kernel on
 // `stream` and returns the launch status (cudaGetLastError); the math matches CpuBackend, and the
 // geometry arguments mean what they mean in backend.h. Pointers are device memory.
+#ifndef PS_CUDA_HOST_EMULATION  // (tests: cudaStream_t and cudaError_t come from the emulation)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fake_kvstore.h"
+#include "forwarding_backend.h"
 #include "test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/errors.h"
@@ -36,68 +37,14 @@ TrainConfig SmallConfig(bool update_on_kvstore) {
 // device path (gradients staged through pinned host buffers, pulled values copied back), and
 // it fills every fresh allocation with NaN bytes, so that a value the staging forgets to copy
 // shows. Lets machines without a GPU test that path.
-class DeviceLikeCpuBackend final : public Backend {
+class DeviceLikeCpuBackend final : public testing::ForwardingBackend {
  public:
   DeviceKind kind() const override { return DeviceKind::kCUDA; }
   std::string Name() const override { return "cpu dressed as cuda"; }
-  void* Allocate(std::size_t bytes) override { return Poisoned(cpu_->Allocate(bytes), bytes); }
-  void Free(void* p) noexcept override { cpu_->Free(p); }
+  void* Allocate(std::size_t bytes) override { return Poisoned(inner().Allocate(bytes), bytes); }
   void* AllocateHost(std::size_t bytes) override {
     ++host_allocations;
-    return Poisoned(cpu_->AllocateHost(bytes), bytes);
-  }
-  void FreeHost(void* p) noexcept override { cpu_->FreeHost(p); }
-  void CopyToDevice(void* d, const void* s, std::size_t b) override { cpu_->CopyToDevice(d, s, b); }
-  void CopyToHost(void* d, const void* s, std::size_t b) override { cpu_->CopyToHost(d, s, b); }
-  void CopyOnDevice(void* d, const void* s, std::size_t b) override { cpu_->CopyOnDevice(d, s, b); }
-  void Synchronize() override { cpu_->Synchronize(); }
-  void Fill(float* x, std::size_t n, float v) override { cpu_->Fill(x, n, v); }
-  void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-            const float* b, int ldb, float beta, float* c, int ldc) override {
-    cpu_->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  void Axpy(std::size_t n, float a, const float* x, float* y) override { cpu_->Axpy(n, a, x, y); }
-  void Scale(std::size_t n, float a, float* x) override { cpu_->Scale(n, a, x); }
-  void SgdUpdate(float* w, const float* g, float* m, std::size_t n, float lr, float momentum,
-                 float wd) override {
-    cpu_->SgdUpdate(w, g, m, n, lr, momentum, wd);
-  }
-  void AddBias(float* y, const float* b, int n, int c, int s) override {
-    cpu_->AddBias(y, b, n, c, s);
-  }
-  void BiasGrad(const float* dy, float* db, int n, int c, int s) override {
-    cpu_->BiasGrad(dy, db, n, c, s);
-  }
-  void ReluForward(const float* x, float* y, std::size_t n) override { cpu_->ReluForward(x, y, n); }
-  void ReluBackward(const float* y, const float* dy, float* dx, std::size_t n) override {
-    cpu_->ReluBackward(y, dy, dx, n);
-  }
-  void MaxPoolForward(const float* x, float* y, int b, const PoolGeometry& g) override {
-    cpu_->MaxPoolForward(x, y, b, g);
-  }
-  void MaxPoolBackward(const float* x, const float* dy, float* dx, int b,
-                       const PoolGeometry& g) override {
-    cpu_->MaxPoolBackward(x, dy, dx, b, g);
-  }
-  void AvgPoolForward(const float* x, float* y, int b, const PoolGeometry& g) override {
-    cpu_->AvgPoolForward(x, y, b, g);
-  }
-  void AvgPoolBackward(const float* dy, float* dx, int b, const PoolGeometry& g) override {
-    cpu_->AvgPoolBackward(dy, dx, b, g);
-  }
-  void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
-    cpu_->Im2Col(x, col, g);
-  }
-  void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
-    cpu_->Col2Im(col, dx, g);
-  }
-  SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
-                                          float* probs, int batch, int classes) override {
-    return cpu_->SoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
-  }
-  void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels, float* d,
-                                   int batch, int classes, float scale) override {
-    cpu_->SoftmaxCrossEntropyBackward(probs, labels, d, batch, classes, scale);
+    return Poisoned(inner().AllocateHost(bytes), bytes);
   }
 
   int host_allocations = 0;  // the trainer's pinned staging buffers
@@ -107,7 +54,6 @@ class DeviceLikeCpuBackend final : public Backend {
     if (p != nullptr) std::memset(p, 0xFF, bytes);  // every float a NaN
     return p;
   }
-  std::unique_ptr<Backend> cpu_ = MakeCpuBackend();
 };
 
 // Trains `steps` batches through the fake store and, from the same seed, locally with
