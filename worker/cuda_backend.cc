@@ -187,11 +187,11 @@ class CudaBackend final : public Backend {
   }
   void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
     Use();
-    Check(cuda::Im2Col(x, col, Shape(g), stream_), "im2col");
+    Check(cuda::Im2Col(x, col, cuda::ShapeOf(g), stream_), "im2col");
   }
   void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
     Use();
-    Check(cuda::Col2Im(col, dx, Shape(g), stream_), "col2im");
+    Check(cuda::Col2Im(col, dx, cuda::ShapeOf(g), stream_), "col2im");
   }
 
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
@@ -234,11 +234,6 @@ class CudaBackend final : public Backend {
   // calling thread's current device, which another backend, a KVStore copy or another thread
   // may have changed (cuBLAS and the stream belong to ordinal_).
   void Use() const { Check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
-
-  static cuda::ConvShape Shape(const ConvGeometry& g) {
-    return {g.channels, g.height,   g.width,    g.kernel_h,     g.kernel_w,   g.pad_h,
-            g.pad_w,    g.stride_h, g.stride_w, g.out_height(), g.out_width()};
-  }
 
   void ReserveSoftmaxScratch(std::size_t batch) {
     if (batch <= softmax_capacity_) return;

@@ -9,6 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#ifndef __CUDACC__  // ShapeOf, for the host-side callers (nvcc compiles C++17)
+#include "worker/backend.h"
+#endif
+
 namespace ps::worker::cuda {
 
 cudaError_t Fill(float* x, std::size_t n, float value, cudaStream_t stream);
@@ -38,6 +42,13 @@ cudaError_t AvgPoolBackward(const float* dy, float* dx, int planes, int height, 
 struct ConvShape {
   int channels, height, width, kernel_h, kernel_w, pad_h, pad_w, stride_h, stride_w, out_h, out_w;
 };
+#ifndef __CUDACC__
+// The shape the conv kernels take for a backend's ConvGeometry.
+inline ConvShape ShapeOf(const ConvGeometry& g) {
+  return {g.channels, g.height,   g.width,    g.kernel_h,     g.kernel_w,   g.pad_h,
+          g.pad_w,    g.stride_h, g.stride_w, g.out_height(), g.out_width()};
+}
+#endif
 cudaError_t Im2Col(const float* x, float* col, const ConvShape& s, cudaStream_t stream);
 cudaError_t Col2Im(const float* col, float* dx, const ConvShape& s, cudaStream_t stream);
 

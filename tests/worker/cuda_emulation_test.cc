@@ -63,10 +63,10 @@ class EmulatedCudaBackend final : public testing::ForwardingBackend {
     Check(cuda::AvgPoolBackward(dy, dx, batch * g.channels, g.height, g.width, g.window, nullptr));
   }
   void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
-    Check(cuda::Im2Col(x, col, Shape(g), nullptr));
+    Check(cuda::Im2Col(x, col, cuda::ShapeOf(g), nullptr));
   }
   void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
-    Check(cuda::Col2Im(col, dx, Shape(g), nullptr));
+    Check(cuda::Col2Im(col, dx, cuda::ShapeOf(g), nullptr));
   }
   // As CudaBackend: per-sample loss and correctness from the kernel, summed in sample order.
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
@@ -86,12 +86,6 @@ class EmulatedCudaBackend final : public testing::ForwardingBackend {
                                    int batch, int classes, float scale) override {
     Check(
         cuda::SoftmaxCrossEntropyBackward(probs, labels, dlogits, batch, classes, scale, nullptr));
-  }
-
- private:
-  static cuda::ConvShape Shape(const ConvGeometry& g) {
-    return {g.channels, g.height,   g.width,    g.kernel_h,     g.kernel_w,   g.pad_h,
-            g.pad_w,    g.stride_h, g.stride_w, g.out_height(), g.out_width()};
   }
 };
 

@@ -1,7 +1,8 @@
 #pragma once
 // Just enough of CUDA's execution model to run worker/cuda_kernels.cu on the host (see
 // worker/cuda_launch.h): the qualifiers, threadIdx/blockIdx/blockDim/gridDim, __syncthreads and
-// the two runtime names the launchers use. Include it before the kernels, with
+// the runtime names the launchers use (cudaError_t, cudaStream_t, cudaSuccess,
+// cudaGetLastError). Include it before the kernels, with
 // PS_CUDA_HOST_EMULATION defined.
 //
 // Launch runs a grid's threads one after another, in reverse order, so that a kernel whose

@@ -13,72 +13,78 @@ namespace ps::worker::testing {
 class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner = MakeCpuBackend())
-      : cpu_(std::move(inner)) {}
+      : inner_(std::move(inner)) {}
 
-  DeviceKind kind() const override { return cpu_->kind(); }
-  std::string Name() const override { return cpu_->Name(); }
-  void* Allocate(std::size_t bytes) override { return cpu_->Allocate(bytes); }
-  void Free(void* p) noexcept override { cpu_->Free(p); }
-  void* AllocateHost(std::size_t bytes) override { return cpu_->AllocateHost(bytes); }
-  void FreeHost(void* p) noexcept override { cpu_->FreeHost(p); }
-  void CopyToDevice(void* d, const void* s, std::size_t b) override { cpu_->CopyToDevice(d, s, b); }
-  void CopyToHost(void* d, const void* s, std::size_t b) override { cpu_->CopyToHost(d, s, b); }
-  void CopyOnDevice(void* d, const void* s, std::size_t b) override { cpu_->CopyOnDevice(d, s, b); }
-  void Synchronize() override { cpu_->Synchronize(); }
-  void Fill(float* x, std::size_t n, float v) override { cpu_->Fill(x, n, v); }
+  DeviceKind kind() const override { return inner_->kind(); }
+  std::string Name() const override { return inner_->Name(); }
+  void* Allocate(std::size_t bytes) override { return inner_->Allocate(bytes); }
+  void Free(void* p) noexcept override { inner_->Free(p); }
+  void* AllocateHost(std::size_t bytes) override { return inner_->AllocateHost(bytes); }
+  void FreeHost(void* p) noexcept override { inner_->FreeHost(p); }
+  void CopyToDevice(void* d, const void* s, std::size_t b) override {
+    inner_->CopyToDevice(d, s, b);
+  }
+  void CopyToHost(void* d, const void* s, std::size_t b) override { inner_->CopyToHost(d, s, b); }
+  void CopyOnDevice(void* d, const void* s, std::size_t b) override {
+    inner_->CopyOnDevice(d, s, b);
+  }
+  void Synchronize() override { inner_->Synchronize(); }
+  void Fill(float* x, std::size_t n, float v) override { inner_->Fill(x, n, v); }
   void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
-    cpu_->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    inner_->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-  void Axpy(std::size_t n, float a, const float* x, float* y) override { cpu_->Axpy(n, a, x, y); }
-  void Scale(std::size_t n, float a, float* x) override { cpu_->Scale(n, a, x); }
+  void Axpy(std::size_t n, float a, const float* x, float* y) override { inner_->Axpy(n, a, x, y); }
+  void Scale(std::size_t n, float a, float* x) override { inner_->Scale(n, a, x); }
   void SgdUpdate(float* w, const float* g, float* m, std::size_t n, float lr, float momentum,
                  float wd) override {
-    cpu_->SgdUpdate(w, g, m, n, lr, momentum, wd);
+    inner_->SgdUpdate(w, g, m, n, lr, momentum, wd);
   }
   void AddBias(float* y, const float* b, int n, int c, int s) override {
-    cpu_->AddBias(y, b, n, c, s);
+    inner_->AddBias(y, b, n, c, s);
   }
   void BiasGrad(const float* dy, float* db, int n, int c, int s) override {
-    cpu_->BiasGrad(dy, db, n, c, s);
+    inner_->BiasGrad(dy, db, n, c, s);
   }
-  void ReluForward(const float* x, float* y, std::size_t n) override { cpu_->ReluForward(x, y, n); }
+  void ReluForward(const float* x, float* y, std::size_t n) override {
+    inner_->ReluForward(x, y, n);
+  }
   void ReluBackward(const float* y, const float* dy, float* dx, std::size_t n) override {
-    cpu_->ReluBackward(y, dy, dx, n);
+    inner_->ReluBackward(y, dy, dx, n);
   }
   void MaxPoolForward(const float* x, float* y, int b, const PoolGeometry& g) override {
-    cpu_->MaxPoolForward(x, y, b, g);
+    inner_->MaxPoolForward(x, y, b, g);
   }
   void MaxPoolBackward(const float* x, const float* dy, float* dx, int b,
                        const PoolGeometry& g) override {
-    cpu_->MaxPoolBackward(x, dy, dx, b, g);
+    inner_->MaxPoolBackward(x, dy, dx, b, g);
   }
   void AvgPoolForward(const float* x, float* y, int b, const PoolGeometry& g) override {
-    cpu_->AvgPoolForward(x, y, b, g);
+    inner_->AvgPoolForward(x, y, b, g);
   }
   void AvgPoolBackward(const float* dy, float* dx, int b, const PoolGeometry& g) override {
-    cpu_->AvgPoolBackward(dy, dx, b, g);
+    inner_->AvgPoolBackward(dy, dx, b, g);
   }
   void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
-    cpu_->Im2Col(x, col, g);
+    inner_->Im2Col(x, col, g);
   }
   void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
-    cpu_->Col2Im(col, dx, g);
+    inner_->Col2Im(col, dx, g);
   }
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
                                           float* probs, int batch, int classes) override {
-    return cpu_->SoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
+    return inner_->SoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels, float* d,
                                    int batch, int classes, float scale) override {
-    cpu_->SoftmaxCrossEntropyBackward(probs, labels, d, batch, classes, scale);
+    inner_->SoftmaxCrossEntropyBackward(probs, labels, d, batch, classes, scale);
   }
 
  protected:
-  Backend& inner() { return *cpu_; }
+  Backend& inner() { return *inner_; }
 
  private:
-  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Backend> inner_;
 };
 
 }  // namespace ps::worker::testing
