@@ -41,12 +41,7 @@ int main(int argc, char** argv) {
   const std::string usage =
       "ps-kvstore-check: checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
       "(cluster from the DMLC_* environment)";
-  if (ps::cli::PrintHelpIfAsked(argc, argv, usage, "kvstore_check.cc",
-                                ps::cli::FlagSpelling::kDashes)) {
-    return 0;
-  }
-  gflags::SetUsageMessage(usage);
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "kvstore_check.cc")) return 0;
   try {
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(FLAGS_type);
     const int rank = kv->Rank();

@@ -86,6 +86,14 @@ bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
   return true;
 }
 
+bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
+                      std::string_view flag_file) {
+  if (PrintHelpIfAsked(*argc, *argv, usage, flag_file, FlagSpelling::kDashes)) return true;
+  gflags::SetUsageMessage(usage);
+  gflags::ParseCommandLineFlags(argc, argv, true);
+  return false;
+}
+
 void Init(int* argc, char*** argv, const std::string& usage) {
   const std::string program = std::string((*argv)[0]);
   if (PrintHelpIfAsked(*argc, *argv, program.substr(program.rfind('/') + 1) + ": " + usage,

@@ -29,6 +29,10 @@ void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view f
 // When argv holds a help flag: PrintFlagHelp on stdout, and true (the caller exits 0).
 bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
                       std::string_view flag_file, FlagSpelling spelling);
+// A tool's command line (flags spelled with dashes): with a help flag, PrintHelpIfAsked and
+// true (the caller exits 0); otherwise gflags parses and removes the flags, and false.
+bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
+                      std::string_view flag_file);
 
 // The cluster configuration for `role` from the flags given on the command line, falling back
 // to the environment. Throws ps::Error naming the variable (and its flag) that is wrong.

@@ -5,6 +5,7 @@
 // with cuBLAS and the CUDA backend's memory handling.
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <vector>
 
 #include "backend_agreement.h"
@@ -89,42 +90,42 @@ class EmulatedCudaBackend final : public testing::ForwardingBackend {
   }
 };
 
-TEST_CASE("cuda kernels on the host agree with cpu: fill, axpy, scale, sgd update, relu",
-          "[cuda-emulation]") {
-  auto cpu = MakeCpuBackend();
+// The two backends every case compares.
+struct CpuAndKernels {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
   EmulatedCudaBackend kernels;
+};
+
+TEST_CASE_METHOD(CpuAndKernels,
+                 "cuda kernels on the host agree with cpu: fill, axpy, scale, sgd update, relu",
+                 "[cuda-emulation]") {
   testing::AgreeElementwise(*cpu, kernels);
 }
 
-TEST_CASE("cuda kernels on the host agree with cpu: bias add and bias gradient",
-          "[cuda-emulation]") {
-  auto cpu = MakeCpuBackend();
-  EmulatedCudaBackend kernels;
+TEST_CASE_METHOD(CpuAndKernels,
+                 "cuda kernels on the host agree with cpu: bias add and bias gradient",
+                 "[cuda-emulation]") {
   testing::AgreeBias(*cpu, kernels);
 }
 
-TEST_CASE("cuda kernels on the host agree with cpu: max and average pooling", "[cuda-emulation]") {
-  auto cpu = MakeCpuBackend();
-  EmulatedCudaBackend kernels;
+TEST_CASE_METHOD(CpuAndKernels, "cuda kernels on the host agree with cpu: max and average pooling",
+                 "[cuda-emulation]") {
   testing::AgreePooling(*cpu, kernels);
 }
 
-TEST_CASE("cuda kernels on the host agree with cpu: im2col and col2im", "[cuda-emulation]") {
-  auto cpu = MakeCpuBackend();
-  EmulatedCudaBackend kernels;
+TEST_CASE_METHOD(CpuAndKernels, "cuda kernels on the host agree with cpu: im2col and col2im",
+                 "[cuda-emulation]") {
   testing::AgreeIm2Col(*cpu, kernels);
 }
 
-TEST_CASE("cuda kernels on the host agree with cpu: softmax cross-entropy", "[cuda-emulation]") {
-  auto cpu = MakeCpuBackend();
-  EmulatedCudaBackend kernels;
+TEST_CASE_METHOD(CpuAndKernels, "cuda kernels on the host agree with cpu: softmax cross-entropy",
+                 "[cuda-emulation]") {
   testing::AgreeSoftmax(*cpu, kernels);
 }
 
-TEST_CASE("cuda kernels on the host agree with cpu: a whole mlp and cnn training step",
-          "[cuda-emulation]") {
-  auto cpu = MakeCpuBackend();
-  EmulatedCudaBackend kernels;
+TEST_CASE_METHOD(CpuAndKernels,
+                 "cuda kernels on the host agree with cpu: a whole mlp and cnn training step",
+                 "[cuda-emulation]") {
   testing::AgreeTrainingStep(*cpu, kernels, "mlp");
   testing::AgreeTrainingStep(*cpu, kernels, "cnn");
 }

@@ -50,16 +50,11 @@ double Gbps(std::size_t bytes, double seconds) { return seconds > 0 ? bytes / se
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage =
+  const std::string usage =
       "ps-bench-gpu-staging: device-to-host gradient staging bandwidth of ps-train against the "
       "peak.\nusage: ps-bench-gpu-staging [--device auto|cpu|cuda|cuda:N] [--model mlp|cnn] "
       "[--repeat N]";
-  if (ps::cli::PrintHelpIfAsked(argc, argv, usage, "gpu_staging_bench.cc",
-                                ps::cli::FlagSpelling::kDashes)) {
-    return 0;
-  }
-  gflags::SetUsageMessage(usage);
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "gpu_staging_bench.cc")) return 0;
   if (argc > 1) {
     std::fprintf(stderr, "ps-bench-gpu-staging: error: unexpected argument '%s'\n", argv[1]);
     return 2;

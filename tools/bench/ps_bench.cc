@@ -949,11 +949,7 @@ int main(int argc, char** argv) {
       "Usage: ps-bench [--quick] [--verify] [--json FILE] [--sizes 4B,16MB] [--workers 1,2] "
       "[--servers 1,2] [--modes dist_sync] [--ops pushpull]\n"
       "Needs ps-scheduler and ps-server next to it. See docs/performance.md.";
-  if (ps::cli::PrintHelpIfAsked(argc, argv, usage, "ps_bench.cc", ps::cli::FlagSpelling::kDashes)) {
-    return 0;
-  }
-  gflags::SetUsageMessage(usage);
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "ps_bench.cc")) return 0;
   using namespace ps::bench;
   if (FLAGS_worker_mode) {
     WorkerOptions options;
