@@ -123,7 +123,12 @@ int main(int argc, char** argv) {
     // scheduler stay inside Create), then devices and data, which only workers need.
     ps::worker::ValidateConfig(config);
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);
-    ps::worker::RunTraining(config, *kv, std::cout);
+    try {
+      ps::worker::RunTraining(config, *kv, std::cout);
+    } catch (const std::exception& e) {
+      kv->ReportFailure(e.what());  // the job ends naming this worker and why, at once
+      throw;
+    }
     return 0;
   } catch (const ps::worker::DataError& e) {
     std::fprintf(stderr, "ps-train: error: %s (check --data-dir)\n", e.what());

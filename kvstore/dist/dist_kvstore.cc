@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -21,6 +22,42 @@ namespace {
 constexpr std::string_view kStore = "dist kvstore";
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
+
+// A collective call as every worker states it (Runtime::Agree compares the texts): short enough
+// for a barrier message, and naming the first keys so that a disagreement reads plainly.
+std::string Bounded(std::string call) {
+  constexpr std::size_t kMaxCallChars = 400;
+  if (call.size() <= kMaxCallChars) return call;
+  // FNV-1a over the whole text: calls that differ past the cut still differ.
+  std::uint64_t hash = 14695981039346656037ull;
+  for (const char c : call) {
+    hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  char digest[17];
+  std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(hash));
+  call.resize(kMaxCallChars);
+  return call + "... (fingerprint " + digest + ")";
+}
+
+std::string DescribeInit(std::span<const Key> keys, std::span<const Tensor> values) {
+  std::string call = "Init";
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    call += (i == 0 ? " key " : ", key ") + std::to_string(keys[i]) + " (" +
+            std::to_string(values[i].size()) + " x " + DTypeName(values[i].dtype()) + ")";
+  }
+  return Bounded(std::move(call));
+}
+
+std::string DescribeOptimizer(const OptimizerConfig& config) {
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "%s lr=%.9g momentum=%.9g wd=%.9g rescale=%.9g clip=%.9g beta1=%.9g beta2=%.9g "
+                "epsilon=%.9g",
+                config.name.c_str(), config.learning_rate, config.momentum, config.weight_decay,
+                config.rescale_grad, config.clip_gradient, config.beta1, config.beta2,
+                config.epsilon);
+  return Bounded(text);
+}
 
 }  // namespace
 
@@ -40,11 +77,20 @@ DistKVStore::~DistKVStore() {
   } catch (const Error& e) {
     LOG(ERROR) << "worker " << Rank() << ": an operation failed before shutdown: " << e.what();
   }
+  // Destroyed while an exception unwinds: this worker failed, and the job must not end as a
+  // success (or wait for a heartbeat timeout).
+  ReportFinished(
+      std::uncaught_exceptions() > 0 ? "its program left the KVStore through an exception" : "");
+}
+
+void DistKVStore::ReportFailure(const std::string& why) {
+  ReportFinished(why.empty() ? "no reason given" : why);
+}
+
+void DistKVStore::ReportFinished(const std::string& failure) {
+  if (finished_.exchange(true)) return;
   try {
-    // Destroyed while an exception unwinds: this worker failed, and the job must not end as a
-    // success (or wait for a heartbeat timeout).
-    runtime_->FinishWorker(
-        std::uncaught_exceptions() > 0 ? "its program left the KVStore through an exception" : "");
+    runtime_->FinishWorker(failure);
   } catch (const Error& e) {
     LOG(ERROR) << "worker " << Rank() << ": " << e.what();
   }
@@ -81,9 +127,27 @@ void DistKVStore::WaitAll() {
   }
 }
 
-void DistKVStore::Barrier() { runtime_->Barrier(kWorkerGroup); }
+void DistKVStore::Barrier() {
+  try {
+    runtime_->Agree(kWorkerGroup, "Barrier");
+  } catch (const Error& e) {
+    throw Error(std::string(kStore) + ": Barrier failed on every worker: " + e.what());
+  }
+}
 
-void DistKVStore::Collective(const std::function<void()>& work) {
+void DistKVStore::Collective(std::string_view op, const std::string& call,
+                             const std::string& local_error, const std::function<void()>& work) {
+  const auto failed_everywhere = [&](const Error& e) {
+    // A worker whose own checks failed throws its own words; the others learn who and why.
+    if (!local_error.empty()) return Error(local_error);
+    return Error(std::string(kStore) + ": " + std::string(op) +
+                 " failed on every worker: " + e.what());
+  };
+  try {
+    runtime_->Agree(kWorkerGroup, call, local_error);
+  } catch (const Error& e) {
+    throw failed_everywhere(e);
+  }
   std::string error;
   if (Rank() == 0) {
     try {
@@ -93,13 +157,21 @@ void DistKVStore::Collective(const std::function<void()>& work) {
       error = e.what();
     }
   }
-  runtime_->Barrier(kWorkerGroup);
-  if (!error.empty()) throw Error(error);
+  try {
+    runtime_->Agree(kWorkerGroup, call + " (outcome)", error);
+  } catch (const Error& e) {
+    throw failed_everywhere(e);
+  }
 }
 
 void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
-  ValidateOptimizerConfig(config);  // every worker throws the same error, before any message
-  Collective([&] {
+  std::string local_error;
+  try {
+    ValidateOptimizerConfig(config);
+  } catch (const Error& e) {
+    local_error = e.what();
+  }
+  Collective("SetOptimizer", "SetOptimizer " + DescribeOptimizer(config), local_error, [&] {
     kv::Request request;
     request.command = kv::kSetOptimizer;
     request.optimizer = config;
@@ -113,9 +185,11 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
 }
 
 void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> values) {
-  checks::Counts(kStore, "Init", keys.size(), values.size());
-  {
-    // Every worker runs the same checks, so all of them throw (or none) before any message.
+  // Every worker runs the same checks; what one finds, all learn (Collective), so a key is
+  // either initialized on every worker or on none.
+  std::string local_error;
+  try {
+    checks::Counts(kStore, "Init", keys.size(), values.size());
     std::shared_lock lock(keys_mu_);
     std::unordered_set<Key> seen;
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -126,8 +200,16 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
                     "already initialized (a key is initialized once)");
       }
     }
+  } catch (const Error& e) {
+    local_error = e.what();
   }
-  {
+  const std::string call =
+      local_error.empty() ? DescribeInit(keys, values) : std::string("Init (failed its checks)");
+  // The keys are this worker's only once every worker agreed on them; a failure after that
+  // leaves them free again.
+  bool declared = false;
+  const auto declare = [&] {
+    declared = true;
     std::unique_lock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       keys_[keys[i]] =
@@ -136,11 +218,25 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
                   layout_.Slices(keys[i], values[i].size(), DTypeSize(values[i].dtype())),
                   {}};
     }
+  };
+  try {
+    Collective("Init", call, local_error, [&] {
+      declare();
+      AttachSlots(keys);
+      Issue(kv::kInit, keys, values, {}, 0);
+    });
+  } catch (const Error&) {
+    if (declared) {  // rank 0, whose Init failed after every worker agreed on it
+      std::unique_lock lock(keys_mu_);
+      for (const Key key : keys) keys_.erase(key);
+    }
+    throw;
   }
-  AttachSlots(keys);
-  Collective([&] { Issue(kv::kInit, keys, values, {}, 0); });
+  if (Rank() != 0) {
+    declare();
+    AttachSlots(keys);
+  }
 }
-
 void DistKVStore::AttachSlots(std::span<const Key> keys) {
   // Per same-host server: every new slice big enough for a slot, and its size.
   struct Wanted {

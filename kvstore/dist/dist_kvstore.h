@@ -13,11 +13,13 @@
 // collective (one thread per worker). `keys_` is written only by Init.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -41,6 +43,7 @@ class DistKVStore final : public KVStore {
   void WaitAll() override;
   void Barrier() override;
   void SetOptimizer(const OptimizerConfig& config) override;
+  void ReportFailure(const std::string& why) override;
   int Rank() const override { return runtime_->rank(); }
   int NumWorkers() const override { return runtime_->num_workers(); }
   std::string Type() const override { return sync_ ? "dist_sync" : "dist_async"; }
@@ -94,9 +97,14 @@ class DistKVStore final : public KVStore {
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(std::span<const Key> keys);
   void Complete(const std::string& error);
-  // Runs a collective step on rank 0 (`work`), then a worker barrier; every worker throws
-  // rank 0's error, if any, after the barrier, so none is left waiting.
-  void Collective(const std::function<void()>& work);
+  // A collective call: every worker states `call` (the call and its arguments, as text) or the
+  // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
+  // whose outcome every worker then shares. Ranks that disagree, or one that fails, make the
+  // call throw on every rank; none is left waiting.
+  void Collective(std::string_view op, const std::string& call, const std::string& local_error,
+                  const std::function<void()>& work);
+  // Tells the scheduler this worker is done, with `failure` ("" for success), once.
+  void ReportFinished(const std::string& failure);
 
   // Declared before runtime_: destroyed after its threads, which copy out of slots and use
   // the in-flight records, stop.
@@ -110,6 +118,7 @@ class DistKVStore final : public KVStore {
   mutable std::shared_mutex keys_mu_;
   std::unordered_map<Key, KeyInfo> keys_;  // GUARDED_BY(keys_mu_)
   bool optimizer_set_ = false;             // collective calls only
+  std::atomic<bool> finished_{false};      // the scheduler was told this worker is done
   std::vector<bool> shm_servers_;          // collective calls only: per server rank, slots on
 
   // The owner of frames that reference the caller's memory: a token marking them borrowed

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "text.h"
 
@@ -67,6 +68,10 @@ void KVServerStore::OnRequest(Message&& msg) {
                    << runtime_.Describe(msg.meta.sender) << ": " << error;
     }
     runtime_.ReplyError(msg.meta, server + ": " + error);
+    if (request && request->sync &&
+        (request->command == kv::kPush || request->command == kv::kPushPull)) {
+      FailRoundsOf(msg.meta.sender, *request, server + ": " + error);
+    }
     return;
   }
   switch (request->command) {
@@ -273,8 +278,59 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
   }
 }
 
+void KVServerStore::FailRoundsOf(int sender, const kv::Request& request, const std::string& why) {
+  // Only a worker of the job takes part in rounds; a worker that is gone already failed them.
+  const auto& nodes = runtime_.nodes();
+  const bool worker = sender > 0 && static_cast<std::size_t>(sender) < nodes.size() &&
+                      nodes[static_cast<std::size_t>(sender)].role == Role::kWorker;
+  if (!worker || !gone_workers_.empty()) return;
+  const std::string reason = "this dist_sync round cannot complete: " + runtime_.Describe(sender) +
+                             "'s push was rejected (" + why + ")";
+  for (const kv::SliceRef& ref : request.slices) {
+    const auto it = slices_.find({ref.key, ref.offset});
+    if (it == slices_.end()) continue;
+    Slice& slice = it->second;
+    // The round the rejected push would have joined: it fails, and the push counts as the
+    // sender's part in it, so the others' pushes of that round fail too (at once, or when they
+    // arrive) and the next round starts aligned.
+    std::uint64_t round = slice.completed;
+    const auto last = slice.last_round.find(sender);
+    if (last != slice.last_round.end() && last->second >= slice.completed) round = last->second + 1;
+    if (slice.failed_rounds.contains(round)) continue;  // a request naming the slice twice
+    slice.last_round[sender] = round;
+    slice.failed_rounds.emplace(round, KeyText(ref.key) + ": " + reason);
+    const Waiter marker{nullptr, 0};  // the sender's part, with nobody to answer
+    if (round != slice.completed) {
+      slice.deferred.push_back(DeferredPush{sender, round, Gradient(), marker});
+      continue;
+    }
+    // The open round: what it gathered so far is dropped and its waiters fail now.
+    slice.first = Gradient();
+    std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
+      if (entry.round != slice.completed) return false;
+      FailWaiter(entry.waiter, slice.failed_rounds.at(round));
+      return true;
+    });
+    MergeIntoRound(slice, sender, Gradient(), marker);
+    if (slice.pushed.size() == static_cast<std::size_t>(num_workers_)) CloseRound(slice);
+  }
+}
+
+void KVServerStore::FailWaiter(const Waiter& waiter, const std::string& why) {
+  Pending& pending = *waiter.pending;
+  if (pending.error.empty()) pending.error = why;
+  if (--pending.remaining == 0) Answer(pending);
+}
+
 void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gradient,
                                    const Waiter& waiter) {
+  if (const auto failed = slice.failed_rounds.find(slice.completed);
+      failed != slice.failed_rounds.end()) {
+    // A failed round: each worker's part is counted, nothing is summed, every push fails.
+    if (waiter.pending != nullptr) FailWaiter(waiter, failed->second);
+    slice.pushed.push_back(sender);
+    return;
+  }
   if (slice.pushed.empty()) {
     slice.first = gradient;  // the round's accumulator from now on: no merge buffer, no copy
   } else {
@@ -291,7 +347,8 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gra
 void KVServerStore::CloseRound(Slice& slice) {
   const auto full = static_cast<std::size_t>(num_workers_);
   while (slice.pushed.size() == full) {
-    ApplyUpdate(slice, slice.first);
+    // A failed round changes nothing: the value stays as the last good round left it.
+    if (slice.failed_rounds.erase(slice.completed) == 0) ApplyUpdate(slice, slice.first);
     slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
     slice.pushed.clear();
     ++slice.completed;
@@ -383,10 +440,9 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
   slice.pushed.clear();
   slice.first = Gradient();
   slice.last_round.clear();
+  slice.failed_rounds.clear();
   for (const Waiter& waiter : ready_) {
-    Pending& pending = *waiter.pending;
-    if (pending.error.empty()) pending.error = why;
-    if (--pending.remaining == 0) Answer(pending);
+    if (waiter.pending != nullptr) FailWaiter(waiter, why);
   }
 }
 
@@ -415,8 +471,31 @@ int RunServer(const ClusterConfig& config) {
   auto store = std::make_unique<KVServerStore>(*runtime);
   runtime->SetPeerHandler(
       [&store](const NodeInfo& peer, Runtime::PeerEvent event) { store->OnPeer(peer, event); });
-  runtime->SetRequestHandler([&store](Message&& msg) { store->OnRequest(std::move(msg)); });
+  // A request the store cannot handle for a reason of its own (not the requester's mistake,
+  // which it answers) leaves it in an unknown state: the server stops, and the job ends
+  // naming it and the reason instead of waiting for its heartbeats to stop.
+  std::mutex failed_mu;
+  std::string failed;  // GUARDED_BY(failed_mu)
+  runtime->SetRequestHandler([&](Message&& msg) {
+    try {
+      store->OnRequest(std::move(msg));
+    } catch (const std::exception& e) {
+      const std::string why = "server " + std::to_string(rank) + " failed: " + e.what();
+      {
+        std::lock_guard lock(failed_mu);
+        if (!failed.empty()) return;
+        failed = why;
+      }
+      runtime->Fail(why);
+    }
+  });
   const std::string failure = runtime->WaitForTermination();
+  std::string why_failed;
+  {
+    std::lock_guard lock(failed_mu);
+    why_failed = failed;
+  }
+  if (!why_failed.empty()) runtime->ReportFailure(why_failed);
   runtime.reset();  // joins the receive thread before the store goes
   if (!failure.empty()) {
     LOG(ERROR) << "server " << rank << ": " << failure;

@@ -102,6 +102,9 @@ class KVServerStore {
     std::map<int, std::uint64_t> last_round;  // worker -> round of its latest push
     std::vector<RoundWaiter> waiters;         // in arrival order
     std::vector<DeferredPush> deferred;       // pushes for rounds after the open one
+    // Rounds that cannot complete because a worker's push into them was rejected, with why:
+    // their pushes fail and they close without an update (FailRoundsOf).
+    std::map<std::uint64_t, std::string> failed_rounds;
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
@@ -121,6 +124,12 @@ class KVServerStore {
   // A reply waiting on `slices` slices; answered at once (and null returned) when there are none.
   Pending* StartPending(const Meta& meta, std::size_t slices, bool with_values,
                         const std::vector<ShmTarget>& shm);
+  // A dist_sync push of `sender` was rejected: the rounds of its slices it would have joined
+  // fail on every worker, naming it and `why`, instead of waiting for it forever.
+  void FailRoundsOf(int sender, const kv::Request& request, const std::string& why);
+  // `waiter` is answered with `why` (once its request has no other slice pending).
+  void FailWaiter(const Waiter& waiter, const std::string& why);
+  // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.
   void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter);
   void CloseRound(Slice& slice);
   // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 #include "ps/error.h"
 
@@ -138,6 +139,55 @@ ClusterConfig ClusterConfig::FromEnvironment() {
 
 std::string ClusterConfig::SchedulerAddress() const {
   return root_uri + ":" + std::to_string(root_port);
+}
+
+namespace {
+
+// Seconds as PS_HEARTBEAT_* are written: "2", "0.25" (milliseconds are exact in the text).
+std::string SecondsText(std::chrono::milliseconds ms) {
+  std::string text = std::to_string(ms.count() / 1000);
+  if (const auto rest = ms.count() % 1000; rest != 0) {
+    std::string fraction = std::to_string(1000 + rest).substr(1);
+    while (fraction.back() == '0') fraction.pop_back();
+    text += "." + fraction;
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const {
+  return {
+      {"DMLC_NUM_SERVER", std::to_string(num_servers)},
+      {"DMLC_NUM_WORKER", std::to_string(num_workers)},
+      {"PS_HEARTBEAT_INTERVAL", SecondsText(heartbeat_interval)},
+      {"PS_HEARTBEAT_TIMEOUT", SecondsText(heartbeat_timeout)},
+      {"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(big_array_bound), true},
+      {"PS_CHUNK_BYTES", std::to_string(chunk_bytes), true},
+  };
+}
+
+std::string EncodeSharedSettings(const std::vector<ClusterConfig::SharedSetting>& settings) {
+  std::string text;
+  for (const auto& setting : settings) {
+    text.append(setting.name).append("=").append(setting.value).append("\n");
+  }
+  return text;
+}
+
+std::optional<std::vector<std::pair<std::string, std::string>>> ParseSharedSettings(
+    std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> settings;
+  while (!text.empty()) {
+    const auto end = text.find('\n');
+    if (end == std::string_view::npos) return std::nullopt;
+    const std::string_view line = text.substr(0, end);
+    const auto equals = line.find('=');
+    if (equals == std::string_view::npos || equals == 0) return std::nullopt;
+    settings.emplace_back(line.substr(0, equals), line.substr(equals + 1));
+    text.remove_prefix(end + 1);
+  }
+  return settings;
 }
 
 }  // namespace ps

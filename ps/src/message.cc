@@ -27,6 +27,8 @@ std::string ControlName(Control control) {
       return "node-dead";
     case Control::kWorkerDone:
       return "worker-done";
+    case Control::kNodeFailed:
+      return "node-failed";
   }
   return "unknown";
 }

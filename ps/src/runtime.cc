@@ -75,6 +75,7 @@ void Runtime::Register() {
   hello.meta.recipient = kSchedulerId;
   hello.meta.nodes.push_back(announced);
   hello.meta.nodes.back().rank = config_.rank_hint;  // a request; the table has the real rank
+  hello.meta.body = EncodeSharedSettings(config_.SharedSettings());  // the scheduler compares
   receiver_ = std::make_unique<ReceiveLoop>(*transport_,
                                             [this](Message&& msg) { OnMessage(std::move(msg)); });
   transport_->Send(hello);
@@ -232,7 +233,10 @@ void Runtime::OnControl(Message&& msg) {
       break;
     }
     case Control::kHeartbeat:
-      break;  // the contact time was recorded on arrival
+      break;                    // the contact time was recorded on arrival
+    case Control::kNodeFailed:  // the acknowledgement of our own ReportFailure
+      tracker_.OnResponse(std::move(msg));
+      break;
     case Control::kWorkerDone:
       if (meta.request) {  // the scheduler's notice that a worker finished
         for (const NodeInfo& peer : meta.nodes) NotifyPeer(peer, PeerEvent::kFinished);
@@ -317,6 +321,19 @@ bool Runtime::SendToNode(Message& msg) {
 }
 
 void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeout) {
+  if (std::string error = VotedBarrier(groups, "", "", timeout); !error.empty()) {
+    throw Error("barrier failed: " + error);
+  }
+}
+
+void Runtime::Agree(int groups, const std::string& vote, const std::string& failure) {
+  if (std::string error = VotedBarrier(groups, vote, failure, std::nullopt); !error.empty()) {
+    throw Error(error);
+  }
+}
+
+std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std::string& failure,
+                                  std::optional<std::chrono::milliseconds> timeout) {
   {
     std::lock_guard lock(mu_);
     barrier_released_.erase(groups);
@@ -327,6 +344,8 @@ void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeo
   msg.meta.request = true;
   msg.meta.recipient = kSchedulerId;
   msg.meta.barrier_group = groups;
+  msg.meta.body = vote;
+  msg.meta.error = failure;
   SendToNode(msg);
   std::unique_lock lock(mu_);
   const auto ready = [&] {
@@ -334,14 +353,15 @@ void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeo
   };
   if (timeout) {
     if (!changed_.wait_for(lock, *timeout, ready)) {
-      throw Error("barrier timed out after " + FormatSeconds(*timeout));
+      return "timed out after " + FormatSeconds(*timeout);
     }
   } else {
     changed_.wait(lock, ready);
   }
-  if (!barrier_error_.empty()) throw Error("barrier failed: " + barrier_error_);
-  if (!failure_.empty()) throw Error("barrier failed: " + failure_);
-  if (!barrier_released_.contains(groups)) throw Error("barrier failed: the job has ended");
+  if (!barrier_error_.empty()) return barrier_error_;
+  if (!failure_.empty()) return failure_;
+  if (!barrier_released_.contains(groups)) return "the job has ended";
+  return "";
 }
 
 void Runtime::SetRequestHandler(RequestHandler handler) {
@@ -434,6 +454,21 @@ void Runtime::FinishWorker(const std::string& failure) {
       RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
   if (!outcome.ok())
     throw Error("could not tell the scheduler this worker finished: " + outcome.error);
+}
+
+void Runtime::ReportFailure(const std::string& why) {
+  Message msg;
+  msg.meta.control = Control::kNodeFailed;
+  msg.meta.recipient = kSchedulerId;
+  msg.meta.error = why;
+  // Bounded: the node is exiting, and a scheduler that cannot be told learns it from the
+  // closed connection or the missing heartbeats instead.
+  constexpr auto kReportWait = std::chrono::seconds(3);
+  const RequestResult outcome =
+      RequestAndWait(std::move(msg), RequestTracker::Clock::now() + kReportWait);
+  if (!outcome.ok() && config_.verbose >= 1) {
+    LOG(WARNING) << "could not tell the scheduler why this node failed: " << outcome.error;
+  }
 }
 
 std::string Runtime::WaitForTermination() {

@@ -140,6 +140,16 @@ void Scheduler::OnMessage(Message&& msg) {
     case Control::kBarrier:
       OnBarrier(meta);
       break;
+    case Control::kNodeFailed: {
+      Message reply;
+      reply.meta.control = Control::kNodeFailed;
+      reply.meta.recipient = meta.sender;
+      reply.meta.timestamp = meta.timestamp;
+      Send(std::move(reply));
+      Finish(1, nodes_[meta.sender].Describe() + " failed: " +
+                    (meta.error.empty() ? std::string("no reason given") : meta.error));
+      break;
+    }
     case Control::kWorkerDone: {
       if (nodes_[meta.sender].role != Role::kWorker) break;
       done_.insert(meta.sender);
@@ -174,24 +184,123 @@ void Scheduler::OnMessage(Message&& msg) {
   }
 }
 
-void Scheduler::OnRegister(Message&& msg) {
-  const auto refuse = [&](const NodeInfo& node, const std::string& why) {
-    ++refused_;
-    LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
-                 << ": " << why;
-    const int socket_id = next_reject_id_++;
-    try {
-      transport_->Connect(socket_id, node.host, node.port);
-    } catch (const Error&) {
-      return;  // an address ZeroMQ cannot even parse: nobody to tell
+std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& node,
+                                                             std::string_view sent) const {
+  const std::string who =
+      RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
+  // A registration without readable settings is turned away, but does not end the job: a
+  // stray or malformed message must not take a job down.
+  const auto settings = ParseSharedSettings(sent);
+  if (!settings) return Refusal{who + " sent malformed job settings", false};
+  const auto value_of = [&](std::string_view name) -> const std::string* {
+    for (const auto& [sent_name, value] : *settings) {
+      if (sent_name == name) return &value;
     }
+    return nullptr;
+  };
+  for (const ClusterConfig::SharedSetting& mine : config_.SharedSettings()) {
+    const std::string name(mine.name);
+    const std::string* theirs = value_of(name);
+    if (theirs == nullptr) {
+      return Refusal{who + " did not send its " + name +
+                         " (a ps build older than the scheduler's?): run one build of ps for the "
+                         "whole job",
+                     false};
+    }
+    if (!mine.workers_only) {
+      if (*theirs == mine.value) continue;
+      return Refusal{who + " was started with " + name + "=" + *theirs + ", the scheduler with " +
+                         name + "=" + mine.value + ": start every node of the job with the same " +
+                         name,
+                     true};
+    }
+    if (node.role != Role::kWorker || first_worker_settings_.empty()) continue;
+    const auto first = first_worker_settings_.find(name);
+    if (first == first_worker_settings_.end() || first->second == *theirs) continue;
+    return Refusal{who + " was started with " + name + "=" + *theirs + ", the first worker (" +
+                       first_worker_ + ") with " + name + "=" + first->second +
+                       ": every worker must slice keys alike, so start them with the same " + name,
+                   true};
+  }
+  return std::nullopt;
+}
+
+std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const NodeInfo& node,
+                                                                 std::string_view settings) const {
+  if (node.role == Role::kScheduler) {
+    return Refusal{"a second scheduler cannot join: set DMLC_ROLE to server or worker", false};
+  }
+  if (complete_) {
+    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
+                       std::to_string(config_.num_servers) +
+                       ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")",
+                   false};
+  }
+  // A node that sees the job differently would size rounds, heartbeats or key slices its own
+  // way and hang the others: the job cannot run as launched.
+  if (auto refusal = SettingsRefusal(node, settings)) return refusal;
+  int same_role = 0;
+  for (const NodeInfo& other : nodes_) {
+    if (other.host == node.host && other.port == node.port) {
+      return Refusal{
+          "a node at " + node.host + ":" + std::to_string(node.port) + " is already registered",
+          false};
+    }
+    if (other.role == node.role) ++same_role;
+  }
+  const int wanted = node.role == Role::kServer ? config_.num_servers : config_.num_workers;
+  if (same_role >= wanted) {
+    return Refusal{"the job already has its " + std::to_string(wanted) + " " + RoleName(node.role) +
+                       "(s): set " +
+                       (node.role == Role::kServer ? "DMLC_NUM_SERVER" : "DMLC_NUM_WORKER") +
+                       " to the number you start",
+                   false};
+  }
+  return std::nullopt;
+}
+
+void Scheduler::Refuse(const NodeInfo& node, const std::string& why) {
+  ++refused_;
+  LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
+               << ": " << why;
+  const int socket_id = next_reject_id_++;
+  try {
+    transport_->Connect(socket_id, node.host, node.port);
+  } catch (const Error&) {
+    return;  // an address ZeroMQ cannot even parse: nobody to tell
+  }
+  Message reply;
+  reply.meta.control = Control::kRegisterReply;
+  reply.meta.recipient = socket_id;
+  reply.meta.error = why;
+  Send(std::move(reply));
+  transport_->Disconnect(socket_id);  // still flushes the reply
+}
+
+void Scheduler::FailRegistration(const std::string& why) {
+  if (!registration_failure_.empty()) return;
+  registration_failure_ = why;
+  LOG(ERROR) << "the job cannot start: " << why;
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
     Message reply;
     reply.meta.control = Control::kRegisterReply;
-    reply.meta.recipient = socket_id;
+    reply.meta.recipient = static_cast<int>(id);
     reply.meta.error = why;
     Send(std::move(reply));
-    transport_->Disconnect(socket_id);  // still flushes the reply
-  };
+    ++told_of_failure_;
+  }
+  EndFailedRegistrationOnceAllTold();
+}
+
+void Scheduler::EndFailedRegistrationOnceAllTold() {
+  // The nodes started after the failure still register: each is told why the job cannot
+  // start (not left to time out), and once every expected node has been told the job ends.
+  if (told_of_failure_ >= config_.num_servers + config_.num_workers) {
+    Finish(1, registration_failure_);
+  }
+}
+
+void Scheduler::OnRegister(Message&& msg) {
   if (msg.meta.nodes.size() != 1) {
     if (LogOccurrence(++dropped_)) {
       LOG(WARNING) << "dropped a register message (#" << dropped_ << ") with "
@@ -207,31 +316,18 @@ void Scheduler::OnRegister(Message&& msg) {
     }
     return;
   }
-  if (node.role == Role::kScheduler) {
-    refuse(node, "a second scheduler cannot join: set DMLC_ROLE to server or worker");
+  if (!registration_failure_.empty()) {
+    Refuse(node, "the job cannot start: " + registration_failure_);
+    ++told_of_failure_;
+    EndFailedRegistrationOnceAllTold();
     return;
   }
-  if (complete_) {
-    refuse(node, "the job already has all its nodes (DMLC_NUM_SERVER=" +
-                     std::to_string(config_.num_servers) +
-                     ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")");
-    return;
-  }
-  int same_role = 0;
-  for (const NodeInfo& other : nodes_) {
-    if (other.host == node.host && other.port == node.port) {
-      refuse(node,
-             "a node at " + node.host + ":" + std::to_string(node.port) + " is already registered");
-      return;
+  if (const auto refusal = RegistrationRefusal(node, msg.meta.body)) {
+    Refuse(node, refusal->why);
+    if (refusal->ends_job) {
+      ++told_of_failure_;
+      FailRegistration(refusal->why);
     }
-    if (other.role == node.role) ++same_role;
-  }
-  const int wanted = node.role == Role::kServer ? config_.num_servers : config_.num_workers;
-  if (same_role >= wanted) {
-    refuse(node, "the job already has its " + std::to_string(wanted) + " " + RoleName(node.role) +
-                     "(s): set " +
-                     (node.role == Role::kServer ? "DMLC_NUM_SERVER" : "DMLC_NUM_WORKER") +
-                     " to the number you start");
     return;
   }
   node.id = static_cast<int>(nodes_.size());
@@ -248,6 +344,13 @@ void Scheduler::OnRegister(Message&& msg) {
     LOG(WARNING) << "turned away " << RoleName(node.role) << " at " << node.host << ":" << node.port
                  << ": " << e.what();
     return;
+  }
+  if (node.role == Role::kWorker && first_worker_settings_.empty()) {
+    first_worker_ = node.host + ":" + std::to_string(node.port);
+    for (auto& [name, value] : ParseSharedSettings(msg.meta.body)
+                                   .value_or(std::vector<std::pair<std::string, std::string>>{})) {
+      first_worker_settings_.emplace(std::move(name), std::move(value));
+    }
   }
   requested_rank_.push_back(node.rank);
   node.rank = -1;
@@ -317,22 +420,69 @@ void Scheduler::OnBarrier(const Meta& meta) {
     Send(std::move(reply));
     return;
   }
-  barriers_[meta.barrier_group].insert(meta.sender);
+  auto& arrived = barriers_[meta.barrier_group];
+  arrived[meta.sender] = BarrierArrival{meta.body, meta.error};
   for (int member : GroupMembers(group)) {
     if (dead_.contains(member)) {
       ReleaseBarrier(meta.barrier_group, nodes_[member].Describe() + " died");
       return;
     }
   }
-  if (barriers_[meta.barrier_group].size() == GroupMembers(group).size()) {
-    ReleaseBarrier(meta.barrier_group, "");
+  if (arrived.size() == GroupMembers(group).size()) {
+    ReleaseBarrier(meta.barrier_group, BarrierVerdict(arrived));
   }
+}
+
+std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const {
+  // At most this many failures or distinct votes are spelled out, each at most this long: the
+  // verdict goes to every member.
+  constexpr std::size_t kListed = 4;
+  constexpr std::size_t kMaxVoteChars = 300;
+  const auto shown = [](const std::string& text) {
+    return text.size() <= kMaxVoteChars ? text : text.substr(0, kMaxVoteChars) + "...";
+  };
+  const auto who = [this](int id) {
+    const NodeInfo& node = nodes_[id];
+    return RoleName(node.role) + " " + std::to_string(node.rank);
+  };
+  std::string verdict;
+  std::size_t failures = 0;
+  for (const auto& [id, arrival] : arrived) {
+    if (arrival.error.empty()) continue;
+    if (++failures <= kListed) {
+      verdict += (verdict.empty() ? "" : "; ") + who(id) + " failed: " + shown(arrival.error);
+    }
+  }
+  if (failures > kListed) verdict += " (and " + std::to_string(failures - kListed) + " more)";
+  if (failures > 0) return verdict;
+  // Members that are about to do different things (a collective called with other arguments,
+  // or another collective): each distinct vote once, with the members that gave it.
+  std::vector<std::pair<const std::string*, std::string>> votes;  // vote, its members
+  for (const auto& [id, arrival] : arrived) {
+    auto same = std::find_if(votes.begin(), votes.end(),
+                             [&](const auto& vote) { return *vote.first == arrival.vote; });
+    if (same == votes.end()) {
+      votes.emplace_back(&arrival.vote, who(id));
+    } else {
+      same->second += ", " + std::to_string(nodes_[id].rank);
+    }
+  }
+  if (votes.size() == 1) return "";
+  verdict = "the members disagree: ";
+  for (std::size_t i = 0; i < votes.size() && i < kListed; ++i) {
+    verdict += (i == 0 ? "" : "; ") + votes[i].second + " called " +
+               (votes[i].first->empty() ? "a plain barrier" : shown(*votes[i].first));
+  }
+  if (votes.size() > kListed) {
+    verdict += " (and " + std::to_string(votes.size() - kListed) + " other calls)";
+  }
+  return verdict;
 }
 
 void Scheduler::ReleaseBarrier(int group, const std::string& error) {
   const auto it = barriers_.find(group);
   if (it == barriers_.end()) return;
-  for (int id : it->second) {
+  for (const auto& [id, arrival] : it->second) {
     Message release;
     release.meta.control = Control::kBarrierRelease;
     release.meta.recipient = id;
@@ -362,14 +512,8 @@ void Scheduler::OnTick() {
           FormatSeconds(config_.register_timeout) +
           ": start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER "
           "(PS_REGISTER_TIMEOUT sets this wait)";
-      for (std::size_t id = 1; id < nodes_.size(); ++id) {
-        Message reply;
-        reply.meta.control = Control::kRegisterReply;
-        reply.meta.recipient = static_cast<int>(id);
-        reply.meta.error = why;
-        Send(std::move(reply));
-      }
-      Finish(1, why);
+      FailRegistration(why);
+      Finish(1, registration_failure_);
     }
     return;
   }

@@ -458,3 +458,38 @@ TEST_CASE("cluster: PS_RANK requests order ranks before host and port", "[cluste
   server.Join();
   CHECK(ranks == std::vector<int>{2, 1, 0});
 }
+
+TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by name",
+          "[cluster][fault]") {
+  // A refused job still waits for its other nodes (to tell them why) until the registration
+  // deadline: keep that short here.
+  ps::ClusterConfig job = SchedulerConfig(1, 2);
+  job.register_timeout = 3s;
+  ps::Scheduler scheduler(job);
+  ps::ClusterConfig odd = scheduler.NodeConfig(ps::Role::kWorker);
+  odd.heartbeat_timeout = 5000ms;
+  try {
+    ps::Runtime::Start(odd);
+    FAIL("a worker with another heartbeat timeout was accepted");
+  } catch (const ps::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("was started with PS_HEARTBEAT_TIMEOUT=5, the scheduler "
+                                         "with PS_HEARTBEAT_TIMEOUT=2.5"));
+  }
+  CHECK(scheduler.Run() == 1);
+  CHECK_THAT(scheduler.failure(), Catch::Contains("PS_HEARTBEAT_TIMEOUT=5"));
+
+  // Workers must slice keys alike: each worker's layout is compared with the first one's,
+  // whichever registers first.
+  ps::Scheduler second_job(job);
+  ps::ClusterConfig sliced = second_job.NodeConfig(ps::Role::kWorker);
+  sliced.big_array_bound = 1000;
+  NodeThreads plain(second_job.NodeConfig(ps::Role::kWorker), 1,
+                    [&](ps::Runtime&, int) { return std::string("registered"); });
+  NodeThreads odd_layout(sliced, 1, [&](ps::Runtime&, int) { return std::string("registered"); });
+  CHECK(second_job.Run() == 1);
+  for (const std::string& outcome : {plain.Join()[0], odd_layout.Join()[0]}) {
+    CHECK_THAT(outcome, Catch::Matches(".*BOUND=1000[,:] .*") &&
+                            Catch::Contains("MXNET_KVSTORE_BIGARRAY_BOUND=1000000") &&
+                            Catch::Contains("the first worker"));
+  }
+}

@@ -220,3 +220,31 @@ TEST_CASE("processes: PS_VERBOSE=1 logs connections and PS_VERBOSE=2 every messa
     }
   }
 }
+
+TEST_CASE("processes: nodes that disagree on the job's shape all end naming the variable",
+          "[processes][fault]") {
+  // The scheduler and the workers run a job of 1 server and 2 workers; the server was told 2
+  // servers. It used to register, size its rounds for a job that does not exist and wait, with
+  // everyone else, forever.
+  auto [scheduler, port] = StartScheduler(1, 2);
+  const Env env = JobEnv(1, 2, port);
+  Env server_env = env;
+  server_env["DMLC_NUM_SERVER"] = "2";
+  const auto start = std::chrono::steady_clock::now();
+  auto server = Start("ps-server", server_env);
+  auto first = Start("ps-test-node", env, {"--barriers", "3"});
+  auto second = Start("ps-test-node", env, {"--barriers", "3"});
+  const std::string why =
+      "was started with DMLC_NUM_SERVER=2, the scheduler with DMLC_NUM_SERVER=1: start every "
+      "node of the job with the same DMLC_NUM_SERVER";
+  CHECK(server->Wait(30s) == 1);
+  CHECK_THAT(server->Output(),
+             Catch::Contains("refused this node: server at") && Catch::Contains(why));
+  for (auto* worker : {first.get(), second.get()}) {
+    CHECK(worker->Wait(30s) != 0);
+    CHECK_THAT(worker->Output(), Catch::Contains(why));
+  }
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK_THAT(scheduler->Output(), Catch::Contains(why));
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+}

@@ -272,37 +272,6 @@ TEST_CASE("dist kvstore: bad input raises ps::Error naming key and values and ch
   CHECK(cluster.EndedCleanly());
 }
 
-TEST_CASE("dist kvstore: a size only the server can catch comes back through WaitAll",
-          "[dist][errors]") {
-  KVCluster cluster(1, 2);
-  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
-    // The workers disagree on key 5's size: rank 0's Init (10 elements) is what the server has.
-    const std::size_t size = kv.Rank() == 0 ? 10 : 12;
-    std::vector<float> value(size, 4.0f), out(size);
-    kv.Init(5, ps::Tensor(value.data(), size));
-    if (kv.Rank() == 1) {
-      kv.Push(5, ps::Tensor(value.data(), size));  // passes the local check (12 == 12)
-      try {
-        kv.WaitAll();
-        Expect(false, "the server accepted a push of the wrong size");
-      } catch (const ps::Error& e) {
-        const std::string text = e.what();
-        Expect(text.find("server 0: key 5: size mismatch: expected 10 elements, given 12") !=
-                   std::string::npos,
-               "server message: " + text);
-      }
-    }
-    kv.Barrier();
-    if (kv.Rank() == 0) {
-      kv.Pull(5, ps::Tensor(out.data(), size));
-      kv.WaitAll();
-      Expect(out == std::vector<float>(10, 4.0f), "stored value untouched");
-    }
-  });
-  CHECK(AllOk(outcomes) == "");
-  CHECK(cluster.EndedCleanly());
-}
-
 TEST_CASE("dist_async: a push before SetOptimizer is an error", "[dist][errors]") {
   KVCluster cluster(1, 1);
   const auto outcomes = cluster.RunWorkers("dist_async", [&](ps::KVStore& kv) {

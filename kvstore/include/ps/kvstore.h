@@ -87,6 +87,11 @@ class KVStore {
   virtual int Rank() const = 0;
   virtual int NumWorkers() const = 0;
   virtual std::string Type() const = 0;
+  // Tells the job that this worker failed and why: a distributed job ends at once with an error
+  // naming this worker and `why`, instead of when its absence is noticed. Call it before
+  // giving up on the store (e.g. when training throws); the store is not used afterwards.
+  // Nothing happens on "local".
+  virtual void ReportFailure(const std::string& why) { static_cast<void>(why); }
 
  protected:
   KVStore() = default;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ps {
 
@@ -62,6 +63,25 @@ struct ClusterConfig {
 
   // "host:port" of the scheduler, for messages.
   std::string SchedulerAddress() const;
+
+  // The settings every node of a job must share, by environment-variable name, each with its
+  // value as that variable would spell it. A node sends them when it registers and the
+  // scheduler refuses one that disagrees: nodes that size their rounds, their heartbeats or
+  // their key layout differently would otherwise hang or declare each other dead.
+  struct SharedSetting {
+    std::string_view name;
+    std::string value;
+    // Only the workers must agree on it (how a key is sliced): compared with the first
+    // worker's, not with the scheduler's, which does not use it.
+    bool workers_only = false;
+  };
+  std::vector<SharedSetting> SharedSettings() const;
 };
+
+// SharedSettings() as text, a "NAME=VALUE" line each, and back. Parse returns nullopt on text
+// that is not made of such lines.
+std::string EncodeSharedSettings(const std::vector<ClusterConfig::SharedSetting>& settings);
+std::optional<std::vector<std::pair<std::string, std::string>>> ParseSharedSettings(
+    std::string_view text);
 
 }  // namespace ps

@@ -35,6 +35,7 @@ enum class Control {
   kError = 7,
   kNodeDead = 8,
   kWorkerDone = 9,
+  kNodeFailed = 10,
 };
 std::string ControlName(Control control);
 

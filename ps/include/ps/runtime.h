@@ -64,6 +64,12 @@ class Runtime {
   // Blocks until every node of `groups` (kWorkerGroup, kServerGroup, ...) has called Barrier.
   // Throws ps::Error when a member died, the node failed, or `timeout` passed.
   void Barrier(int groups, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // A barrier at which each member states what it is about to do (`vote`: a collective call and
+  // its arguments) or a failure it met (`failure`, non-empty). Returns once every member of
+  // `groups` arrived with the same vote and none failed; otherwise throws ps::Error on every
+  // member, naming the members that failed and why, or each distinct vote and who gave it. So
+  // a collective whose ranks disagree fails everywhere instead of leaving some waiting.
+  void Agree(int groups, const std::string& vote, const std::string& failure = "");
 
   // --- application messages ---
   using RequestHandler = std::function<void(Message&&)>;
@@ -98,6 +104,13 @@ class Runtime {
   // non-empty `failure` the worker reports that it failed, and the scheduler ends the job
   // with an error naming it instead of waiting for a heartbeat timeout.
   void FinishWorker(const std::string& failure = "");
+  // Marks this node failed: outstanding requests fail, WaitForTermination returns `why`.
+  // Does not tell the scheduler (ReportFailure does).
+  void Fail(const std::string& why);
+  // Tells the scheduler this node failed and why, so the job ends naming it at once (not when
+  // its heartbeats stop). Waits a few seconds at most for the acknowledgement; never throws.
+  // Not from the receive thread (the acknowledgement arrives there).
+  void ReportFailure(const std::string& why);
   // Blocks until the scheduler ends the job (returns "") or the node fails (returns why).
   std::string WaitForTermination();
   // Why this node failed ("" while healthy): lost scheduler, terminated with an error.
@@ -112,13 +125,15 @@ class Runtime {
 
  private:
   void Register();
+  // Barrier / Agree: "" when released cleanly, else why not.
+  std::string VotedBarrier(int groups, const std::string& vote, const std::string& failure,
+                           std::optional<std::chrono::milliseconds> timeout);
   void OnMessage(Message&& msg);                           // receive thread
   void OnControl(Message&& msg);                           // receive thread
   void OnNodeDead(const NodeInfo& dead);                   // receive thread
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
   void OnTick();                                           // timer thread
-  void Fail(const std::string& why);
-  bool SendToNode(Message& msg);  // sets msg.meta.sender
+  bool SendToNode(Message& msg);                           // sets msg.meta.sender
 
   const ClusterConfig config_;
   std::string scheduler_ip_;

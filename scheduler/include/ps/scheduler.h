@@ -15,8 +15,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/config.h"
@@ -59,6 +61,22 @@ class Scheduler {
   using Clock = std::chrono::steady_clock;
   void OnMessage(Message&& msg);   // receive thread
   void OnRegister(Message&& msg);  // receive thread, mu_ held
+  // Why a registering node is turned away, if it is; `ends_job` when the job cannot run as
+  // launched (the node disagrees on a shared setting). mu_ held.
+  struct Refusal {
+    std::string why;
+    bool ends_job = false;
+  };
+  std::optional<Refusal> RegistrationRefusal(const NodeInfo& node, std::string_view settings) const;
+  // Why the node's shared settings (ClusterConfig::SharedSettings) do not fit the job, if
+  // they do not. mu_ held.
+  std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const;
+  void Refuse(const NodeInfo& node, const std::string& why);  // mu_ held
+  // Tells every registered node why the job cannot start; the job ends once every expected
+  // node has been told (later registrations are refused with the reason) or at the
+  // registration deadline. mu_ held.
+  void FailRegistration(const std::string& why);
+  void EndFailedRegistrationOnceAllTold();  // mu_ held
   void OnBarrier(const Meta& meta);
   void OnTick();                                             // timer thread
   void CompleteRegistration();                               // mu_ held
@@ -80,16 +98,30 @@ class Scheduler {
   std::vector<NodeInfo> nodes_;               // GUARDED_BY(mu_): index = id; [0] is us
   std::vector<Clock::time_point> last_seen_;  // GUARDED_BY(mu_): index = id
   std::vector<int> requested_rank_;           // GUARDED_BY(mu_): index = id; -1: none
-  bool complete_ = false;                     // GUARDED_BY(mu_): the table was sent
-  std::set<int> done_;                        // GUARDED_BY(mu_): workers that finished
-  std::set<int> dead_;                        // GUARDED_BY(mu_)
-  std::map<int, std::set<int>> barriers_;     // GUARDED_BY(mu_): group -> arrived ids
-  int next_reject_id_ = 1 << 30;              // GUARDED_BY(mu_): socket ids for refusals
-  std::uint64_t dropped_ = 0;                 // GUARDED_BY(mu_): unknown senders, unexpected
-  std::uint64_t refused_ = 0;                 // GUARDED_BY(mu_): registrations turned away
-  bool finished_ = false;                     // GUARDED_BY(mu_)
-  int status_ = 0;                            // GUARDED_BY(mu_)
-  std::string failure_;                       // GUARDED_BY(mu_)
+  // GUARDED_BY(mu_): the first registered worker's address and shared settings, which the
+  // later workers must match (ClusterConfig::SharedSetting::workers_only).
+  std::string first_worker_;
+  std::map<std::string, std::string> first_worker_settings_;
+  std::string registration_failure_;  // GUARDED_BY(mu_): why the job cannot start ("" if it can)
+  int told_of_failure_ = 0;           // GUARDED_BY(mu_): nodes told registration_failure_
+  bool complete_ = false;             // GUARDED_BY(mu_): the table was sent
+  std::set<int> done_;                // GUARDED_BY(mu_): workers that finished
+  std::set<int> dead_;                // GUARDED_BY(mu_)
+  // A member at a barrier: what it is about to do (its vote) and a failure it met, if any.
+  struct BarrierArrival {
+    std::string vote;
+    std::string error;
+  };
+  // "" when every member voted alike and none failed; else why the barrier fails. mu_ held.
+  std::string BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const;
+  // GUARDED_BY(mu_): group -> arrived ids
+  std::map<int, std::map<int, BarrierArrival>> barriers_;
+  int next_reject_id_ = 1 << 30;  // GUARDED_BY(mu_): socket ids for refusals
+  std::uint64_t dropped_ = 0;     // GUARDED_BY(mu_): unknown senders, unexpected
+  std::uint64_t refused_ = 0;     // GUARDED_BY(mu_): registrations turned away
+  bool finished_ = false;         // GUARDED_BY(mu_)
+  int status_ = 0;                // GUARDED_BY(mu_)
+  std::string failure_;           // GUARDED_BY(mu_)
 
   std::unique_ptr<PeriodicTask> timer_;
   std::unique_ptr<ReceiveLoop> receiver_;

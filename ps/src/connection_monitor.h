@@ -1,0 +1,152 @@
+#pragma once
+// ConnectionMonitor: one thread per transport that reads ZeroMQ's socket-monitor events and
+// does what ZeroMQ leaves to its user.
+//
+// The receive socket: ZeroMQ accepts every TCP or ipc connection offered and keeps it until the
+// peer closes it, so a few thousand idle connections exhaust the process's descriptors, and
+// ZeroMQ then aborts (an ipc accept asserts on EMFILE) or our own next socket fails. The monitor
+// keeps a table of the accepted connections (from ZMQ_EVENT_ACCEPTED / DISCONNECTED, which carry
+// the descriptor) and drops, with shutdown(2), connections beyond two caps:
+//   - max_pending: connections still in the ZMTP handshake. Handshake events carry no
+//     descriptor, so this count is an estimate (accepted minus handshakes ended, never more than
+//     the connections younger than the handshake interval), an upper bound of the true one.
+//   - max_open: every accepted connection, sized to leave a reserve of descriptors.
+// The connection dropped is the oldest one that has not sent a single byte for kIdleGrace (no
+// ZeroMQ peer is that slow to greet; TCP only, from TCP_INFO), else the newest: idle
+// connections never keep a peer of the job out. shutdown(), never close(): the descriptor is
+// ZeroMQ's, which sees the end of the stream and closes it itself (ZMQ_EVENT_DISCONNECTED).
+// The descriptor's inode is compared first, so a number ZeroMQ already reused is left alone.
+//
+// Send sockets: with a watcher set, WatchPeer() follows a send socket's connection to a node
+// and reports when it closes (ZMQ_EVENT_DISCONNECTED: the peer process exited or was killed, its
+// kernel closed the socket) and when a new one completes its handshake.
+//
+// Threads: the monitor thread (the *OnMonitorThread methods) owns the PAIR sockets that read
+// the events and the table of accepted connections. The public methods may be called from any
+// thread; the watcher runs on the monitor thread with no lock of the transport held.
+// Destruction stops and joins the thread; it must happen before the ZeroMQ context ends.
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <zmq.hpp>
+
+namespace ps {
+
+struct ConnectionLimits {
+  std::size_t max_open = 1024;   // accepted connections open at once
+  std::size_t max_pending = 32;  // of those, still in the ZMTP handshake (estimated)
+  // ZMQ_HANDSHAKE_IVL of the receive socket: ZeroMQ closes a connection that has not completed
+  // the handshake by then, so no connection stays pending longer.
+  std::chrono::milliseconds handshake{5000};
+};
+
+class ConnectionMonitor {
+ public:
+  using PeerWatcher = std::function<void(int node_id, bool connected)>;
+
+  ConnectionMonitor(zmq::context_t& context, int verbose, const ConnectionLimits& limits);
+  ~ConnectionMonitor();
+  ConnectionMonitor(const ConnectionMonitor&) = delete;
+  ConnectionMonitor& operator=(const ConnectionMonitor&) = delete;
+
+  // Reads the receive socket's connection events from now on. Call once, on the thread that
+  // owns `receiver`, before it binds. False (logged) when ZeroMQ cannot set the monitor up.
+  bool WatchReceiver(zmq::socket_t& receiver);
+  // Follows send socket `socket`'s connection to `node_id`; returns a watch id for Unwatch
+  // (0: not watched: no watcher is set, or ZeroMQ could not set the monitor up). Call before
+  // the socket connects, with the lock that guards the socket held.
+  std::uint64_t WatchPeer(int node_id, zmq::socket_t& socket);
+  // Stops following a watch (before or after its socket is closed); 0 is ignored.
+  void Unwatch(std::uint64_t watch);
+  // Sets (or, with an empty function, clears) the watcher of send-socket connections. Waits
+  // for a call in progress to return: never call it holding a lock the watcher takes.
+  void SetPeerWatcher(PeerWatcher watcher);
+
+  // Connections dropped so far to keep within the limits.
+  std::uint64_t dropped_connections() const { return dropped_.load(); }
+  const ConnectionLimits& limits() const { return limits_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // An accepted connection of the receive socket.
+  struct Accepted {
+    ino_t inode = 0;  // of its socket: tells a reused descriptor number apart
+    Clock::time_point at;
+    std::string peer;       // "1.2.3.4:5678", or "a local (ipc) peer"
+    bool dropping = false;  // shut down by us; ZeroMQ's DISCONNECTED removes it
+  };
+  struct PeerWatch {
+    int node_id = 0;
+    zmq::socket_t events;
+    bool connected = false;
+  };
+  struct Event {
+    std::uint16_t type = 0;
+    std::uint32_t value = 0;
+  };
+  struct Notice {
+    int node_id;
+    bool connected;
+  };
+
+  // A PAIR socket that receives `socket`'s events (`mask`); throws zmq::error_t.
+  zmq::socket_t OpenEvents(zmq::socket_t& socket, int mask);
+  void Wake();
+
+  void RunOnMonitorThread(std::stop_token stop);
+  void AdoptChangesOnMonitorThread();
+  static bool ReadEventOnMonitorThread(zmq::socket_t& events, Event& event);
+  void OnReceiverEventOnMonitorThread(const Event& event);
+  void OnAcceptedOnMonitorThread(int fd);
+  // Drops one connection when the table is over a cap; `newest` is the one just accepted.
+  void EnforceLimitsOnMonitorThread(int newest);
+  std::size_t PendingEstimateOnMonitorThread(Clock::time_point now) const;
+  // The oldest connection that has not sent a byte for kIdleGrace; -1 when none.
+  int OldestIdleOnMonitorThread(Clock::time_point now) const;
+  void DropOnMonitorThread(int fd, const std::string& why);
+  // Forgets connections whose descriptor no longer holds the socket that was accepted.
+  void PruneOnMonitorThread();
+  void OnPeerEventOnMonitorThread(PeerWatch& watch, const Event& event,
+                                  std::vector<Notice>& notices);
+  void NotifyOnMonitorThread(const std::vector<Notice>& notices);
+
+  zmq::context_t& context_;
+  const int verbose_;
+  const ConnectionLimits limits_;
+  std::atomic<std::uint64_t> next_endpoint_{0};  // numbers the inproc monitor endpoints
+  std::atomic<std::uint64_t> dropped_{0};
+  int wake_fd_ = -1;  // an eventfd: wakes the monitor thread for changes and for stopping
+
+  std::mutex mu_;                                  // guards the hand-over below
+  std::vector<zmq::socket_t> new_receiver_;        // GUARDED_BY(mu_): at most one
+  std::map<std::uint64_t, PeerWatch> new_peers_;   // GUARDED_BY(mu_): watch id -> its events
+  std::vector<std::uint64_t> removed_;             // GUARDED_BY(mu_): watch ids to forget
+  std::uint64_t next_watch_ = 1;                   // GUARDED_BY(mu_)
+  bool watching_peers_ = false;                    // GUARDED_BY(mu_): a watcher is set
+
+  std::mutex watcher_mu_;  // held while the watcher runs, so SetPeerWatcher never races a call
+  PeerWatcher watcher_;    // GUARDED_BY(watcher_mu_)
+
+  // Monitor thread only.
+  zmq::socket_t receiver_events_;
+  std::map<std::uint64_t, PeerWatch> peers_;
+  std::unordered_map<int, Accepted> accepted_;  // descriptor -> connection
+  std::uint64_t accepted_count_ = 0;            // ACCEPTED events so far
+  std::uint64_t handshakes_ended_ = 0;          // HANDSHAKE_SUCCEEDED and _FAILED_* so far
+  std::uint64_t accept_failures_ = 0;
+
+  // Declared last: started once everything above exists, joined before it goes.
+  std::jthread thread_;
+};
+
+}  // namespace ps

@@ -1,0 +1,203 @@
+// Collective calls on which the workers disagree, and dist_sync rounds that can no longer
+// complete: every case must fail on every worker, naming who and why, and leave nothing
+// waiting and no half-made state behind. Real ps-scheduler and ps-server processes; workers
+// are threads of this test (KVStores, or bare runtimes that send raw requests).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include <ps/runtime.h>
+
+#include "kv_cluster.h"
+#include "kv_protocol.h"
+#include "kv_rounds.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ps::test::AllOk;
+using ps::test::Expect;
+using ps::test::KVCluster;
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Runs `call`, which must throw ps::Error; returns its message.
+template <class Call>
+std::string ErrorOf(Call call) {
+  try {
+    call();
+  } catch (const ps::Error& e) {
+    return e.what();
+  }
+  throw std::runtime_error("the call did not fail");
+}
+
+}  // namespace
+
+TEST_CASE("dist kvstore: an Init whose sizes differ across ranks fails on every rank, key free",
+          "[dist][errors][collective]") {
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    const std::size_t size = kv.Rank() == 0 ? 10 : 12;
+    std::vector<float> value(size, 4.0f);
+    const std::string error = ErrorOf([&] { kv.Init(5, ps::Tensor(value.data(), size)); });
+    Expect(Has(error, "Init failed on every worker") && Has(error, "disagree") &&
+               Has(error, "worker 0 called Init key 5 (10 x float32)") &&
+               Has(error, "worker 1 called Init key 5 (12 x float32)"),
+           "message: " + error);
+    // Nothing was stored: the key can be initialized again, and then it works exactly.
+    std::vector<float> agreed(10, 1.0f), grad(10, static_cast<float>(kv.Rank() + 1)), out(10);
+    kv.Init(5, ps::Tensor(agreed.data(), 10));
+    kv.PushPull(5, ps::Tensor(grad.data(), 10), ps::Tensor(out.data(), 10));
+    kv.WaitAll();
+    Expect(out == std::vector<float>(10, 3.0f), "the sum of both pushes after a fresh Init");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: a rank whose own Init checks fail makes Init fail on every rank",
+          "[dist][errors][collective]") {
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(4, 2.0f);
+    // Rank 0 hands over a GPU tensor that no GPU here can copy (a CPU-only build refuses it
+    // at once; a CUDA build fails the copy): rank 1's identical-looking call must fail too.
+    const ps::Tensor tensor =
+        kv.Rank() == 0 ? ps::Tensor(value.data(), 4, ps::DType::kFloat32, ps::Device::CUDA(0))
+                       : ps::Tensor(value.data(), 4);
+    const std::string error = ErrorOf([&] { kv.Init(4, tensor); });
+    if (kv.Rank() == 1) {
+      Expect(Has(error, "Init failed on every worker: worker 0 failed:") && Has(error, "key 4"),
+             "rank 1's message: " + error);
+    }
+    // The key was left free on every rank and on the server.
+    kv.Init(4, ps::Tensor(value.data(), 4));
+    std::vector<float> out(4);
+    kv.Pull(4, ps::Tensor(out.data(), 4));
+    kv.WaitAll();
+    Expect(out == value, "the value of the second Init");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: ranks in different collectives fail instead of waiting on each other",
+          "[dist][errors][collective]") {
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    ps::OptimizerConfig sgd;
+    sgd.learning_rate = kv.Rank() == 0 ? 0.1f : 0.2f;
+    const std::string optimizer = ErrorOf([&] { kv.SetOptimizer(sgd); });
+    Expect(Has(optimizer, "SetOptimizer failed on every worker") && Has(optimizer, "lr=0.1") &&
+               Has(optimizer, "lr=0.2"),
+           "SetOptimizer message: " + optimizer);
+    std::vector<float> value(3, 1.0f);
+    const std::string mixed = ErrorOf([&] {
+      if (kv.Rank() == 0) {
+        kv.Barrier();
+      } else {
+        kv.Init(9, ps::Tensor(value.data(), 3));
+      }
+    });
+    Expect(Has(mixed, "failed on every worker") && Has(mixed, "called Barrier") &&
+               Has(mixed, "called Init key 9"),
+           "mixed collectives: " + mixed);
+    kv.Barrier();  // agreeing again works
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: a push the server rejects fails that round on every worker at once",
+          "[dist][errors][collective]") {
+  KVCluster cluster(1, 2);
+  // Two bare worker runtimes speak the KVStore protocol directly, so one of them can send what
+  // a KVStore would refuse locally.
+  auto first =
+      std::async(std::launch::async, [&] { return ps::Runtime::Start(cluster.WorkerConfig()); });
+  auto second = ps::Runtime::Start(cluster.WorkerConfig());
+  auto other = first.get();
+  ps::Runtime& good = second->rank() == 0 ? *second : *other;
+  ps::Runtime& bad = second->rank() == 0 ? *other : *second;
+  const int server = good.ServerId(0);
+  const auto message = [&](ps::kv::Command command, std::size_t length, float fill) {
+    ps::kv::Request request;
+    request.command = command;
+    request.slices = {{5, 0, length}};
+    ps::Message msg = ps::kv::RequestMessage(request, server);
+    if (command != ps::kv::kPull) {
+      const std::vector<float> values(length, fill);
+      msg.data.push_back(
+          ps::Blob::Copy(values.data(), values.size() * sizeof(float), ps::DType::kFloat32));
+    }
+    return msg;
+  };
+  const auto deadline = [] { return std::chrono::steady_clock::now() + 10s; };
+  REQUIRE(good.RequestAndWait(message(ps::kv::kInit, 4, 100.0f), deadline()).ok());
+
+  // Worker 0's push waits for worker 1's; worker 1's push is rejected (wrong size).
+  std::promise<ps::RequestResult> waiting;
+  std::vector<ps::Message> push{message(ps::kv::kPush, 4, 1.0f)};
+  good.Request(
+      push, [&](ps::RequestResult&& result) { waiting.set_value(std::move(result)); }, deadline());
+  const auto rejected = bad.RequestAndWait(message(ps::kv::kPush, 6, 2.0f), deadline());
+  CHECK_THAT(rejected.error, Catch::Contains("size mismatch"));
+  auto outcome = waiting.get_future();
+  REQUIRE(outcome.wait_for(5s) == std::future_status::ready);  // not left waiting
+  const std::string error = outcome.get().error;
+  CHECK_THAT(error, Catch::Contains("key 5: this dist_sync round cannot complete: worker 1 (") &&
+                        Catch::Contains("push was rejected") &&
+                        Catch::Contains("size mismatch: expected 4 elements, given 6"));
+
+  const auto pull = [&](ps::Runtime& worker) {
+    const auto pulled = worker.RequestAndWait(message(ps::kv::kPull, 4, 0.0f), deadline());
+    std::vector<float> value;
+    if (pulled.ok() && pulled.responses.size() == 1 && pulled.responses[0].data.size() == 1 &&
+        pulled.responses[0].data[0].bytes() == sizeof(float) * 4) {
+      value.resize(4);
+      std::memcpy(value.data(), pulled.responses[0].data[0].data(), sizeof(float) * 4);
+    }
+    return value;
+  };
+  // The failed round changed nothing (the worker 0 push it held was dropped) ...
+  CHECK(pull(good) == std::vector<float>(4, 100.0f));
+  // ... and the next round lines up: without an optimizer the value becomes its sum, 3 + 4.
+  auto next = std::async(std::launch::async, [&] {
+    return good.RequestAndWait(message(ps::kv::kPush, 4, 3.0f), deadline());
+  });
+  CHECK(bad.RequestAndWait(message(ps::kv::kPush, 4, 4.0f), deadline()).ok());
+  CHECK(next.get().ok());
+  CHECK(pull(good) == std::vector<float>(4, 7.0f));
+  good.FinishWorker();
+  bad.FinishWorker();
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: ReportFailure ends the job at once naming the worker and the reason",
+          "[dist][errors][collective]") {
+  KVCluster cluster(1, 2);
+  const auto start = std::chrono::steady_clock::now();
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(4, 0.0f);
+    kv.Init(1, ps::Tensor(value.data(), 4));
+    if (kv.Rank() == 0) {
+      kv.ReportFailure("the data loader found a corrupt file");
+      return;
+    }
+    kv.PushPull(1, ps::Tensor(value.data(), 4), ps::Tensor(value.data(), 4));
+    kv.WaitAll();
+  });
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK(cluster.scheduler().Wait(15s) == 1);
+  CHECK_THAT(
+      cluster.scheduler().Output(),
+      Catch::Contains("worker 0 (") && Catch::Contains("the data loader found a corrupt file"));
+  CHECK_THAT(outcomes[0] + outcomes[1], Catch::Contains("the data loader found a corrupt file"));
+}
