@@ -223,7 +223,13 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
     Collective("Init", call, local_error, [&] {
       declare();
       AttachSlots(keys);
-      Issue(kv::kInit, keys, values, {}, 0);
+      try {
+        Issue(kv::kInit, keys, values, {}, 0);
+        WaitAll();
+      } catch (const Error&) {
+        Forget(keys);  // a server that took its part gives it back: the key is free again
+        throw;
+      }
     });
   } catch (const Error&) {
     if (declared) {  // rank 0, whose Init failed after every worker agreed on it
@@ -237,6 +243,29 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
     AttachSlots(keys);
   }
 }
+void DistKVStore::Forget(std::span<const Key> keys) {
+  std::map<int, kv::Request> per_server;
+  {
+    std::shared_lock lock(keys_mu_);
+    for (const Key key : keys) {
+      const KeyInfo& info = keys_.at(key);
+      for (const KeySlice& slice : info.slices) {
+        kv::Request& request = per_server[slice.server_rank];
+        request.command = kv::kForget;
+        request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
+      }
+    }
+  }
+  for (const auto& [server, request] : per_server) {
+    const int node = runtime_->ServerId(server);
+    const std::string error = runtime_->RequestAndWait(kv::RequestMessage(request, node)).error;
+    if (!error.empty()) {
+      LOG(WARNING) << "worker " << Rank() << ": could not undo a failed Init on "
+                   << runtime_->Describe(node) << ": " << error;
+    }
+  }
+}
+
 void DistKVStore::AttachSlots(std::span<const Key> keys) {
   // Per same-host server: every new slice big enough for a slot, and its size.
   struct Wanted {

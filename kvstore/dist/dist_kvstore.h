@@ -94,6 +94,8 @@ class DistKVStore final : public KVStore {
   // freed (or retired, on error).
   void Track(std::span<Message> messages, Inflight& inflight);
   void OnReplies(Inflight& inflight, const RequestResult& result);
+  // Undoes a failed Init on the servers: each drops the slices of `keys` it took.
+  void Forget(std::span<const Key> keys);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(std::span<const Key> keys);
   void Complete(const std::string& error);

@@ -55,6 +55,8 @@ std::string CommandName(int command) {
       return "SetOptimizer";
     case kShmAttach:
       return "ShmAttach";
+    case kForget:
+      return "Forget";
   }
   return "command " + std::to_string(command);
 }
@@ -136,7 +138,7 @@ RequestDecoder::RequestDecoder() : body_(std::make_unique<pb::KVBody>()) {}
 RequestDecoder::~RequestDecoder() = default;
 
 const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
-  if (msg.meta.head < kInit || msg.meta.head > kShmAttach) {
+  if (msg.meta.head < kInit || msg.meta.head > kForget) {
     *error = "unknown KVStore command " + std::to_string(msg.meta.head);
     return nullptr;
   }

@@ -30,6 +30,7 @@ enum Command : int {
   kPushPull = 4,      // a push whose response carries the value after it (the round's, in sync)
   kSetOptimizer = 5,  // no frames
   kShmAttach = 6,     // no frames; the server maps the worker's shared-memory segment
+  kForget = 7,        // no frames; the server drops these slices (undoes a failed Init)
 };
 std::string CommandName(int command);
 

@@ -91,6 +91,9 @@ void KVServerStore::OnRequest(Message&& msg) {
     case kv::kShmAttach:
       HandleShmAttach(msg.meta, *request);
       break;
+    case kv::kForget:
+      HandleForget(msg.meta, *request);
+      break;
   }
 }
 
@@ -155,7 +158,7 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
       }
       continue;
     }
-    if (request.command == kv::kSetOptimizer) continue;
+    if (request.command == kv::kSetOptimizer || request.command == kv::kForget) continue;
     if (it == slices_.end()) {
       return KeyText(ref.key) + ": was never initialized (call Init first)";
     }
@@ -203,6 +206,19 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     CopyInto(const_cast<std::byte*>(slice.value.data()), data[i].data(), data[i].bytes(),
              parallel_);
     slices_.emplace(SliceId{ref.key, ref.offset}, std::move(slice));
+  }
+  runtime_.Reply(meta, Message{});
+}
+
+void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
+  // Only Init's undo sends this, before any push or pull of the keys: a slice with a round in
+  // progress is left alone (its waiters would never be answered).
+  for (const kv::SliceRef& ref : request.slices) {
+    const auto it = slices_.find({ref.key, ref.offset});
+    if (it == slices_.end()) continue;
+    const Slice& slice = it->second;
+    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty()) continue;
+    slices_.erase(it);
   }
   runtime_.Reply(meta, Message{});
 }

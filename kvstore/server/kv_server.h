@@ -112,6 +112,7 @@ class KVServerStore {
                   const std::vector<ShmTarget>& shm);
   void HandlePull(const Meta& meta, const kv::Request& request, const std::vector<ShmTarget>& shm);
   void HandleSetOptimizer(const Meta& meta, const kv::Request& request);
+  void HandleForget(const Meta& meta, const kv::Request& request);
   void HandleShmAttach(const Meta& meta, const kv::Request& request);
   // Points the shared-memory slices of a request into the sender's segment: their frames
   // become views of it and `shm` (one entry per slice) says where replies go. "" or why not.

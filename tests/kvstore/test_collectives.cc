@@ -201,3 +201,31 @@ TEST_CASE("dist kvstore: ReportFailure ends the job at once naming the worker an
       Catch::Contains("worker 0 (") && Catch::Contains("the data loader found a corrupt file"));
   CHECK_THAT(outcomes[0] + outcomes[1], Catch::Contains("the data loader found a corrupt file"));
 }
+
+TEST_CASE("server: Forget drops an initialized slice, and the key can be initialized again",
+          "[dist][errors][collective]") {
+  KVCluster cluster(1, 1);
+  auto worker = ps::Runtime::Start(cluster.WorkerConfig());
+  const int server = worker->ServerId(0);
+  const auto deadline = [] { return std::chrono::steady_clock::now() + 10s; };
+  const auto send = [&](ps::kv::Command command, ps::Key key) {
+    ps::kv::Request request;
+    request.command = command;
+    request.slices = {{key, 0, 2}};
+    ps::Message msg = ps::kv::RequestMessage(request, server);
+    if (command == ps::kv::kInit || command == ps::kv::kPush) {
+      const std::vector<float> values(2, 1.0f);
+      msg.data.push_back(ps::Blob::Copy(values.data(), sizeof(float) * 2, ps::DType::kFloat32));
+    }
+    return worker->RequestAndWait(std::move(msg), deadline()).error;
+  };
+  CHECK(send(ps::kv::kInit, 3) == "");
+  CHECK_THAT(send(ps::kv::kInit, 3), Catch::Contains("already initialized"));
+  CHECK(send(ps::kv::kForget, 3) == "");
+  CHECK_THAT(send(ps::kv::kPull, 3), Catch::Contains("never initialized"));
+  CHECK(send(ps::kv::kInit, 3) == "");     // free again
+  CHECK(send(ps::kv::kForget, 42) == "");  // a slice this server never had: nothing to do
+  CHECK(send(ps::kv::kPush, 3) == "");     // one worker: its rounds close at once
+  worker->FinishWorker();
+  CHECK(cluster.EndedCleanly());
+}

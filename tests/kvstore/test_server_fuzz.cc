@@ -37,7 +37,7 @@ class Fuzzer {
   // real segment other than the test's own.
   ps::Message Next() {
     Request request;
-    request.command = static_cast<ps::kv::Command>(Pick(1, 6));
+    request.command = static_cast<ps::kv::Command>(Pick(1, 7));
     request.sync = Pick(0, 1) == 1;
     const int slices = Pick(0, 3);
     for (int i = 0; i < slices; ++i) {
