@@ -36,6 +36,9 @@ LISTEN_RE = re.compile(r"^ps-scheduler: listening on (\S+):(\d+)\s*$")
 MARKER_PID_RE = re.compile(r"^@@ps-launch pid=(\d+)$")
 MARKER_WATCH_RE = re.compile(r"^@@ps-launch watch=(\d+)$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# How the runtime names a node it declared dead (docs/errors.md): "server 3 (node 7 at
+# 10.0.0.4:38003) died" / "... is dead: no heartbeat ...".
+DEAD_NODE_RE = re.compile(r"\b(worker|server) (\d+) \(node \d+ at (\S+):\d+\) (?:died|is dead)")
 
 # Variables the launcher sets itself; --env* may not change them.
 LAUNCHER_OWNED = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_NODE_HOST")
@@ -162,20 +165,34 @@ def parse_hostfile_text(text, path="hostfile"):
     return hosts
 
 
-def place(hosts, num_servers, num_workers):
+def slot_list(hosts):
+    """The hosts in file order, round after round: round r holds every host with more than r
+    slots (a b c for 'a slots=2, b, c slots=3' round 0, then a c, then c)."""
+    slots = []
+    for r in range(max(h.slots for h in hosts)):
+        slots.extend(h for h in hosts if h.slots > r)
+    return slots
+
+
+def place(hosts, num_servers, num_workers, server_hosts=None):
     """Assigns a host to each server and worker.
 
-    The slot list takes the hosts in file order, round after round: round r holds every host
-    with more than r slots. Servers then workers are dealt out over the slot list round-robin,
-    one global counter (as MXNet does), so servers land on distinct hosts first and a host with
-    slots=2 takes two processes per cycle. More processes than slots: the cycle repeats.
+    Servers beside workers (MXNet's layout, server_hosts None): servers then workers are dealt
+    out over the slot list of `hosts` round-robin, one global counter (as MXNet does), so
+    servers land on distinct hosts first and a host with slots=2 takes two processes per cycle.
+    More processes than slots: the cycle repeats.
+
+    Servers on hosts of their own (BytePS's layout): servers are dealt round-robin over the
+    slot list of `server_hosts`, workers over that of `hosts`, each from its first slot.
     Returns (server_hosts, worker_hosts).
     """
-    slot_list = []
-    for r in range(max(h.slots for h in hosts)):
-        slot_list.extend(h for h in hosts if h.slots > r)
-    servers = [slot_list[i % len(slot_list)] for i in range(num_servers)]
-    workers = [slot_list[(num_servers + j) % len(slot_list)] for j in range(num_workers)]
+    if server_hosts:
+        sslots, wslots = slot_list(server_hosts), slot_list(hosts)
+        return ([sslots[i % len(sslots)] for i in range(num_servers)],
+                [wslots[j % len(wslots)] for j in range(num_workers)])
+    slots = slot_list(hosts)
+    servers = [slots[i % len(slots)] for i in range(num_servers)]
+    workers = [slots[(num_servers + j) % len(slots)] for j in range(num_workers)]
     return servers, workers
 
 
@@ -241,10 +258,15 @@ def build_parser():
     p.add_argument("-n", "--num-workers", required=True, type=int,
                    help="number of worker processes to start (required)")
     p.add_argument("-s", "--num-servers", type=int,
-                   help="number of server processes (default: the number of workers)")
+                   help="number of server processes (default: the number of workers; with "
+                        "--server-hostfile, its slots)")
     p.add_argument("-H", "--hostfile", "--host-file", dest="hostfile",
                    help="hosts to run servers and workers on, one per line: host, host:sshport "
                         "or host slots=N; '#' starts a comment")
+    p.add_argument("--server-hostfile", metavar="FILE",
+                   help="BytePS layout: run the servers on these hosts (same format) and the "
+                        "workers on the -H hosts; -s defaults to the slots in FILE (ssh "
+                        "launcher)")
     p.add_argument("--launcher", choices=("local", "ssh"),
                    help="where processes run (default: ssh with a hostfile, local without)")
     p.add_argument("--sync-dst-dir", metavar="DIR",
@@ -354,7 +376,7 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     c.num_servers = a.num_workers if a.num_servers is None else a.num_servers
     if c.num_servers < 0:
         raise UsageError(f"-s {c.num_servers}: the number of servers cannot be negative")
-    c.launcher = a.launcher or ("ssh" if a.hostfile else "local")
+    c.launcher = a.launcher or ("ssh" if a.hostfile or a.server_hostfile else "local")
     c.quiet = a.quiet
     c.dry_run = a.dry_run
     c.startup_timeout = a.startup_timeout
@@ -374,6 +396,9 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     # hosts
     c.hosts = None
     if c.launcher == "ssh":
+        if not a.hostfile and a.server_hostfile:
+            raise UsageError("--server-hostfile places the servers only: give the workers' "
+                             "hosts with -H HOSTFILE")
         if not a.hostfile:
             raise UsageError("the ssh launcher needs -H HOSTFILE")
         try:
@@ -384,6 +409,25 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         c.hosts = parse_hostfile_text(text, a.hostfile)
     elif a.hostfile:
         c.warnings.append(f"the local launcher ignores the hostfile {a.hostfile}")
+    c.server_hosts = None
+    if a.server_hostfile:
+        if c.launcher != "ssh":
+            raise UsageError("--server-hostfile needs the ssh launcher")
+        try:
+            with open(a.server_hostfile, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise UsageError(f"--server-hostfile {a.server_hostfile}: {e.strerror}") from None
+        c.server_hosts = parse_hostfile_text(text, a.server_hostfile)
+        if a.num_servers is None:
+            c.num_servers = sum(h.slots for h in c.server_hosts)
+        elif c.num_servers == 0:
+            raise UsageError("-s 0 with --server-hostfile: there are no servers to place "
+                             "(drop --server-hostfile, or give -s)")
+        shared = sorted({h.name for h in c.hosts} & {h.name for h in c.server_hosts})
+        if shared:
+            c.warnings.append(f"{', '.join(shared)} in both -H and --server-hostfile: "
+                              "servers and workers share those hosts' links")
     c.sync_dst_dir = None
     if a.sync_dst_dir:
         if c.launcher != "ssh":
@@ -497,9 +541,10 @@ class Launch:
             return "127.0.0.1"
         if c.scheduler_host:
             return c.scheduler_host.name
-        if all(is_loopback(h.name) for h in c.hosts):
+        hosts = c.hosts + (c.server_hosts or [])
+        if all(is_loopback(h.name) for h in hosts):
             return "127.0.0.1"
-        first = next(h for h in c.hosts if not is_loopback(h.name))
+        first = next(h for h in hosts if not is_loopback(h.name))
         return local_address_towards(first.name)
 
     def workdir(self, spec):
@@ -539,7 +584,7 @@ class Launch:
             server_hosts = [None] * c.num_servers
             worker_hosts = [None] * c.num_workers
         else:
-            server_hosts, worker_hosts = place(c.hosts, c.num_servers, c.num_workers)
+            server_hosts, worker_hosts = self.placement()
         specs = []
         for i, h in enumerate(server_hosts):
             node = h.name if h else "127.0.0.1"
@@ -611,9 +656,13 @@ class Launch:
                 "--rsync-path", f"mkdir -p {shlex.quote(dst)} && rsync",
                 c.cwd.rstrip("/") + "/", f"{host.target}:{dst}/"]
 
+    def placement(self):
+        c = self.c
+        return place(c.hosts, c.num_servers, c.num_workers, c.server_hosts)
+
     def sync_hosts(self):
         hosts = {}
-        servers, workers = place(self.c.hosts, self.c.num_servers, self.c.num_workers)
+        servers, workers = self.placement()
         for h in servers + workers + ([self.c.scheduler_host] if self.c.scheduler_host else []):
             hosts.setdefault(h.key(), h)
         return list(hosts.values())
@@ -629,8 +678,12 @@ class Launch:
         else:
             sched_port = others_port = "<free port picked at start>"
         w = self.out.write
+        layout = ""
+        if c.launcher == "ssh":
+            layout = ("servers on --server-hostfile hosts, workers on -H hosts; "
+                      if c.server_hosts else "servers beside workers; ")
         w(f"# launcher: {c.launcher}; {c.num_servers} server(s), {c.num_workers} worker(s); "
-          f"DMLC_PS_ROOT_URI={root_uri}\n")
+          f"{layout}DMLC_PS_ROOT_URI={root_uri}\n")
         if c.sync_dst_dir:
             for h in self.sync_hosts():
                 w(f"# sync to {h.target}\n{shlex.join(self.rsync_argv(h))}\n")
@@ -909,6 +962,7 @@ class Launch:
                         key=lambda p: (rank[p.spec.role], p.exit_time))
         primary = failed[0]
         self.drain(failed)
+        self.report_lost_hosts(failed)
         self.say(f"{primary.spec.label} on {primary.spec.where} exited with status "
                  f"{primary.status_text()}; last lines:")
         self.report_lines(primary)
@@ -921,6 +975,40 @@ class Launch:
             self.say(f"stopping {len(running)} other process(es)")
         self.stop_all()
         return primary.exit_status() or 1
+
+    def report_lost_hosts(self, failed):
+        """Names the host first when the failure started there, not where it was noticed:
+        - every process on a remote host failed with ssh's 255 (its processes were killed,
+          the host went down, or sshd died): the host is named;
+        - the scheduler declared a node dead (no heartbeat) whose process, as far as the
+          launcher sees, still runs: its host or the network to it is down."""
+        remote = [p for p in self.procs if p.spec.host is not None]
+        lost = []
+        for name in dict.fromkeys(p.spec.host.name for p in failed if p.spec.host is not None):
+            there = [p for p in remote if p.spec.host.name == name]
+            if all(p.returncode == 255 for p in there):
+                lost.append(name)
+                self.say(f"lost host {name}: the ssh connections of all its processes "
+                         f"({', '.join(p.spec.label for p in there)}) ended with status 255 "
+                         "(its processes were killed, or the host, its sshd or the network "
+                         "to it failed)")
+        seen = set()
+        for p in failed:
+            for line in p.lines:
+                m = DEAD_NODE_RE.search(line)
+                if not m or (m.group(1), m.group(2)) in seen:
+                    continue
+                seen.add((m.group(1), m.group(2)))
+                role, rank, addr = m.group(1), int(m.group(2)), m.group(3).strip("[]")
+                node = next((q for q in self.procs if q.spec.role == role and q.spec.rank ==
+                             rank), None)
+                if node is not None and node.spec.host is not None and \
+                        node.spec.host.name in lost:
+                    continue
+                if node is not None and node.returncode is None:
+                    self.say(f"{role} {rank} at {addr} was declared dead by the scheduler, but "
+                             "its process has not exited as far as the launcher sees: "
+                             f"{addr} or the network to it is down")
 
     def stop_all(self):
         """Stops every process still running, on every host; bounded in time."""

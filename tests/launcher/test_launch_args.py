@@ -4,8 +4,10 @@ Unit tests of the launcher's pure parts (imported as a module), plus --help, usa
 --dry-run run as commands. Nothing here starts a job.
 """
 import importlib.util
+import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import threading
@@ -82,6 +84,17 @@ class Placement(unittest.TestCase):
     def test_single_host(self):
         servers, workers = launch.place(self.hosts(("only", 1)), 2, 2)
         self.assertEqual(names(servers + workers), ["only"] * 4)
+
+    def test_servers_on_hosts_of_their_own(self):
+        # BytePS's layout: each list dealt over its own hosts, each from its first slot
+        workers = self.hosts(("w1", 1), ("w2", 2))
+        servers = self.hosts(("s1", 1), ("s2", 1), ("s3", 1))
+        got_s, got_w = launch.place(workers, 2, 5, servers)
+        self.assertEqual(names(got_s), ["s1", "s2"])
+        self.assertEqual(names(got_w), ["w1", "w2", "w2", "w1", "w2"])  # slot list w1 w2 w2
+        got_s, got_w = launch.place(workers, 4, 1, servers)
+        self.assertEqual(names(got_s), ["s1", "s2", "s3", "s1"])  # more servers: wraps
+        self.assertEqual(names(got_w), ["w1"])
 
 
 class EnvItems(unittest.TestCase):
@@ -232,6 +245,86 @@ class Args(LauncherTest):
         self.assertEqual([s.env.get("PS_LOCAL_RANK") for s in local.make_specs("127.0.0.1", 1)],
                          [None, "0", "1", "2"])  # the server has none; one host: the rank
 
+    def write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_server_hostfile(self):
+        workers = self.write("workers", "w1\nw2 slots=2\n")
+        servers = self.write("servers", "s1\ns2 slots=2\n")
+        c = self.parse(["-n", "3", "-H", workers, "--server-hostfile", servers, "prog"])
+        self.assertEqual(c.launcher, "ssh")
+        self.assertEqual(names(c.server_hosts), ["s1", "s2"])
+        self.assertEqual(c.num_servers, 3)  # default: the slots of the server hostfile
+        self.assertEqual(c.warnings, [])
+        la = launch.Launch(c)
+        specs = la.make_specs("10.0.0.1", 9000)
+        got = [(s.role, s.rank, s.env["DMLC_NODE_HOST"]) for s in specs]
+        self.assertEqual(got, [("server", 0, "s1"), ("server", 1, "s2"), ("server", 2, "s2"),
+                               ("worker", 0, "w1"), ("worker", 1, "w2"), ("worker", 2, "w2")])
+        self.assertEqual([s.env["PS_LOCAL_RANK"] for s in specs if s.role == "worker"],
+                         ["0", "0", "1"])
+        self.assertEqual(sorted(h.name for h in la.sync_hosts()), ["s1", "s2", "w1", "w2"])
+        c = self.parse(["-n", "2", "-s", "1", "-H", workers, "--server-hostfile", servers,
+                        "prog"])
+        self.assertEqual(c.num_servers, 1)
+        # a host in both files: allowed, with a warning
+        both = self.write("both", "w2\ns9\n")
+        c = self.parse(["-n", "2", "-H", workers, "--server-hostfile", both, "prog"])
+        self.assertIn("w2 in both -H and --server-hostfile", c.warnings[0])
+        # the scheduler address: loopback only when every host of both files is loopback
+        lo = self.write("lo", "127.0.0.1\n")
+        c = self.parse(["-n", "1", "-H", lo, "--server-hostfile", self.write("lo2", "127.0.0.2\n"),
+                        "prog"])
+        self.assertEqual(launch.Launch(c).root_uri(), "127.0.0.1")
+        for argv, want in [
+                (["-n", "1", "--server-hostfile", servers, "prog"],
+                 "--server-hostfile places the servers only: give the workers' hosts with -H"),
+                (["-n", "1", "--launcher", "local", "--server-hostfile", servers, "prog"],
+                 "--server-hostfile needs the ssh launcher"),
+                (["-n", "1", "-s", "0", "-H", workers, "--server-hostfile", servers, "prog"],
+                 "-s 0 with --server-hostfile"),
+                (["-n", "1", "-H", workers, "--server-hostfile", "/nonexistent/s", "prog"],
+                 "--server-hostfile /nonexistent/s: No such file"),
+                (["-n", "1", "-H", workers, "--server-hostfile", self.write("bad", "s1 x=1\n"),
+                  "prog"], "bad:1: unknown field 'x=1'")]:
+            with self.subTest(argv=argv):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(argv)
+                self.assertIn(want, str(cm.exception))
+
+    def test_failure_report_names_the_lost_host(self):
+        hosts = self.write("hosts", "h1\nh2\nh3\n")
+        err = io.StringIO()
+        la = launch.Launch(self.parse(["-n", "3", "-s", "3", "-H", hosts, "prog"]), err=err)
+        for spec in la.make_specs("10.0.0.1", 9000):
+            la.procs.append(launch.Proc(spec, None))
+        by_label = {p.spec.label: p for p in la.procs}
+        # every process on h3 lost its ssh connection (255): the host is named
+        by_label["server 2"].returncode = by_label["worker 2"].returncode = 255
+        # ... and the scheduler declared worker 1 (on h2, still running here) dead
+        by_label["server 0"].returncode = 1
+        by_label["server 0"].lines.append("E... server 0: the job failed: worker 1 (node 5 at "
+                                          "h2:4242) died (no heartbeat for over 20 s)")
+        by_label["server 0"].lines.append("also server 2 (node 3 at h3:4000) died")
+        failed = [by_label[k] for k in ("server 0", "server 2", "worker 2")]
+        la.report_lost_hosts(failed)
+        lines = err.getvalue().splitlines()
+        self.assertEqual(lines, [
+            "[launch] lost host h3: the ssh connections of all its processes (server 2, "
+            "worker 2) ended with status 255 (its processes were killed, or the host, its sshd "
+            "or the network to it failed)",
+            "[launch] worker 1 at h2 was declared dead by the scheduler, but its process has "
+            "not exited as far as the launcher sees: h2 or the network to it is down"])
+        # a 255 on a host where another process still runs is not a lost host
+        by_label["server 2"].returncode = None
+        err.truncate(0)
+        err.seek(0)
+        la.report_lost_hosts([by_label["worker 2"]])
+        self.assertEqual(err.getvalue(), "")
+
     def test_root_port_and_uri_overrides(self):
         c = self.parse(["-n", "1", "--env", "DMLC_PS_ROOT_PORT=9100", "--env",
                         "DMLC_PS_ROOT_URI=10.1.2.3", "prog"], DMLC_PS_ROOT_PORT="9200")
@@ -324,7 +417,7 @@ class CommandLine(LauncherTest):
         for flag in ("--num-workers", "--num-servers", "--hostfile", "--launcher",
                      "--sync-dst-dir", "--env", "--env-server", "--env-worker", "--server-cmd",
                      "--scheduler-cmd", "--same-cmd-for-all-roles", "--ssh-opts", "--dry-run",
-                     "--quiet", "--scheduler-host", "--interface"):
+                     "--quiet", "--scheduler-host", "--interface", "--server-hostfile"):
             self.assertIn(flag, r.stdout)
 
     def test_usage_error_exit_2(self):
@@ -377,6 +470,24 @@ class CommandLine(LauncherTest):
         self.assertTrue(all("DMLC_PS_ROOT_URI=10.9.9.100" in s[-1] for s in sshs))
         self.assertIn("# [scheduler] on localhost", r.stdout)
         self.assertEqual(self.records(), [])
+
+    def test_dry_run_servers_on_their_own_hosts(self):
+        workers = os.path.join(self.tmp, "workers")
+        servers = os.path.join(self.tmp, "servers")
+        with open(workers, "w") as f:
+            f.write("10.9.9.1\n10.9.9.2\n")
+        with open(servers, "w") as f:
+            f.write("10.9.9.11\n10.9.9.12\n")
+        r = self.run_cmd(["--dry-run", "-n", "4", "-H", workers, "--server-hostfile", servers,
+                          "--env", "DMLC_PS_ROOT_URI=10.9.9.100", "--same-cmd-for-all-roles",
+                          "python3", "train.py"])
+        self.assertEqual(r.returncode, 0, r)
+        self.assertIn("2 server(s), 4 worker(s); servers on --server-hostfile hosts, workers "
+                      "on -H hosts", r.stdout)
+        where = re.findall(r"^# \[(\w+ \d)\] on (\S+) ", r.stdout, re.M)
+        self.assertEqual(where, [("server 0", "10.9.9.11"), ("server 1", "10.9.9.12"),
+                                 ("worker 0", "10.9.9.1"), ("worker 1", "10.9.9.2"),
+                                 ("worker 2", "10.9.9.1"), ("worker 3", "10.9.9.2")])
 
 
 if __name__ == "__main__":

@@ -117,6 +117,30 @@ class SshLauncher(LauncherTest):
         self.assertEqual({w["env"]["DMLC_NODE_HOST"] for w in self.records("worker")},
                          {"127.0.0.2"})
 
+    def test_servers_on_hosts_of_their_own(self):
+        # BytePS's layout: workers on the -H host (127.0.0.1), servers on the
+        # --server-hostfile host (127.0.0.2); -s defaults to its slots (2)
+        p = self.sshd.port
+        workers = self.hostfile([f"127.0.0.1:{p}"])
+        servers = os.path.join(self.tmp, "servers")
+        with open(servers, "w") as f:
+            f.write(f"127.0.0.2:{p} slots=2\n")
+        r = self.run_launcher(["-n", "3", "--same-cmd-for-all-roles", "--server-hostfile",
+                               servers] + self.ssh_args(workers) + self.fake_cmd())
+        self.assertEqual(r.rc, 0, r)
+        servers_run = self.records("server")
+        workers_run = self.records("worker")
+        self.assertEqual(len(servers_run), 2)
+        self.assertEqual(len(workers_run), 3)
+        for rec in servers_run:
+            self.assertEqual(rec["env"]["DMLC_NODE_HOST"], "127.0.0.2")
+            self.assertEqual(rec["env"]["DMLC_NUM_SERVER"], "2")
+        for rec in workers_run:
+            self.assertEqual(rec["env"]["DMLC_NODE_HOST"], "127.0.0.1")
+        self.assertEqual(sorted(w["env"]["PS_LOCAL_RANK"] for w in workers_run),
+                         ["0", "1", "2"])
+        self.assert_nothing_left(timeout=5)
+
     def test_scheduler_on_a_remote_host(self):
         proc = self.start_launcher(
             ["-n", "1", "-s", "1", "--same-cmd-for-all-roles", "--scheduler-host",
@@ -197,6 +221,8 @@ class SshLauncher(LauncherTest):
                               timeout=60)
         self.assertNotEqual(r.rc, 0, r)
         self.assertIn("on 127.0.0.3 exited with status 255 (ssh failed", r.err)
+        self.assertIn("[launch] lost host 127.0.0.3: the ssh connections of all its processes "
+                      "(worker 0) ended with status 255", r.err)
         self.assert_nothing_left()
 
     @staticmethod

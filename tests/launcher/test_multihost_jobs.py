@@ -1,0 +1,146 @@
+"""launch.py over ssh onto the hosts of a test bed (tools/testbed.py), with the real binaries.
+
+One bed of 4 hosts (1 Gbit/s links) for the class. The launcher runs on host h0 (the bed's
+hosts are reachable only from inside the bed); servers and workers run on the hosts through
+each host's sshd, each advertising its own 198.18.x address.
+- ps-kvstore-check, 4 workers and 4 servers, servers beside workers: exact results, every
+  node registered from its own host, every host's link carried traffic;
+- the BytePS layout (--server-hostfile): workers on h0 h1, servers on h2 h3, exact results;
+- a host whose processes are killed: the job ends with an error naming that host, well within
+  the heartbeat timeout; a host whose link is cut: the heartbeat timeout finds it, and the
+  launcher names it.
+Needs root and `ip netns` (ctest label `multihost`; exits 77, "skipped", otherwise).
+"""
+import os
+import re
+import time
+import unittest
+
+from bed_testlib import BedJobTest, binary, main, missing_binaries, wait_for
+
+KV = missing_binaries("ps-kvstore-check")
+
+
+class BedJobs(BedJobTest):
+
+    def assert_kvstore_ok(self, r, workers, rounds):
+        self.assertEqual(r.rc, 0, r)
+        oks = self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+\b")
+        self.assertEqual(sorted(oks), list(range(workers)), r)
+        for lines in oks.values():
+            for line in lines:
+                self.assertIn(f"workers={workers}", line)
+                self.assertIn(f"rounds={rounds}", line)
+
+    @unittest.skipIf(KV, KV)
+    def test_kvstore_check_4_workers_4_servers(self):
+        before = self.bed.port_counters()
+        r = self.run_launcher(["-n", "4", "-s", "4"] + self.bed_args()
+                              + ["--env", "PS_VERBOSE=1",
+                                 binary("ps-kvstore-check"), "--rounds", "20", "--size", "20000"],
+                              env=self.real_env(), timeout=90)
+        self.assert_kvstore_ok(r, 4, 20)
+        addr = {f"h{i}": self.bed.addr(f"h{i}") for i in range(4)}
+        self.assertIn(f"ps-scheduler: listening on {addr['h0']}:", r.out)
+        # servers beside workers: server i and worker i on host i, each registered with its
+        # own host's address
+        want = {(role, i): addr[f"h{i}"] for role in ("server", "worker") for i in range(4)}
+        self.assertEqual(self.registrations(r.out), want, r)
+        # and the bytes went over the bed's links: every port of the switch saw traffic both
+        # ways (4 workers x 20 rounds x 4 keys x 20000 floats, pushed and pulled)
+        after = self.bed.port_counters()
+        for name in addr:
+            rx = after[name][0] - before[name][0]
+            tx = after[name][1] - before[name][1]
+            self.assertGreater(rx, 1_000_000, (name, rx, tx))
+            self.assertGreater(tx, 1_000_000, (name, rx, tx))
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(KV, KV)
+    def test_servers_on_hosts_of_their_own(self):
+        workers = self.bed.write_hostfile(os.path.join(self.tmp, "workers"), ["h0", "h1"])
+        servers = self.bed.write_hostfile(os.path.join(self.tmp, "servers"), ["h2", "h3"])
+        before = self.bed.port_counters()
+        r = self.run_launcher(["-n", "2", "--server-hostfile", servers]
+                              + self.bed_args(workers)
+                              + ["--env", "PS_VERBOSE=1",
+                                 binary("ps-kvstore-check"), "--rounds", "20", "--size", "20000"],
+                              env=self.real_env(), timeout=90)
+        self.assert_kvstore_ok(r, 2, 20)
+        self.assertIn("all 2 server(s) and 2 worker(s) registered", r.out)  # -s = the slots
+        a = self.bed.addr
+        self.assertEqual(self.registrations(r.out),
+                         {("server", 0): a("h2"), ("server", 1): a("h3"),
+                          ("worker", 0): a("h0"), ("worker", 1): a("h1")}, r)
+        # the servers' hosts carried the pushes (in) and the pulls (out)
+        after = self.bed.port_counters()
+        moved = {n: (after[n][0] - before[n][0], after[n][1] - before[n][1]) for n in after}
+        payload = 20 * 4 * 20000 * 4  # rounds x keys x floats x bytes, per worker and way
+        for n in ("h2", "h3"):
+            self.assertGreater(min(moved[n]), 0.5 * payload, moved)
+        self.assert_nothing_left_here()
+
+    def start_paused_job(self, extra_env=()):
+        """4 servers and 4 workers of ps-kvstore-check, paused mid-job (each host has server i
+        and worker i); returns the launcher process once every worker paused."""
+        env = []
+        for e in extra_env:
+            env += ["--env", e]
+        proc = self.start_launcher(["-n", "4", "-s", "4"] + self.bed_args() + env
+                                   + [binary("ps-kvstore-check"), "--rounds", "1000",
+                                      "--pause-at-round", "3"],
+                                   env=self.real_env())
+        wait_for(lambda: proc.poll() is not None or
+                 self.launcher_output(proc).out.count("kvstore-check: paused at round") >= 4,
+                 60, "4 workers to pause")
+        self.assertIsNone(proc.poll(), self.launcher_output(proc))
+        return proc
+
+    @unittest.skipIf(KV, KV)
+    def test_host_whose_processes_are_killed_is_named(self):
+        heartbeat_timeout = 10
+        proc = self.start_paused_job([f"PS_HEARTBEAT_TIMEOUT={heartbeat_timeout}"])
+        h3 = self.bed.addr("h3")
+        t0 = time.monotonic()
+        self.bed.tool("kill", self.bed.id, "h3")  # everything on h3 but its sshd
+        named = (f"[launch] lost host {h3}: the ssh connections of all its processes "
+                 "(server 3, worker 3)")
+        wait_for(lambda: named in self.launcher_output(proc).err or proc.poll() is not None,
+                 heartbeat_timeout + 15, "the launcher to name h3")
+        elapsed = time.monotonic() - t0
+        r = self.finish_launcher(proc, timeout=60)
+        self.assertNotEqual(r.rc, 0, r)
+        self.assertIn(named, r.err)
+        self.assertRegex(r.err, rf"\[launch\] (worker|server) 3 on {re.escape(h3)} exited")
+        # named within the heartbeat timeout (the launcher saw the connections end)
+        self.assertLess(elapsed, heartbeat_timeout, r)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(KV, KV)
+    def test_host_cut_off_is_found_by_the_heartbeat(self):
+        heartbeat_timeout = 6
+        proc = self.start_paused_job([f"PS_HEARTBEAT_TIMEOUT={heartbeat_timeout}"])
+        h2 = self.bed.addr("h2")
+        self.addCleanup(self.bed.tool, "link", self.bed.id, "h2", "up", check=False)
+        t0 = time.monotonic()
+        self.bed.tool("link", self.bed.id, "h2", "down")  # a cut cable: nothing exits there
+        pattern = re.compile(rf"\[launch\] (server|worker) 2 at {re.escape(h2)} was declared "
+                             r"dead by the scheduler, but its process has not exited as far as "
+                             rf"the launcher sees: {re.escape(h2)} or the network to it is down")
+        # named within the heartbeat timeout plus its check interval (2 s) and some slack
+        wait_for(lambda: pattern.search(self.launcher_output(proc).err) or
+                 proc.poll() is not None, heartbeat_timeout + 15, "the launcher to name h2")
+        named_after = time.monotonic() - t0
+        r = self.finish_launcher(proc, timeout=60)
+        self.assertRegex(r.err, pattern)
+        self.assertNotEqual(r.rc, 0, r)
+        self.assertLess(named_after, heartbeat_timeout + 8, r)
+        # the processes on h2 never learnt of it (their ssh sessions are cut off): end them as
+        # the operator would, then nothing of the job is left anywhere
+        self.bed.tool("link", self.bed.id, "h2", "up")
+        self.bed.tool("kill", self.bed.id, "h2")
+        self.assert_nothing_left_here()
+
+
+if __name__ == "__main__":
+    main()
