@@ -5,55 +5,104 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "ps/error.h"
 
-DEFINE_string(root_uri, "", "Scheduler host name or IP address (env DMLC_PS_ROOT_URI)");
-DEFINE_int32(root_port, -1,
-             "Scheduler port (env DMLC_PS_ROOT_PORT); 0 lets the scheduler pick a free port");
-DEFINE_int32(num_servers, -1, "Number of servers in the job (env DMLC_NUM_SERVER)");
-DEFINE_int32(num_workers, -1, "Number of workers in the job (env DMLC_NUM_WORKER)");
-DEFINE_string(node_host, "", "Address this node advertises (env DMLC_NODE_HOST)");
-DEFINE_string(interface, "", "Advertise this network interface's address (env DMLC_INTERFACE)");
-DEFINE_int32(verbose, -1, "Logging: 0 quiet, 1 connections, 2 every message (env PS_VERBOSE)");
-DEFINE_double(
-    heartbeat_interval, -1,
-    "Seconds between heartbeats, 0 turns them off (env PS_HEARTBEAT_INTERVAL, default 2)");
-DEFINE_double(heartbeat_timeout, -1,
-              "Seconds without heartbeat before a node is dead (env PS_HEARTBEAT_TIMEOUT, "
-              "default 20)");
-DEFINE_double(register_timeout, -1,
-              "Seconds to wait for the job to register (env PS_REGISTER_TIMEOUT, default 60)");
-DEFINE_bool(use_kubernetes, false, "The scheduler listens on 0.0.0.0 (env DMLC_USE_KUBERNETES=1)");
+// The cluster flags. Their gflags defaults (-1, "") only mean "not given": then the variable
+// applies, else the default --help shows (ClusterFlagHelp, from ClusterConfig's defaults).
+DEFINE_string(root_uri, "", "Scheduler host name or IP address");
+DEFINE_int32(root_port, -1, "Scheduler port; 0 (scheduler only) picks a free port and prints it");
+DEFINE_int32(num_servers, -1, "Number of servers in the job");
+DEFINE_int32(num_workers, -1, "Number of workers in the job");
+DEFINE_string(node_host, "", "Address this node advertises to the others");
+DEFINE_string(interface, "", "Advertise this network interface's IPv4 address");
+DEFINE_int32(verbose, -1, "Logging: 0 quiet, 1 connections, 2 every message");
+DEFINE_double(heartbeat_interval, -1, "Seconds between heartbeats, 0 turns them off");
+DEFINE_double(heartbeat_timeout, -1, "Seconds without a heartbeat before a node is dead");
+DEFINE_double(register_timeout, -1, "Seconds to wait for the whole job to register");
+DEFINE_bool(use_kubernetes, false, "Listen on 0.0.0.0 instead of the DMLC_PS_ROOT_URI address");
 
 namespace ps::cli {
 namespace {
 
-// Environment name -> flag name, for the flags that override a DMLC_*/PS_* variable.
-const std::map<std::string, std::string>& FlagForVariable() {
-  static const std::map<std::string, std::string> table = {
+// The flags that override a DMLC_*/PS_* variable, in --help's order: {variable, flag}.
+const std::vector<std::pair<std::string, std::string>>& ClusterFlags() {
+  static const std::vector<std::pair<std::string, std::string>> table = {
       {"DMLC_PS_ROOT_URI", "root_uri"},
       {"DMLC_PS_ROOT_PORT", "root_port"},
       {"DMLC_NUM_SERVER", "num_servers"},
       {"DMLC_NUM_WORKER", "num_workers"},
       {"DMLC_NODE_HOST", "node_host"},
       {"DMLC_INTERFACE", "interface"},
+      {"DMLC_USE_KUBERNETES", "use_kubernetes"},
       {"PS_VERBOSE", "verbose"},
       {"PS_HEARTBEAT_INTERVAL", "heartbeat_interval"},
       {"PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout"},
       {"PS_REGISTER_TIMEOUT", "register_timeout"},
-      {"DMLC_USE_KUBERNETES", "use_kubernetes"},
   };
   return table;
 }
 
+// Environment name -> flag name.
+const std::map<std::string, std::string>& FlagForVariable() {
+  static const std::map<std::string, std::string> table(ClusterFlags().begin(),
+                                                        ClusterFlags().end());
+  return table;
+}
+
+// Flags that only the scheduler reads: left out of ps-server's --help.
+bool SchedulerOnly(std::string_view flag) { return flag == "use_kubernetes"; }
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  std::ostringstream text;
+  text << static_cast<double>(ms.count()) / 1000.0;
+  return text.str();
+}
+
+// "(TYPE; env VARIABLE; default: VALUE)" for a cluster flag, the value being what applies when
+// neither the flag nor the variable is given.
+std::string ClusterFlagHelp(const gflags::CommandLineFlagInfo& flag, const std::string& variable) {
+  const ClusterConfig defaults;
+  const std::map<std::string, std::string> fallback = {
+      {"root_uri", "required"},
+      {"root_port", "required"},
+      {"num_servers", "required"},
+      {"num_workers", "required"},
+      {"node_host",
+       "default: the --interface address, else the local address toward the scheduler"},
+      {"interface", "default: none"},
+      {"verbose", "default: " + std::to_string(defaults.verbose)},
+      {"heartbeat_interval", "default: " + Seconds(defaults.heartbeat_interval)},
+      {"heartbeat_timeout", "default: " + Seconds(defaults.heartbeat_timeout)},
+      {"register_timeout", "default: " + Seconds(defaults.register_timeout)},
+      {"use_kubernetes", std::string("default: ") + (defaults.use_kubernetes ? "true" : "false")},
+  };
+  const auto it = fallback.find(flag.name);
+  return "(" + flag.type + "; env " + variable + "; " +
+         (it != fallback.end() ? it->second : "default: " + flag.default_value) + ")";
+}
+
+void PrintClusterFlagHelp(std::ostream& out, std::string_view usage, Role role) {
+  out << usage << (usage.ends_with('\n') ? "" : "\n") << "\nflags:\n";
+  for (const auto& [variable, name] : ClusterFlags()) {
+    if (role != Role::kScheduler && SchedulerOnly(name)) continue;
+    const auto flag = gflags::GetCommandLineFlagInfoOrDie(name.c_str());
+    out << "  --" << name << " " << ClusterFlagHelp(flag, variable) << "\n      "
+        << flag.description << "\n";
+  }
+}
+
 }  // namespace
+
+const char* Version() { return PS_VERSION; }
 
 bool IsHelpFlag(std::string_view arg) {
   return arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull";
@@ -89,20 +138,27 @@ bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
 bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file) {
   if (PrintHelpIfAsked(*argc, *argv, usage, flag_file, FlagSpelling::kDashes)) return true;
+  gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(argc, argv, true);
   return false;
 }
 
-void Init(int* argc, char*** argv, const std::string& usage) {
-  const std::string program = std::string((*argv)[0]);
-  if (PrintHelpIfAsked(*argc, *argv, program.substr(program.rfind('/') + 1) + ": " + usage,
-                       "cli.cc", FlagSpelling::kAsDefined)) {
+void Init(int* argc, char*** argv, const std::string& usage, Role role) {
+  const std::string path = std::string((*argv)[0]);
+  const std::string program = path.substr(path.rfind('/') + 1);
+  if (std::any_of(*argv + 1, *argv + *argc, IsHelpFlag)) {
+    PrintClusterFlagHelp(std::cout, program + ": " + usage, role);
     std::exit(0);
   }
-  gflags::SetVersionString(PS_VERSION);
+  gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(argc, argv, true);
+  if (*argc > 1) {
+    Die(program, "unexpected argument '" + std::string((*argv)[1]) +
+                     "': every setting is a flag (--name=value) or its environment variable; "
+                     "see --help");
+  }
   FLAGS_logtostderr = true;
   google::InitGoogleLogging((*argv)[0]);
 }

@@ -13,8 +13,12 @@
 namespace ps::cli {
 
 // Parses the command line (gflags: --help, --version), sets up glog on stderr. --help lists
-// the cluster flags only.
-void Init(int* argc, char*** argv, const std::string& usage);
+// the cluster flags `role` reads, each with its variable and its real default. An argument that
+// is not a flag is a one-line error (exit 1).
+void Init(int* argc, char*** argv, const std::string& usage, Role role);
+
+// The project's version ("0.1.0"), as --version prints it.
+const char* Version();
 
 // --help, -help, -h or --helpfull.
 bool IsHelpFlag(std::string_view arg);
@@ -30,7 +34,8 @@ void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view f
 bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
                       std::string_view flag_file, FlagSpelling spelling);
 // A tool's command line (flags spelled with dashes): with a help flag, PrintHelpIfAsked and
-// true (the caller exits 0); otherwise gflags parses and removes the flags, and false.
+// true (the caller exits 0); otherwise gflags parses and removes the flags (--version prints
+// Version()), and false.
 bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file);
 

@@ -11,19 +11,25 @@
 //     descriptor, so this count is an estimate (accepted minus handshakes ended, never more than
 //     the connections younger than the handshake interval), an upper bound of the true one.
 //   - max_open: every accepted connection, sized to leave a reserve of descriptors.
-// The connection dropped is the oldest one that has not sent a single byte for kIdleGrace (no
-// ZeroMQ peer is that slow to greet; TCP only, from TCP_INFO), else the newest: idle
-// connections never keep a peer of the job out. shutdown(), never close(): the descriptor is
-// ZeroMQ's, which sees the end of the stream and closes it itself (ZMQ_EVENT_DISCONNECTED).
-// The descriptor's inode is compared first, so a number ZeroMQ already reused is left alone.
+// The connection dropped is the oldest one that has not sent a full ZMTP greeting for
+// kIdleGrace (no ZeroMQ peer is that slow to greet; TCP only, from TCP_INFO's byte count), so
+// idle connections never keep a peer of the job out; else the newest, if it has not greeted
+// either (it carried no message: a peer of the job just reconnects) or the total cap is
+// reached. shutdown(), never close(): the descriptor is ZeroMQ's, which sees the end of the
+// stream and closes it itself (ZMQ_EVENT_DISCONNECTED). The descriptor's inode is compared
+// first, so a number ZeroMQ already reused is left alone.
 //
 // Send sockets: with a watcher set, WatchPeer() follows a send socket's connection to a node
-// and reports when it closes (ZMQ_EVENT_DISCONNECTED: the peer process exited or was killed, its
-// kernel closed the socket) and when a new one completes its handshake.
+// and reports when it closes (ZMQ_EVENT_DISCONNECTED: the peer process exited or was killed,
+// its kernel closed the socket) and when a new one completes its handshake.
 //
 // Threads: the monitor thread (the *OnMonitorThread methods) owns the PAIR sockets that read
 // the events and the table of accepted connections. The public methods may be called from any
-// thread; the watcher runs on the monitor thread with no lock of the transport held.
+// thread; the watcher runs on the monitor thread with no lock of the transport held. ZeroMQ
+// blocks a thread that reports an event while the event queue (about 2000) is full, and
+// zmq_socket_monitor waits for such a thread: so the monitor thread waits for nothing but its
+// own short hand-over lock and the watcher, which must not wait for a thread that calls the
+// transport.
 // Destruction stops and joins the thread; it must happen before the ZeroMQ context ends.
 #include <sys/types.h>
 
@@ -32,7 +38,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -64,10 +72,13 @@ class ConnectionMonitor {
   bool WatchReceiver(zmq::socket_t& receiver);
   // Follows send socket `socket`'s connection to `node_id`; returns a watch id for Unwatch
   // (0: not watched: no watcher is set, or ZeroMQ could not set the monitor up). Call before
-  // the socket connects, with the lock that guards the socket held.
+  // the socket connects, on the thread that owns it.
   std::uint64_t WatchPeer(int node_id, zmq::socket_t& socket);
-  // Stops following a watch (before or after its socket is closed); 0 is ignored.
-  void Unwatch(std::uint64_t watch);
+  // Stops following a watch (0 is ignored): detaches the monitor from `socket` first, which
+  // must be the watched socket, still open and owned by the calling thread. ZeroMQ would
+  // otherwise block the thread that reports the socket's next event (while it flushes, say)
+  // for want of a reader.
+  void Unwatch(std::uint64_t watch, zmq::socket_t& socket);
   // Sets (or, with an empty function, clears) the watcher of send-socket connections. Waits
   // for a call in progress to return: never call it holding a lock the watcher takes.
   void SetPeerWatcher(PeerWatcher watcher);
@@ -92,7 +103,8 @@ class ConnectionMonitor {
   };
   struct Event {
     std::uint16_t type = 0;
-    std::uint32_t value = 0;
+    std::uint32_t value = 0;  // a descriptor, an errno, or unused, by type
+    std::string address;      // the endpoint: the listener's for accepted connections
   };
   struct Notice {
     int node_id;
@@ -107,11 +119,12 @@ class ConnectionMonitor {
   void AdoptChangesOnMonitorThread();
   static bool ReadEventOnMonitorThread(zmq::socket_t& events, Event& event);
   void OnReceiverEventOnMonitorThread(const Event& event);
-  void OnAcceptedOnMonitorThread(int fd);
+  void OnAcceptedOnMonitorThread(int fd, const std::string& endpoint);
   // Drops one connection when the table is over a cap; `newest` is the one just accepted.
   void EnforceLimitsOnMonitorThread(int newest);
   std::size_t PendingEstimateOnMonitorThread(Clock::time_point now) const;
-  // The oldest connection that has not sent a byte for kIdleGrace; -1 when none.
+  std::size_t OpenOnMonitorThread() const;  // accepted connections not being dropped
+  // The oldest connection that has not greeted for kIdleGrace; -1 when none.
   int OldestIdleOnMonitorThread(Clock::time_point now) const;
   void DropOnMonitorThread(int fd, const std::string& why);
   // Forgets connections whose descriptor no longer holds the socket that was accepted.
@@ -127,12 +140,12 @@ class ConnectionMonitor {
   std::atomic<std::uint64_t> dropped_{0};
   int wake_fd_ = -1;  // an eventfd: wakes the monitor thread for changes and for stopping
 
-  std::mutex mu_;                                  // guards the hand-over below
-  std::vector<zmq::socket_t> new_receiver_;        // GUARDED_BY(mu_): at most one
-  std::map<std::uint64_t, PeerWatch> new_peers_;   // GUARDED_BY(mu_): watch id -> its events
-  std::vector<std::uint64_t> removed_;             // GUARDED_BY(mu_): watch ids to forget
-  std::uint64_t next_watch_ = 1;                   // GUARDED_BY(mu_)
-  bool watching_peers_ = false;                    // GUARDED_BY(mu_): a watcher is set
+  std::mutex mu_;                                 // guards the hand-over below
+  std::vector<zmq::socket_t> new_receiver_;       // GUARDED_BY(mu_): at most one
+  std::map<std::uint64_t, PeerWatch> new_peers_;  // GUARDED_BY(mu_): watch id -> its events
+  std::vector<std::uint64_t> removed_;            // GUARDED_BY(mu_): watch ids to forget
+  std::uint64_t next_watch_ = 1;                  // GUARDED_BY(mu_)
+  bool watching_peers_ = false;                   // GUARDED_BY(mu_): a watcher is set
 
   std::mutex watcher_mu_;  // held while the watcher runs, so SetPeerWatcher never races a call
   PeerWatcher watcher_;    // GUARDED_BY(watcher_mu_)

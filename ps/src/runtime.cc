@@ -9,6 +9,7 @@
 #include <memory_resource>
 
 #include "background.h"
+#include "glog_or_stderr.h"
 #include "net_util.h"
 #include "ps/error.h"
 #include "text.h"
@@ -53,7 +54,7 @@ void Runtime::Register() {
   scheduler_ip_ = net::ResolveIPv4(config_.root_uri, "DMLC_PS_ROOT_URI");
   self_.role = config_.role;
   self_.host = AdvertisedHost(config_, scheduler_ip_);
-  transport_ = std::make_unique<ZmqTransport>(config_.verbose, config_.io_threads);
+  transport_ = std::make_unique<ZmqTransport>(TransportOptionsFor(config_, config_.role));
   // Listen on the advertised address when it is ours; behind NAT (a name or a foreign
   // address) listen everywhere.
   const bool local = net::IsLocalAddress(self_.host);
@@ -80,8 +81,8 @@ void Runtime::Register() {
                                             [this](Message&& msg) { OnMessage(std::move(msg)); });
   transport_->Send(hello);
   if (config_.verbose >= 1) {
-    LOG(INFO) << RoleName(announced.role) << " at " << announced.host << ":" << announced.port
-              << " registering with the scheduler at " << config_.SchedulerAddress();
+    PS_LOG(INFO) << RoleName(announced.role) << " at " << announced.host << ":" << announced.port
+                 << " registering with the scheduler at " << config_.SchedulerAddress();
   }
 
   std::unique_lock lock(mu_);
@@ -119,8 +120,8 @@ void Runtime::Register() {
     }
   }
   if (config_.verbose >= 1) {
-    LOG(INFO) << "registered as " << self_.Describe() << " in a job of " << config_.num_servers
-              << " server(s) and " << config_.num_workers << " worker(s)";
+    PS_LOG(INFO) << "registered as " << self_.Describe() << " in a job of " << config_.num_servers
+                 << " server(s) and " << config_.num_workers << " worker(s)";
   }
   // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
   const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
@@ -167,8 +168,8 @@ void Runtime::OnMessage(Message&& msg) {
                                           meta.recipient == self_.id);
     if (!known) {
       if (const auto count = ++dropped_; LogOccurrence(count)) {
-        LOG(WARNING) << "dropped a message (#" << count << ") from unknown node " << meta.sender
-                     << " to " << meta.recipient << ": " << msg.DebugString();
+        PS_LOG(WARNING) << "dropped a message (#" << count << ") from unknown node " << meta.sender
+                        << " to " << meta.recipient << ": " << msg.DebugString();
       }
       return;
     }
@@ -253,7 +254,7 @@ void Runtime::OnControl(Message&& msg) {
         changed_.notify_all();
       }
       if (config_.verbose >= 1)
-        LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
+        PS_LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
       tracker_.FailAll(why.empty() ? "the job has ended" : "the job failed: " + why);
       break;
     }
@@ -262,7 +263,8 @@ void Runtime::OnControl(Message&& msg) {
       break;
     default:
       if (const auto count = ++dropped_; LogOccurrence(count)) {
-        LOG(WARNING) << "dropped an unexpected message (#" << count << "): " << msg.DebugString();
+        PS_LOG(WARNING) << "dropped an unexpected message (#" << count
+                        << "): " << msg.DebugString();
       }
   }
 }
@@ -272,7 +274,7 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
     std::lock_guard lock(mu_);
     if (!dead_.insert(dead.id).second) return;
   }
-  LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
+  PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
   tracker_.FailPeer(dead.id, dead.Describe() + " died");
   NotifyPeer(dead, PeerEvent::kDead);
 }
@@ -311,7 +313,7 @@ void Runtime::Fail(const std::string& why) {
     failure_ = why;
     changed_.notify_all();
   }
-  LOG(ERROR) << why;
+  PS_LOG(ERROR) << why;
   tracker_.FailAll(why);
 }
 
@@ -467,7 +469,7 @@ void Runtime::ReportFailure(const std::string& why) {
   const RequestResult outcome =
       RequestAndWait(std::move(msg), RequestTracker::Clock::now() + kReportWait);
   if (!outcome.ok() && config_.verbose >= 1) {
-    LOG(WARNING) << "could not tell the scheduler why this node failed: " << outcome.error;
+    PS_LOG(WARNING) << "could not tell the scheduler why this node failed: " << outcome.error;
   }
 }
 
@@ -494,5 +496,8 @@ bool Runtime::SameHost(int node_id) const { return EndpointOf(node_id).starts_wi
 std::size_t Runtime::dropped_messages() const {
   return transport_->dropped_messages() + dropped_.load();
 }
+
+std::uint64_t Runtime::bytes_sent() const { return transport_->bytes_sent(); }
+std::uint64_t Runtime::bytes_received() const { return transport_->bytes_received(); }
 
 }  // namespace ps

@@ -1,21 +1,50 @@
 #include "zmq_transport.h"
 
 #include <glog/logging.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <limits>
 #include <vector>
 
+#include "glog_or_stderr.h"
 #include "ps/error.h"
 #include "text.h"
 
 namespace ps {
 namespace {
 
-// Receive-side cap on one frame, enforced by ZeroMQ before it allocates: a hostile peer cannot
-// make this process reserve more than this. Big tensors travel in chunks far below it.
-constexpr std::int64_t kMaxZmqMessageBytes = std::int64_t{8} << 30;
-// How long closing a send socket may wait to flush queued messages (a TERMINATE, say).
-constexpr int kLingerMs = 2000;
+// Frame caps of servers and workers (TransportOptionsFor): the widest element (DTypeSize), and
+// room for the header frame (a request's slice list, the node table, a barrier's votes).
+constexpr std::uint64_t kMaxElementBytes = 8;
+constexpr std::uint64_t kHeaderBaseBytes = std::uint64_t{1} << 20;
+constexpr std::uint64_t kHeaderBytesPerNode = 1024;
+constexpr std::uint64_t kFrameSlackBytes = std::uint64_t{64} << 10;
+
+// Accepted-connection caps (ConnectionLimits). A job's peers need one connection each; the
+// spare ones serve reconnections, refused nodes and tools. Never more than the descriptor limit
+// allows after the node's own descriptors (ZeroMQ's eventfds and epoll, logs, shared memory:
+// kOwnDescriptors), four per peer it sends to (a send socket's mailbox and connection, and a
+// monitor's two sockets), and the connections ZeroMQ may accept ahead of the monitor (the
+// listen backlog).
+constexpr std::size_t kSpareConnections = 32;
+constexpr std::size_t kMaxPendingConnections = 32;
+constexpr std::size_t kOwnDescriptors = 64;
+constexpr std::size_t kDescriptorsPerPeer = 4;
+constexpr int kListenBacklog = 64;
+// ZMQ_HANDSHAKE_IVL of the receive socket (ZeroMQ's default is 30 s): a connection that has not
+// completed the ZMTP handshake by then is closed. A peer of the job needs a few round trips.
+constexpr auto kHandshakeInterval = std::chrono::milliseconds(5000);
+// How long closing a send socket may wait to flush queued messages (ZMQ_LINGER). The
+// scheduler's last messages matter (a TERMINATE, a refusal) and nobody acknowledges them.
+// Everything a server or worker must deliver before it exits is acknowledged before it closes
+// (FinishWorker, ReportFailure, barriers, registration), so what is left queued then is for
+// peers that no longer wait for it, often because they are gone: a short linger lets it reach
+// the kernel without holding up the exit of a job whose peers are gone.
+constexpr int kSchedulerLingerMs = 2000;
+constexpr int kNodeLingerMs = 100;
 // Below this size a payload is copied into the frame: cheaper than reference bookkeeping.
 constexpr std::size_t kZeroCopyMinBytes = 512;
 
@@ -56,23 +85,108 @@ int PortOf(const std::string& endpoint) {
   return colon == std::string::npos ? -1 : std::stoi(endpoint.substr(colon + 1));
 }
 
+// Raises the soft descriptor limit to the hard one (a shell's `ulimit -n N` sets both, so this
+// helps only where the soft limit was lowered alone, as systemd's 1024 default is) and returns
+// the soft limit in force.
+std::size_t RaiseDescriptorLimit(int verbose) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+      if (verbose >= 1) {
+        PS_LOG(INFO) << "raised the descriptor limit (ulimit -n) from " << before << " to "
+                     << limit.rlim_max;
+      }
+    } else {
+      limit.rlim_cur = before;  // e.g. a hard limit above the kernel's nr_open
+    }
+  }
+  constexpr auto kMost = static_cast<rlim_t>(std::numeric_limits<int>::max());
+  return static_cast<std::size_t>(std::min(limit.rlim_cur, kMost));
+}
+
+ConnectionLimits LimitsFor(const TransportOptions& options) {
+  const std::size_t descriptors = RaiseDescriptorLimit(options.verbose);
+  const auto peers = static_cast<std::size_t>(std::max(options.job_nodes, 1));
+  const std::size_t reserve =
+      kOwnDescriptors + static_cast<std::size_t>(kListenBacklog) + kDescriptorsPerPeer * peers;
+  const std::size_t room = descriptors > reserve ? descriptors - reserve : 0;
+  ConnectionLimits limits;
+  // Never below what the job itself needs: a limit too low for the job is the user's to raise
+  // (said here, at start), not a reason to turn the job's own peers away.
+  limits.max_open = std::min(peers + kSpareConnections, std::max(room, peers));
+  if (room < peers) {
+    PS_LOG(WARNING) << "the descriptor limit (ulimit -n) is " << descriptors
+                    << ", too low for a job of " << peers
+                    << " nodes: this node may run out of descriptors; raise it to at least "
+                    << reserve + peers << " (the shell or the service manager sets the hard "
+                    << "limit, above which this process cannot raise it)";
+  }
+  limits.max_pending = std::min(kMaxPendingConnections, limits.max_open);
+  limits.handshake = kHandshakeInterval;
+  return limits;
+}
+
+// The message of a ZeroMQ failure to open a socket, with what to do when it is EMFILE.
+std::string SocketFailure(const zmq::error_t& e) {
+  std::string text = e.what();
+  if (e.num() == EMFILE || e.num() == ENFILE) {
+    text += " (this process is out of descriptors: raise its limit, ulimit -n)";
+  }
+  return text;
+}
+
 }  // namespace
 
-ZmqTransport::ZmqTransport(int verbose, int io_threads)
-    : verbose_(verbose),
-      receive_affinity_(io_threads > 1 ? 1 : 0),
-      send_affinity_(io_threads > 1 ? ((std::uint64_t{1} << io_threads) - 1) & ~std::uint64_t{1}
-                                    : 0),
-      context_(io_threads) {}
+TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
+  TransportOptions options;
+  options.verbose = config.verbose;
+  options.io_threads = config.io_threads;
+  options.job_nodes = config.num_servers + config.num_workers + 1;
+  const std::uint64_t header =
+      kHeaderBaseBytes + kHeaderBytesPerNode * static_cast<std::uint64_t>(options.job_nodes);
+  options.max_header_bytes = static_cast<std::size_t>(header);
+  options.linger_ms = role == Role::kScheduler ? kSchedulerLingerMs : kNodeLingerMs;
+  if (role == Role::kScheduler) {
+    options.max_frame_bytes = kSchedulerMaxFrameBytes;
+    options.receive_hwm = kSchedulerReceiveHwm;
+    return options;
+  }
+  const std::uint64_t data =
+      std::max<std::uint64_t>(config.chunk_bytes, config.big_array_bound * kMaxElementBytes);
+  const std::uint64_t frame = std::max(data, header) + kFrameSlackBytes;
+  constexpr auto kMost = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  options.max_frame_bytes = static_cast<std::int64_t>(std::min(frame, kMost));
+  return options;
+}
+
+ZmqTransport::ZmqTransport(const TransportOptions& options)
+    : options_(options),
+      verbose_(options.verbose),
+      receive_affinity_(options.io_threads > 1 ? 1 : 0),
+      send_affinity_(options.io_threads > 1
+                         ? ((std::uint64_t{1} << options.io_threads) - 1) & ~std::uint64_t{1}
+                         : 0),
+      context_(options.io_threads),
+      monitor_(context_, options.verbose, LimitsFor(options)) {}
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
 
 int ZmqTransport::Bind(const std::string& ip, int port) {
-  receiver_ = zmq::socket_t(context_, zmq::socket_type::pull);
+  try {
+    receiver_ = zmq::socket_t(context_, zmq::socket_type::pull);
+  } catch (const zmq::error_t& e) {
+    throw Error("cannot open the receive socket: " + SocketFailure(e));
+  }
   receiver_.set(zmq::sockopt::linger, 0);
-  receiver_.set(zmq::sockopt::rcvhwm, 0);
-  receiver_.set(zmq::sockopt::maxmsgsize, kMaxZmqMessageBytes);
+  receiver_.set(zmq::sockopt::rcvhwm, options_.receive_hwm);
+  receiver_.set(zmq::sockopt::maxmsgsize, options_.max_frame_bytes);
   receiver_.set(zmq::sockopt::affinity, receive_affinity_);
+  receiver_.set(zmq::sockopt::handshake_ivl, static_cast<int>(monitor_.limits().handshake.count()));
+  receiver_.set(zmq::sockopt::backlog, kListenBacklog);
+  monitor_.WatchReceiver(receiver_);  // before the first connection can arrive
   const std::string endpoint =
       "tcp://" + ip + ":" + (port == 0 ? std::string("*") : std::to_string(port));
   try {
@@ -88,7 +202,12 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
     throw Error("cannot listen on " + endpoint + ": " + e.what());
   }
   const int bound = PortOf(receiver_.get(zmq::sockopt::last_endpoint));
-  if (verbose_ >= 1) LOG(INFO) << "listening on " << ip << ":" << bound;
+  if (verbose_ >= 1) {
+    const ConnectionLimits& limits = monitor_.limits();
+    PS_LOG(INFO) << "listening on " << ip << ":" << bound << " (frames up to "
+                 << options_.max_frame_bytes << " bytes; at most " << limits.max_open
+                 << " connections, " << limits.max_pending << " of them in the handshake)";
+  }
   return bound;
 }
 
@@ -99,7 +218,7 @@ std::string ZmqTransport::BindIpc(const std::string& name) {
   } catch (const zmq::error_t& e) {
     throw Error("cannot listen on " + endpoint + ": " + e.what());
   }
-  if (verbose_ >= 1) LOG(INFO) << "listening on " << endpoint;
+  if (verbose_ >= 1) PS_LOG(INFO) << "listening on " << endpoint;
   return endpoint;
 }
 
@@ -115,19 +234,32 @@ std::string ZmqTransport::EndpointOf(int node_id) const {
 
 void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   auto peer = std::make_unique<Peer>();
-  peer->socket = zmq::socket_t(context_, zmq::socket_type::push);
-  peer->socket.set(zmq::sockopt::linger, kLingerMs);
+  try {
+    peer->socket = zmq::socket_t(context_, zmq::socket_type::push);
+  } catch (const zmq::error_t& e) {
+    throw Error("cannot open a socket to node " + std::to_string(node_id) + " at " + endpoint +
+                ": " + SocketFailure(e));
+  }
+  peer->socket.set(zmq::sockopt::linger, options_.linger_ms);
   peer->socket.set(zmq::sockopt::sndhwm, 0);
   peer->socket.set(zmq::sockopt::affinity, send_affinity_);
   peer->endpoint = endpoint;
+  peer->watch = monitor_.WatchPeer(node_id, peer->socket);  // 0 without a watcher
   try {
     peer->socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
+    monitor_.Unwatch(peer->watch, peer->socket);
     throw Error("cannot connect to " + endpoint + ": " + e.what());
   }
-  if (verbose_ >= 1) LOG(INFO) << "connected to node " << node_id << " at " << endpoint;
-  std::unique_lock lock(peers_mu_);
-  peers_[node_id] = std::move(peer);
+  if (verbose_ >= 1) PS_LOG(INFO) << "connected to node " << node_id << " at " << endpoint;
+  std::unique_ptr<Peer> replaced;
+  {
+    std::unique_lock lock(peers_mu_);
+    std::unique_ptr<Peer>& slot = peers_[node_id];
+    replaced = std::move(slot);
+    slot = std::move(peer);
+  }
+  if (replaced) monitor_.Unwatch(replaced->watch, replaced->socket);  // ours alone now
 }
 
 bool ZmqTransport::IsConnected(int node_id) const {
@@ -136,8 +268,32 @@ bool ZmqTransport::IsConnected(int node_id) const {
 }
 
 void ZmqTransport::Disconnect(int node_id) {
-  std::unique_lock lock(peers_mu_);
-  peers_.erase(node_id);
+  std::unique_ptr<Peer> closed;
+  {
+    std::unique_lock lock(peers_mu_);
+    const auto it = peers_.find(node_id);
+    if (it == peers_.end()) return;
+    closed = std::move(it->second);
+    peers_.erase(it);
+  }
+  monitor_.Unwatch(closed->watch, closed->socket);  // ours alone now
+}
+
+void ZmqTransport::Abandon(int node_id) {
+  std::shared_lock map_lock(peers_mu_);
+  const auto it = peers_.find(node_id);
+  if (it == peers_.end()) return;
+  Peer& peer = *it->second;
+  std::lock_guard peer_lock(peer.mu);
+  try {
+    peer.socket.set(zmq::sockopt::linger, 0);
+  } catch (const zmq::error_t&) {
+    // ETERM: the transport is shutting down; the socket closes with it.
+  }
+}
+
+void ZmqTransport::SetPeerWatcher(std::function<void(int node_id, bool connected)> watcher) {
+  monitor_.SetPeerWatcher(std::move(watcher));
 }
 
 bool ZmqTransport::Send(const Message& msg) {
@@ -148,6 +304,7 @@ bool ZmqTransport::Send(const Message& msg) {
   Peer& peer = *it->second;
   std::lock_guard peer_lock(peer.mu);
   const std::string& header = peer.encoder.Encode(msg.meta, msg.data);
+  std::uint64_t bytes = header.size();  // what goes on the wire (bytes_sent)
   try {
     const auto more = msg.data.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;
     peer.socket.send(zmq::buffer(header), more);
@@ -155,12 +312,15 @@ bool ZmqTransport::Send(const Message& msg) {
       const bool last = i + 1 == msg.data.size();
       peer.socket.send(FrameFor(msg.data[i], frame_owners_),
                        last ? zmq::send_flags::none : zmq::send_flags::sndmore);
+      bytes += msg.data[i].bytes();
     }
+    bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
   } catch (const zmq::error_t& e) {
-    if (e.num() != ETERM) LOG(WARNING) << "send to node " << msg.meta.recipient << ": " << e.what();
+    if (e.num() != ETERM)
+      PS_LOG(WARNING) << "send to node " << msg.meta.recipient << ": " << e.what();
     return false;
   }
-  if (verbose_ >= 2) LOG(INFO) << "sent " << msg.DebugString();
+  if (verbose_ >= 2) PS_LOG(INFO) << "sent " << msg.DebugString();
   return true;
 }
 
@@ -176,11 +336,16 @@ bool ZmqTransport::Recv(Message& msg) {
       } while (receiver_.get(zmq::sockopt::rcvmore));
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) return false;
-      LOG(WARNING) << "receive failed: " << e.what();
+      PS_LOG(WARNING) << "receive failed: " << e.what();
       continue;
     }
     if (frames_.size() > wire::kMaxDataFrames + 1) {
       Drop("message with more than " + std::to_string(wire::kMaxDataFrames) + " data frames");
+      continue;
+    }
+    if (frames_[0].size() > options_.max_header_bytes) {
+      Drop("header frame of " + std::to_string(frames_[0].size()) + " bytes, more than " +
+           std::to_string(options_.max_header_bytes) + " allowed");
       continue;
     }
     if (auto bad = decoder_.Decode(frames_[0].data(), frames_[0].size(), decoded_); !bad.empty()) {
@@ -189,6 +354,9 @@ bool ZmqTransport::Recv(Message& msg) {
     }
     frame_sizes_.clear();
     for (std::size_t i = 1; i < frames_.size(); ++i) frame_sizes_.push_back(frames_[i].size());
+    std::uint64_t received = frames_[0].size();  // bytes_received: the message, header too
+    for (const std::size_t size : frame_sizes_) received += size;
+    bytes_received_.fetch_add(received, std::memory_order_relaxed);
     if (auto bad = wire::CheckFrames(decoded_.data, frame_sizes_); !bad.empty()) {
       Drop(bad);
       continue;
@@ -203,7 +371,7 @@ bool ZmqTransport::Recv(Message& msg) {
       const std::size_t bytes = frame->size();
       msg.data.emplace_back(std::move(frame), data, bytes, decoded_.data[i - 1].dtype);
     }
-    if (verbose_ >= 2) LOG(INFO) << "received " << msg.DebugString();
+    if (verbose_ >= 2) PS_LOG(INFO) << "received " << msg.DebugString();
     return true;
   }
   return false;
@@ -212,7 +380,7 @@ bool ZmqTransport::Recv(Message& msg) {
 void ZmqTransport::Drop(const std::string& why) {
   const auto count = ++dropped_;
   if (LogOccurrence(count)) {
-    LOG(WARNING) << "dropped malformed message #" << count << ": " << why;
+    PS_LOG(WARNING) << "dropped malformed message #" << count << ": " << why;
   }
 }
 

@@ -5,9 +5,16 @@
 // its ZeroMQ frame).
 //
 // Threads: Send() and Connect() may be called from any thread (a mutex per peer socket);
-// Recv() only from the one receive thread. Shutdown() from any thread wakes Recv().
+// Recv() only from the one receive thread. Shutdown() from any thread wakes Recv(). A
+// ConnectionMonitor thread bounds the accepted connections and reports send-socket
+// connections closing (connection_monitor.h).
+//
+// Limits (docs/errors.md, "Fault suite"): a frame larger than max_frame_bytes closes its
+// connection before ZeroMQ allocates it; accepted connections are capped (ConnectionLimits);
+// the process's soft descriptor limit is raised to its hard limit when a transport is made.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,14 +24,44 @@
 #include <zmq.hpp>
 
 #include "block_pool.h"
+#include "connection_monitor.h"
+#include "ps/config.h"
 #include "ps/message.h"
 #include "wire.h"
 
 namespace ps {
 
+struct TransportOptions {
+  int verbose = 0;
+  int io_threads = 1;
+  // ZMQ_MAXMSGSIZE of the receive socket: ZeroMQ closes the connection of a peer that declares
+  // a larger frame, before allocating anything.
+  std::int64_t max_frame_bytes = std::int64_t{8} << 30;
+  // ZMQ_RCVHWM: complete messages that wait for the receive thread, per connection (0: no cap);
+  // past it ZeroMQ stops reading that connection until the thread catches up.
+  int receive_hwm = 0;
+  // The largest header frame Recv() decodes; a larger one is dropped unread, so that a stream of
+  // big garbage frames costs the receive thread no parsing.
+  std::size_t max_header_bytes = std::size_t{1} << 20;
+  // Nodes of the job (scheduler included): the accepted-connection cap is sized from it.
+  int job_nodes = 1;
+  // ZMQ_LINGER of the send sockets: how long closing one may wait to flush what is queued.
+  int linger_ms = 2000;
+};
+
+// The options of a `role` node of `config`'s job. The scheduler receives small control
+// messages only (kSchedulerMaxFrameBytes); a server or worker, the largest frame its job's key
+// layout produces (a whole key below MXNET_KVSTORE_BIGARRAY_BOUND at 8 bytes per element, or a
+// PS_CHUNK_BYTES slice) or the node table, whichever is larger.
+TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role);
+constexpr std::int64_t kSchedulerMaxFrameBytes = std::int64_t{1} << 20;
+constexpr int kSchedulerReceiveHwm = 4;
+
 class ZmqTransport {
  public:
-  ZmqTransport(int verbose, int io_threads);
+  // Raises this process's soft RLIMIT_NOFILE to its hard limit (once per process in effect)
+  // and sizes the connection caps from it. Throws ps::Error when ZeroMQ cannot start.
+  explicit ZmqTransport(const TransportOptions& options);
   ~ZmqTransport();
   ZmqTransport(const ZmqTransport&) = delete;
   ZmqTransport& operator=(const ZmqTransport&) = delete;
@@ -37,7 +74,8 @@ class ZmqTransport {
   // endpoint. Same-host peers send through it instead of TCP.
   std::string BindIpc(const std::string& name);
 
-  // Opens (or replaces) the send socket for `node_id`, connected to host:port.
+  // Opens (or replaces) the send socket for `node_id`, connected to host:port. Throws
+  // ps::Error when the socket cannot be opened (out of descriptors: EMFILE) or connected.
   void Connect(int node_id, const std::string& host, int port);
   // The same, to a full ZeroMQ endpoint ("tcp://h:p" or "ipc://@name").
   void ConnectEndpoint(int node_id, const std::string& endpoint);
@@ -46,6 +84,17 @@ class ZmqTransport {
   bool IsConnected(int node_id) const;
   // Closes the send socket for `node_id`; queued messages are still flushed (linger).
   void Disconnect(int node_id);
+  // `node_id` is gone for good: closing its send socket, or the transport, drops what is
+  // queued for it at once instead of waiting linger_ms to flush it.
+  void Abandon(int node_id);
+
+  // Calls `watcher(node_id, connected)` on the monitor thread when the connection of a send
+  // socket opened after this call closes (false: the peer's process exited or was killed, or
+  // the network reset it) and when it is back (true). The watcher must return promptly and
+  // never wait for a thread that may be calling the transport (ZeroMQ's socket monitors wait
+  // for the monitor thread): record the news and act on it elsewhere. An empty function stops
+  // the calls, waiting for one running: never clear it holding a lock the watcher takes.
+  void SetPeerWatcher(std::function<void(int node_id, bool connected)> watcher);
 
   // Sends `msg` to msg.meta.recipient. False when there is no socket for it or the transport
   // is shut down. Never blocks on a slow peer (unbounded queue).
@@ -56,8 +105,16 @@ class ZmqTransport {
   // messages are logged, counted and dropped. False once Shutdown() was called.
   bool Recv(Message& msg);
 
+  // Stops the transport: Recv() returns false, sends fail. Sockets close with the transport;
+  // each waits up to linger_ms to flush what is queued for its peer (Abandon: not at all).
   void Shutdown();
   std::uint64_t dropped_messages() const { return dropped_.load(); }
+  // Bytes of the messages sent (handed to ZeroMQ) and received so far, headers included.
+  std::uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  std::uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  // Accepted connections closed to keep within the connection caps.
+  std::uint64_t dropped_connections() const { return monitor_.dropped_connections(); }
+  const ConnectionLimits& connection_limits() const { return monitor_.limits(); }
 
  private:
   struct Peer {
@@ -65,16 +122,19 @@ class ZmqTransport {
     zmq::socket_t socket;
     wire::HeaderEncoder encoder;
     std::string endpoint;
+    std::uint64_t watch = 0;  // its ConnectionMonitor watch (0: none)
   };
   void Drop(const std::string& why);
 
+  const TransportOptions options_;
   const int verbose_;
   // ZMQ_AFFINITY masks: with two or more I/O threads, the first serves the receive socket
   // and the others the send sockets, so incoming and outgoing bytes never share a thread.
   const std::uint64_t receive_affinity_;
   const std::uint64_t send_affinity_;
   zmq::context_t context_;
-  zmq::socket_t receiver_;  // receive thread only, after Bind()
+  ConnectionMonitor monitor_;  // after the context: its sockets close before the context ends
+  zmq::socket_t receiver_;     // receive thread only, after Bind()
   // Receive thread only: reused for every message, so receiving allocates nothing once warm.
   std::vector<zmq::message_t> frames_;
   std::vector<std::size_t> frame_sizes_;
@@ -88,6 +148,8 @@ class ZmqTransport {
   mutable std::shared_mutex peers_mu_;
   std::map<int, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(peers_mu_)
   std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> bytes_received_{0};
   std::atomic<bool> shut_down_{false};
 };
 

@@ -15,6 +15,12 @@ namespace ps {
 namespace {
 
 constexpr auto kTickPeriod = std::chrono::milliseconds(200);
+// How long a live node's closed connection may stay closed before the node is declared dead.
+// A closed TCP connection means the peer's kernel closed its socket (the process exited or was
+// killed) or reset it; ZeroMQ reconnects within 100 ms (ZMQ_RECONNECT_IVL) to a process that is
+// still there. A node that hangs with its sockets open (SIGSTOP, a partitioned network) keeps
+// its connection and is found by the heartbeat timeout instead.
+constexpr auto kReconnectGrace = std::chrono::milliseconds(1000);
 constexpr int kNoRequest = 1 << 30;  // sorts after every requested rank
 
 int RoleBit(Role role) {
@@ -34,7 +40,7 @@ int RoleBit(Role role) {
 Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Clock::now()) {
   const std::string ip =
       config.use_kubernetes ? "0.0.0.0" : net::ResolveIPv4(config.root_uri, "DMLC_PS_ROOT_URI");
-  transport_ = std::make_unique<ZmqTransport>(config.verbose, config.io_threads);
+  transport_ = std::make_unique<ZmqTransport>(TransportOptionsFor(config, Role::kScheduler));
   try {
     port_ = transport_->Bind(ip, config.root_port);
   } catch (const Error& e) {
@@ -42,6 +48,8 @@ Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Cl
                 " (DMLC_PS_ROOT_URI/DMLC_PS_ROOT_PORT set this address; DMLC_PS_ROOT_PORT=0 picks "
                 "a free port)");
   }
+  // Before any node registers, so that the connection to every node is watched.
+  transport_->SetPeerWatcher([this](int id, bool connected) { OnPeerConnection(id, connected); });
   NodeInfo self;
   self.id = kSchedulerId;
   self.role = Role::kScheduler;
@@ -57,6 +65,7 @@ Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Cl
 }
 
 Scheduler::~Scheduler() {
+  transport_->SetPeerWatcher({});  // waits for a call in progress (it uses members below)
   transport_->Shutdown();
   receiver_.reset();
   timer_.reset();
@@ -280,7 +289,8 @@ void Scheduler::Refuse(const NodeInfo& node, const std::string& why) {
 void Scheduler::FailRegistration(const std::string& why) {
   if (!registration_failure_.empty()) return;
   registration_failure_ = why;
-  LOG(ERROR) << "the job cannot start: " << why;
+  // Not logged: the refusal that caused it was (Refuse), and the job's failure is the caller's
+  // to report (failure()); ps-scheduler prints it once.
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     Message reply;
     reply.meta.control = Control::kRegisterReply;
@@ -496,6 +506,7 @@ void Scheduler::ReleaseBarrier(int group, const std::string& error) {
 void Scheduler::OnTick() {
   std::lock_guard lock(mu_);
   if (finished_) return;
+  ApplyConnectionEvents();
   const auto now = Clock::now();
   if (!complete_) {
     if (now - started_ > config_.register_timeout) {
@@ -517,6 +528,7 @@ void Scheduler::OnTick() {
     }
     return;
   }
+  if (DeclareClosedConnectionsDead(now)) return;  // the job has ended
   if (config_.heartbeat_interval.count() == 0) return;
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
@@ -528,8 +540,56 @@ void Scheduler::OnTick() {
   }
 }
 
+void Scheduler::OnPeerConnection(int id, bool connected) {
+  // Queued, not applied here: this thread must never wait for mu_, which is held while calling
+  // the transport (whose socket monitors wait for this thread).
+  std::lock_guard lock(connection_events_mu_);
+  connection_events_.push_back(ConnectionEvent{id, connected, Clock::now()});
+}
+
+void Scheduler::ApplyConnectionEvents() {
+  std::vector<ConnectionEvent> events;
+  {
+    std::lock_guard lock(connection_events_mu_);
+    events.swap(connection_events_);
+  }
+  for (const ConnectionEvent& event : events) {
+    const int id = event.id;
+    // Finished workers, dead nodes and refused registrations are nobody's concern: their
+    // connections close as they exit.
+    if (id <= 0 || static_cast<std::size_t>(id) >= nodes_.size() || !IsLive(id)) continue;
+    if (event.connected) {
+      if (suspected_.erase(id) != 0 && config_.verbose >= 1) {
+        LOG(INFO) << "the connection to " << nodes_[id].Describe() << " is back";
+      }
+    } else if (suspected_.emplace(id, event.at).second && config_.verbose >= 1) {
+      LOG(INFO) << "the connection to " << nodes_[id].Describe()
+                << " closed: it is declared dead unless it is back within "
+                << FormatSeconds(kReconnectGrace);
+    }
+  }
+}
+
+bool Scheduler::DeclareClosedConnectionsDead(Clock::time_point now) {
+  for (auto it = suspected_.begin(); it != suspected_.end();) {
+    const int id = it->first;
+    if (!IsLive(id)) {
+      it = suspected_.erase(it);
+    } else if (now - it->second >= kReconnectGrace) {
+      suspected_.erase(it);
+      DeclareDead(id, "its connection closed and did not come back within " +
+                          FormatSeconds(kReconnectGrace) + ": the process exited or was killed");
+      return true;
+    } else {
+      ++it;
+    }
+  }
+  return false;
+}
+
 void Scheduler::DeclareDead(int id, const std::string& why) {
   dead_.insert(id);
+  transport_->Abandon(id);  // what is queued for it can never arrive: exit without waiting
   const NodeInfo& node = nodes_[id];
   LOG(ERROR) << node.Describe() << " is dead: " << why;
   for (std::size_t other = 1; other < nodes_.size(); ++other) {
@@ -570,11 +630,9 @@ void Scheduler::Finish(int status, const std::string& why) {
   finished_ = true;
   status_ = status;
   failure_ = why;
-  if (status == 0) {
-    LOG(INFO) << "every worker finished: the job is done";
-  } else {
-    LOG(ERROR) << "the job failed: " << why;
-  }
+  // A failure is not logged here: Run's caller reports failure() (ps-scheduler prints it once,
+  // as "ps-scheduler: error: ..."), so it does not appear twice.
+  if (status == 0) LOG(INFO) << "every worker finished: the job is done";
   finished_cv_.notify_all();
 }
 

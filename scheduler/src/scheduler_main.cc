@@ -1,7 +1,8 @@
 // ps-scheduler: runs the scheduler of one job and exits with the job's status.
-#include <atomic>
 #include <cstdio>
 #include <iostream>
+#include <mutex>
+#include <string>
 
 #include "cli.h"
 #include "ps/error.h"
@@ -11,27 +12,42 @@ int main(int argc, char** argv) {
   ps::cli::Init(&argc, &argv,
                 "runs the scheduler of a parameter-server job.\n"
                 "Usage: ps-scheduler [flags]\n"
-                "Every flag falls back to its DMLC_*/PS_* environment variable; see README.md.");
+                "Every flag falls back to its DMLC_*/PS_* environment variable; see README.md.",
+                ps::Role::kScheduler);
+  // The scheduler a signal stops, under mu: null before it exists and again once it has ended.
+  // A signal after the end is ignored: the process is on its way out and has printed its one
+  // error line (the launcher and its wrapper shell may each send a TERM).
+  std::mutex mu;
+  ps::Scheduler* running = nullptr;
+  bool ended = false;
   // Started before any other thread so that all of them inherit the blocked signals.
-  std::atomic<ps::Scheduler*> running{nullptr};
-  ps::cli::SignalWatcher signals([&running](int signal) {
+  ps::cli::SignalWatcher signals([&](int signal) {
     const std::string why =
         std::string("stopped by signal ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
-    if (ps::Scheduler* scheduler = running.load()) {
-      scheduler->Stop(why);
-    } else {
+    std::lock_guard lock(mu);
+    if (running != nullptr) {
+      running->Stop(why);
+    } else if (!ended) {
       ps::cli::Die("ps-scheduler", why);
     }
   });
   try {
     const ps::ClusterConfig config = ps::cli::ReadClusterConfig(ps::Role::kScheduler);
     ps::Scheduler scheduler(config);
-    running = &scheduler;
+    {
+      std::lock_guard lock(mu);
+      running = &scheduler;
+    }
     // The launcher reads this line to learn the port when DMLC_PS_ROOT_PORT=0.
     std::cout << "ps-scheduler: listening on " << config.root_uri << ":" << scheduler.port()
               << std::endl;
     const int status = scheduler.Run();
-    running = nullptr;
+    {
+      std::lock_guard lock(mu);
+      running = nullptr;
+      ended = true;
+    }
+    // The one report of a failure: the Scheduler hands it back and does not log it.
     if (status != 0) std::fprintf(stderr, "ps-scheduler: error: %s\n", scheduler.failure().c_str());
     return status;
   } catch (const ps::Error& e) {

@@ -76,6 +76,70 @@ TEST_CASE("processes: --help and --version answer", "[processes]") {
   }
 }
 
+TEST_CASE("processes: --help shows each role's flags with their real defaults", "[processes]") {
+  auto scheduler = Start("ps-scheduler", {}, {"--help"});
+  auto server = Start("ps-server", {}, {"--help"});
+  REQUIRE(scheduler->Wait(10s) == 0);
+  REQUIRE(server->Wait(10s) == 0);
+  for (auto* help : {scheduler.get(), server.get()}) {
+    const std::string output = help->Output();
+    INFO(output);
+    // Not gflags' placeholders for "not given" (-1, ""), which are nobody's default.
+    CHECK_THAT(output, !Catch::Contains("-1") && !Catch::Contains("\"\""));
+    CHECK_THAT(output, Catch::Contains("--root_port (int32; env DMLC_PS_ROOT_PORT; required)"));
+    CHECK_THAT(output, Catch::Contains("--heartbeat_interval (double; env PS_HEARTBEAT_INTERVAL; "
+                                       "default: 2)"));
+    CHECK_THAT(output, Catch::Contains("--register_timeout (double; env PS_REGISTER_TIMEOUT; "
+                                       "default: 60)"));
+    CHECK_THAT(output, Catch::Contains("--verbose (int32; env PS_VERBOSE; default: 0)"));
+  }
+  // Only the scheduler reads DMLC_USE_KUBERNETES.
+  CHECK_THAT(scheduler->Output(), Catch::Contains("--use_kubernetes (bool; env "
+                                                  "DMLC_USE_KUBERNETES; default: false)"));
+  CHECK_THAT(server->Output(), !Catch::Contains("kubernetes"));
+}
+
+TEST_CASE("processes: an argument that is not a flag is a one-line error", "[processes]") {
+  for (const std::string binary : {"ps-scheduler", "ps-server"}) {
+    auto process = Start(binary, JobEnv(1, 1, 0), {"--num_servers=1", "stray"});
+    CHECK(process->Wait(10s) == 1);
+    CHECK(process->Output() == binary +
+                                   ": error: unexpected argument 'stray': every setting is a flag "
+                                   "(--name=value) or its environment variable; see --help\n");
+  }
+}
+
+TEST_CASE("processes: a failed scheduler says why once", "[processes][fault]") {
+  const auto count = [](const std::string& text, const std::string& part) {
+    std::size_t n = 0;
+    for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+  };
+  SECTION("the job does not fill up") {
+    Env env = JobEnv(1, 1, 0);
+    env["PS_REGISTER_TIMEOUT"] = "0.5";
+    auto scheduler = Start("ps-scheduler", env);
+    CHECK(scheduler->Wait(10s) == 1);
+    const std::string output = scheduler->Output();
+    INFO(output);
+    CHECK_THAT(output, Catch::Contains("ps-scheduler: error: only 0 of 1 server(s)"));
+    CHECK(count(output, "registered within") == 1);
+  }
+  SECTION("stopped by signals") {
+    // The launcher and its wrapper shell each send a TERM: the second, arriving while the first
+    // ends the job, must not print another line.
+    auto [scheduler, port] = StartScheduler(1, 1);
+    scheduler->Kill(SIGTERM);
+    CHECK(scheduler->WaitForOutput("stopped by signal SIGTERM", 10s));
+    scheduler->Kill(SIGTERM);  // the process may have exited already: nothing happens then
+    CHECK(scheduler->Wait(10s) == 1);
+    const std::string output = scheduler->Output();
+    INFO(output);
+    CHECK(count(output, "stopped by signal") == 1);
+    CHECK_THAT(output, Catch::EndsWith("ps-scheduler: error: stopped by signal SIGTERM\n"));
+  }
+}
+
 TEST_CASE("processes: a bad environment is a one-line error naming the variable", "[processes]") {
   Env env = JobEnv(1, 1, 1234);
   env["DMLC_NUM_SERVER"] = "zero";

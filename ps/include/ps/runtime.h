@@ -117,6 +117,10 @@ class Runtime {
   std::string failure() const;
   bool terminated() const;
   std::size_t dropped_messages() const;
+  // Bytes this node's transport sent and received: headers and payload frames (ps-bench's
+  // bytes on the wire; KVStore::Traffic).
+  std::uint64_t bytes_sent() const;
+  std::uint64_t bytes_received() const;
   // The endpoint this node sends to `node_id` through ("ipc://@..." for same-host peers).
   std::string EndpointOf(int node_id) const;
   // True when this node reaches `node_id` over ipc://: same kernel and network namespace, so

@@ -48,7 +48,8 @@ class Scheduler {
   int Run();
   // Ends the job now with `why` (e.g. on SIGTERM); Run() returns 1.
   void Stop(const std::string& why);
-  // Why the job failed; "" when it did not.
+  // Why the job failed; "" when it did not. The scheduler does not log it: Run's caller reports
+  // it (ps-scheduler prints one "ps-scheduler: error: ..." line).
   std::string failure() const;
   // Nodes declared dead so far (for tests and the final report).
   std::vector<NodeInfo> dead_nodes() const;
@@ -78,7 +79,15 @@ class Scheduler {
   void FailRegistration(const std::string& why);
   void EndFailedRegistrationOnceAllTold();  // mu_ held
   void OnBarrier(const Meta& meta);
-  void OnTick();                                             // timer thread
+  void OnTick();  // timer thread
+  // The transport's watcher (monitor thread): the connection to node `id` closed or is back.
+  // OnTick applies it: a live node whose connection closed is suspected, and declared dead when
+  // it is not back within kReconnectGrace (scheduler.cc), long before a heartbeat timeout.
+  void OnPeerConnection(int id, bool connected);
+  void ApplyConnectionEvents();  // mu_ held
+  // Declares dead the first suspected node whose connection stayed closed too long; true when
+  // it did (the job has ended). mu_ held.
+  bool DeclareClosedConnectionsDead(Clock::time_point now);
   void CompleteRegistration();                               // mu_ held
   void DeclareDead(int id, const std::string& why);          // mu_ held
   void ReleaseBarrier(int group, const std::string& error);  // mu_ held
@@ -107,6 +116,17 @@ class Scheduler {
   bool complete_ = false;             // GUARDED_BY(mu_): the table was sent
   std::set<int> done_;                // GUARDED_BY(mu_): workers that finished
   std::set<int> dead_;                // GUARDED_BY(mu_)
+  // GUARDED_BY(mu_): live nodes whose connection closed, and when.
+  std::map<int, Clock::time_point> suspected_;
+  // What OnPeerConnection reported, for OnTick. A leaf lock (never held while taking mu_ or
+  // calling the transport), so the monitor thread never waits for mu_.
+  struct ConnectionEvent {
+    int id;
+    bool connected;
+    Clock::time_point at;
+  };
+  std::mutex connection_events_mu_;
+  std::vector<ConnectionEvent> connection_events_;  // GUARDED_BY(connection_events_mu_)
   // A member at a barrier: what it is about to do (its vote) and a failure it met, if any.
   struct BarrierArrival {
     std::string vote;

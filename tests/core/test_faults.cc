@@ -1,0 +1,376 @@
+// The fault suite (docs/errors.md, "Fault suite"): the real binaries on 127.0.0.1 against
+// descriptor exhaustion, oversized frames, a server killed with SIGKILL and a server out of
+// memory. Every process is started and stopped by the test, by pid; every wait is bounded.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ps/error.h>
+#include <ps/kvstore.h>
+
+#include "child_process.h"
+#include "kv_cluster.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ps::test::ChildProcess;
+using Env = std::map<std::string, std::string>;
+using Clock = std::chrono::steady_clock;
+
+Env JobEnv(int servers, int workers, int port) {
+  return {{"DMLC_PS_ROOT_URI", "127.0.0.1"},
+          {"DMLC_PS_ROOT_PORT", std::to_string(port)},
+          {"DMLC_NUM_SERVER", std::to_string(servers)},
+          {"DMLC_NUM_WORKER", std::to_string(workers)},
+          {"PS_HEARTBEAT_INTERVAL", "0.5"},
+          {"PS_HEARTBEAT_TIMEOUT", "20"},  // long: only a closed connection explains a fast end
+          {"PS_REGISTER_TIMEOUT", "30"},
+          {"DMLC_ROLE", "worker"}};
+}
+
+// The port in a "listening on 127.0.0.1:PORT" line of `process` (logged at PS_VERBOSE=1).
+int ListeningPort(const ChildProcess& process) {
+  REQUIRE(process.WaitForOutput("listening on 127.0.0.1:", 10s));
+  std::smatch match;
+  const std::string output = process.Output();
+  REQUIRE(std::regex_search(output, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")));
+  return std::stoi(match[1]);
+}
+
+std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(const Env& env) {
+  auto scheduler = std::make_unique<ChildProcess>(
+      std::vector<std::string>{ps::test::BinPath("ps-scheduler")}, env);
+  return {std::move(scheduler), ListeningPort(*scheduler)};
+}
+
+std::unique_ptr<ChildProcess> Start(const std::string& binary, const Env& env,
+                                    std::vector<std::string> args = {}) {
+  args.insert(args.begin(), ps::test::BinPath(binary));
+  return std::make_unique<ChildProcess>(args, env);
+}
+
+// A field of /proc/PID/status in kB (VmRSS, VmSize); -1 when the process is gone.
+long StatusKb(pid_t pid, const std::string& field) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.starts_with(field + ":")) return std::stol(line.substr(field.size() + 1));
+  }
+  return -1;
+}
+
+// A socket the test holds open until it goes.
+class Socket {
+ public:
+  explicit Socket(int fd) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Socket& operator=(Socket&&) = delete;
+  ~Socket() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// A TCP connection to 127.0.0.1:port; `blocking` false returns at once (connect in progress).
+Socket ConnectTcp(int port, bool blocking) {
+  Socket socket(::socket(AF_INET, SOCK_STREAM | (blocking ? 0 : SOCK_NONBLOCK), 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  connect(socket.fd(), reinterpret_cast<const sockaddr*>(&address), sizeof(address));
+  if (blocking) {
+    const timeval timeout{5, 0};  // a node that stops reading fails the send, not the test
+    setsockopt(socket.fd(), SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  }
+  return socket;
+}
+
+// Sends all of `bytes`; false once the node closed the connection (or stopped reading).
+bool SendAll(const Socket& socket, const std::string& bytes) {
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = send(socket.fd(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Greets as a ZMTP 3.0 PUSH peer (greeting with the NULL mechanism, READY with its socket type),
+// declares one frame of `declared` bytes and sends up to `payload` bytes of it. Returns the
+// payload bytes the node took before it closed the connection. The connection stays open in
+// `held` (a node that buffers the frame keeps the memory while it waits for the rest).
+std::uint64_t DeclareHugeFrame(int port, std::uint64_t declared, std::uint64_t payload,
+                               std::vector<Socket>& held) {
+  Socket socket = ConnectTcp(port, true);
+  std::string greeting(64, '\0');
+  greeting[0] = '\xff';
+  greeting[9] = '\x7f';
+  greeting[10] = '\x03';  // version 3.0
+  greeting.replace(12, 4, "NULL");
+  const std::string ready_body =
+      std::string("\x05READY\x0bSocket-Type") + std::string("\0\0\0\x04", 4) + "PUSH";  // 26 bytes
+  std::string ready = "\x04";
+  ready += static_cast<char>(ready_body.size());
+  ready += ready_body;
+  std::string header = "\x02";  // a long, final message frame
+  for (int shift = 56; shift >= 0; shift -= 8) header += static_cast<char>(declared >> shift);
+  std::uint64_t taken = 0;
+  if (SendAll(socket, greeting + ready + header)) {
+    const std::string chunk(std::size_t{1} << 20, 'x');
+    while (taken < payload && SendAll(socket, chunk)) taken += chunk.size();
+  }
+  held.push_back(std::move(socket));
+  return taken;
+}
+
+// Raises this process's soft descriptor limit to the hard one; returns the soft limit.
+rlim_t RaiseOwnDescriptorLimit() {
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);
+  getrlimit(RLIMIT_NOFILE, &limit);
+  return limit.rlim_cur;
+}
+
+}  // namespace
+
+TEST_CASE("faults: a server out of descriptors drops idle connections and serves its job",
+          "[faults]") {
+  // The issue's case: `ulimit -n` (soft and hard) far below the connections offered. Before
+  // the connection caps, ZeroMQ aborted in accept (ipc) or our next socket threw EMFILE.
+  const std::string ipc = GENERATE("1", "0");
+  INFO("PS_USE_IPC=" << ipc);
+  const rlim_t own = RaiseOwnDescriptorLimit();
+  REQUIRE(own >= 600);
+  const int idle = static_cast<int>(std::min<rlim_t>(1100, own - 200));
+  Env env = JobEnv(1, 2, 0);
+  env["PS_USE_IPC"] = ipc;
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  Env server_env = env;
+  server_env["PS_VERBOSE"] = "1";
+  auto server = std::make_unique<ChildProcess>(
+      std::vector<std::string>{"/bin/bash", "-c",
+                               "ulimit -n 256 && exec " + ps::test::BinPath("ps-server")},
+      server_env);
+  const int server_port = ListeningPort(*server);
+
+  std::vector<Socket> connections;
+  for (int i = 0; i < idle; ++i) connections.push_back(ConnectTcp(server_port, false));
+  // The server has accepted more than its caps let it keep (not a REQUIRE: without the caps the
+  // server runs out of descriptors with the workers, which the checks below show).
+  CHECK(server->WaitForOutput("dropped connection", 15s));
+
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(Start("ps-kvstore-check", env, {"--rounds", "50", "--size", "10000"}));
+  }
+  for (auto& worker : workers) {
+    const auto status = worker->Wait(60s);
+    INFO("worker output: " << worker->Tail(10));
+    CHECK(status == 0);
+    CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: ok"));
+  }
+  const auto server_status = server->Wait(30s);
+  INFO("server output: " << server->Tail(10));
+  CHECK(server_status == 0);
+  CHECK(scheduler->Wait(30s) == 0);
+  const std::string output = server->Output();
+  CHECK_THAT(output, Catch::Contains("connections are still in ZeroMQ's handshake"));
+  CHECK_THAT(output, !Catch::Contains("Too many open files"));
+}
+
+TEST_CASE("faults: frames past a node's cap are refused before they take memory", "[faults]") {
+  // The issue's case: four connections each declaring a 7 GiB frame and sending 256 MiB of it
+  // took the scheduler and a server from 9 MB to 1 GB of RSS. The scheduler's frame cap is
+  // 1 MiB, a default server's 8 MB: each connection is closed at the frame's header.
+  constexpr std::uint64_t kDeclared = std::uint64_t{7} << 30;
+  constexpr std::uint64_t kPayload = std::uint64_t{256} << 20;
+  constexpr long kMostGrowthKb = 64 << 10;  // docs/errors.md: the bound is 4 MiB / 32 MiB here
+  Env env = JobEnv(1, 2, 0);
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  Env server_env = env;
+  server_env["PS_VERBOSE"] = "1";
+  auto server = Start("ps-server", server_env);
+  const int server_port = ListeningPort(*server);
+  constexpr std::uint64_t kSchedulerCap = std::uint64_t{1} << 20;
+  std::uint64_t server_cap = 8065536;  // a default server's: 8 x 10^6 + 64 KiB
+  std::smatch match;
+  const std::string listening = server->Output();
+  CHECK(std::regex_search(listening, match, std::regex("frames up to (\\d+) bytes")));
+  if (!match.empty()) server_cap = std::stoull(match[1]);
+
+  std::vector<Socket> held;
+  for (const auto& [name, pid, target] : {std::tuple{"scheduler", scheduler->pid(), port},
+                                          std::tuple{"server", server->pid(), server_port}}) {
+    INFO(name);
+    const long before = StatusKb(pid, "VmRSS");
+    std::uint64_t taken = 0;
+    for (int i = 0; i < 4; ++i) taken += DeclareHugeFrame(target, kDeclared, kPayload, held);
+    // Past the cap by one byte, sent whole: refused just the same.
+    const std::uint64_t cap = std::string(name) == "scheduler" ? kSchedulerCap : server_cap;
+    taken += DeclareHugeFrame(target, cap + 1, cap + 1, held);
+    const long after = StatusKb(pid, "VmRSS");
+    INFO("RSS " << before << " kB -> " << after << " kB; the node took " << taken << " bytes");
+    CHECK(after - before < kMostGrowthKb);
+    CHECK(taken < (std::uint64_t{64} << 20));
+  }
+
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (int i = 0; i < 2; ++i) workers.push_back(Start("ps-kvstore-check", env, {"--rounds", "5"}));
+  for (auto& worker : workers) CHECK(worker->Wait(60s) == 0);
+  CHECK(server->Wait(30s) == 0);
+  CHECK(scheduler->Wait(30s) == 0);
+}
+
+TEST_CASE("faults: a server killed with SIGKILL ends the job within 3 s, naming it", "[faults]") {
+  // PS_HEARTBEAT_TIMEOUT is 20 s: only the closed connection can end the job this fast.
+  constexpr auto kMostDelay = 3s;
+  const bool traffic = GENERATE(false, true);
+  INFO((traffic ? "workers pushing and pulling" : "workers waiting"));
+  Env env = JobEnv(2, 2, 0);
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  Env server_env = env;
+  server_env["PS_VERBOSE"] = "1";  // logs "registered as server R (node N at ...)"
+  auto victim = Start("ps-server", server_env);
+  auto survivor = Start("ps-server", server_env);
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (int i = 0; i < 2; ++i) {
+    workers.push_back(
+        traffic ? Start("ps-kvstore-check", env, {"--rounds", "100000000", "--report_every", "20"})
+                : Start("ps-test-node", env, {"--block"}));
+  }
+  for (auto& worker : workers) {
+    REQUIRE(
+        worker->WaitForOutput(traffic ? "kvstore-check: round 20" : "registered as worker", 30s));
+  }
+  REQUIRE(victim->WaitForOutput("registered as server", 30s));
+  std::smatch match;
+  const std::string registered = victim->Output();
+  REQUIRE(std::regex_search(registered, match, std::regex("registered as (server \\d+) \\(")));
+  const std::string victim_name = match[1].str() + " (";
+
+  victim->Kill(SIGKILL);
+  const auto killed_at = Clock::now();
+  REQUIRE(victim->Wait(5s) == 128 + SIGKILL);
+
+  const auto scheduler_status = scheduler->Wait(10s);
+  const auto scheduler_delay = Clock::now() - killed_at;
+  INFO("scheduler output: " << scheduler->Tail(5));
+  CHECK(scheduler_status == 1);
+  CHECK(scheduler_delay < kMostDelay);
+  CHECK_THAT(scheduler->Output(),
+             Catch::Contains(victim_name + "node") && Catch::Contains("its connection closed"));
+  for (auto* process : {workers[0].get(), workers[1].get(), survivor.get()}) {
+    const auto status = process->Wait(10s);
+    INFO(process->name() << " output: " << process->Tail(5));
+    CHECK(status.has_value());
+    CHECK(status != 0);
+    CHECK(Clock::now() - killed_at < kMostDelay);
+    CHECK_THAT(process->Output(), Catch::Contains(victim_name));
+  }
+  if (!traffic) {
+    for (auto& worker : workers) {
+      CHECK_THAT(worker->Output(), Catch::Contains("ended: the job failed: " + victim_name) &&
+                                       Catch::Contains("its connection closed"));
+    }
+  }
+}
+
+TEST_CASE("faults: a server out of memory answers the request with an error naming the size",
+          "[faults]") {
+  // The server may map its own memory plus 768 MiB: a 512 MiB frame it receives, not also the
+  // 512 MiB value it would copy it into. The Init fails, the server stays up.
+  constexpr std::size_t kBigElements = std::size_t{128} << 20;  // 512 MiB of float32
+  constexpr long kHeadroomKb = (512 + 256) << 10;
+  // No shared memory: the server would map the worker's 512 MiB segment, too big for its cap.
+  ps::test::KVCluster cluster(1, 1,
+                              {{"MXNET_KVSTORE_BIGARRAY_BOUND", "300000000"}, {"PS_USE_SHM", "0"}});
+  const pid_t server = cluster.servers()[0]->pid();
+  auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig());
+  std::vector<float> small(1000, 1.0f);
+  kv->Init(1, ps::Tensor(small.data(), small.size()));  // the server is serving: its size is set
+  const long size_kb = StatusKb(server, "VmSize");
+  REQUIRE(size_kb > 0);
+  const rlimit cap{static_cast<rlim_t>(size_kb + kHeadroomKb) << 10,
+                   static_cast<rlim_t>(size_kb + kHeadroomKb) << 10};
+  REQUIRE(prlimit(server, RLIMIT_AS, &cap, nullptr) == 0);
+
+  std::vector<float> big(kBigElements, 2.0f);
+  auto init = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      kv->Init(7, ps::Tensor(big.data(), big.size()));
+      kv->WaitAll();
+    } catch (const ps::Error& e) {
+      return e.what();
+    }
+    return "";
+  });
+  if (init.wait_for(60s) != std::future_status::ready) {
+    cluster.servers()[0]->Kill(SIGKILL);  // the Init then fails (its server died) and returns
+    init.wait();
+    FAIL("the big Init got no answer within 60 s");
+  }
+  const std::string error = init.get();
+  big = std::vector<float>();
+  CHECK_THAT(error, Catch::Contains("key 7") && Catch::Contains("out of memory") &&
+                        Catch::Contains(std::to_string(kBigElements * sizeof(float)) + " bytes"));
+  // An update out of memory: a 256 MiB key fits with its Init frame, but not its push's frame
+  // with Adam's two state buffers as long as the key. The push fails, the value stays.
+  constexpr std::size_t kMidElements = std::size_t{64} << 20;
+  std::vector<float> mid(kMidElements, 3.0f);
+  kv->Init(8, ps::Tensor(mid.data(), mid.size()));
+  ps::OptimizerConfig adam;
+  adam.name = "adam";
+  adam.learning_rate = 1.0f;
+  kv->SetOptimizer(adam);
+  std::string update_error;
+  try {
+    kv->Push(8, ps::Tensor(mid.data(), mid.size()));
+    kv->WaitAll();
+  } catch (const ps::Error& e) {
+    update_error = e.what();
+  }
+  CHECK_THAT(update_error,
+             Catch::Contains("key 8") && Catch::Contains("out of memory") &&
+                 Catch::Contains(std::to_string(kMidElements * sizeof(float)) + " bytes"));
+  std::fill(mid.begin(), mid.end(), 0.0f);
+  kv->Pull(8, ps::Tensor(mid.data(), mid.size()));
+  kv->WaitAll();
+  CHECK(mid[0] == 3.0f);  // as initialized
+  mid = std::vector<float>();
+
+  // Still serving: the small key takes a push and answers a pull.
+  std::vector<float> out(small.size(), 0.0f);
+  kv->Push(1, ps::Tensor(small.data(), small.size()));
+  kv->Pull(1, ps::Tensor(out.data(), out.size()));
+  kv->WaitAll();
+  CHECK(out[0] < 1.0f);  // Adam moved it down from 1
+  kv.reset();
+  CHECK(cluster.EndedCleanly());
+}
