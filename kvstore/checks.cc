@@ -61,4 +61,59 @@ void InitDType(std::string_view store, Key key, DType dtype) {
   }
 }
 
+void InitKey(std::string_view store, Key key, const Tensor& value,
+             const std::optional<Declared>& existing, bool repeated) {
+  TensorBasics(store, "Init", key, value);
+  InitDType(store, key, value.dtype());
+  if (existing) {
+    throw Error(Where(store, "Init", key) + "already initialized (holds " +
+                std::to_string(existing->size) + " " + DTypeName(existing->dtype) +
+                " elements; a key is initialized once)");
+  }
+  if (repeated) throw Error(Where(store, "Init", key) + "given twice in one call");
+}
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kPush:
+      return "Push";
+    case Op::kPull:
+      return "Pull";
+    case Op::kPushPull:
+      return "PushPull";
+  }
+  return "?";
+}
+
+Operation::Operation(std::string_view store, Op op, std::span<const Key> keys,
+                     std::span<const Tensor> sends, std::span<const Tensor> outs, bool optimizer,
+                     std::pmr::memory_resource* memory)
+    : store_(store),
+      op_(op),
+      keys_(keys),
+      sends_(op == Op::kPull ? std::span<const Tensor>() : sends),
+      outs_(op == Op::kPush ? std::span<const Tensor>() : outs),
+      optimizer_(optimizer),
+      seen_(memory) {
+  if (op != Op::kPull) Counts(store, OpName(op), keys.size(), sends.size());
+  if (op != Op::kPush) Counts(store, OpName(op), keys.size(), outs.size());
+}
+
+void Operation::CheckKey(std::size_t i, const std::optional<Declared>& declared) {
+  const Key key = keys_[i];
+  const std::string_view op = OpName(op_);
+  if (!declared) {
+    throw Error(Where(store_, op, key) + "unknown key (never initialized: call Init first)");
+  }
+  if (keys_.size() > 1 && !seen_.insert(key).second) {
+    throw Error(Where(store_, op, key) + "given twice in one call (a key may appear once)");
+  }
+  if (!sends_.empty()) Matches(store_, op, key, sends_[i], declared->dtype, declared->size);
+  if (!outs_.empty()) Matches(store_, op, key, outs_[i], declared->dtype, declared->size);
+  if (!sends_.empty() && optimizer_ && declared->dtype != DType::kFloat32) {
+    throw Error(Where(store_, op, key) + "optimizers update float32 keys only, this key holds " +
+                DTypeName(declared->dtype));
+  }
+}
+
 }  // namespace ps::checks

@@ -26,7 +26,8 @@ int RunScheduler(const ClusterConfig& config) {
 // A scheduler or server role owns its process until it exits, so it may set up glog when the
 // user's program has not (glog would otherwise open with "Logging before InitGoogleLogging").
 // A worker's process stays the user's: their own InitGoogleLogging may still come, and glog
-// aborts on a second one.
+// aborts on a second one. There the library logs through PS_LOG (ps/src/glog_or_stderr.h),
+// which writes glog-formatted lines to stderr itself until the program sets glog up.
 void LogToStderrUnlessSetUp(const char* role_program) {
   if (google::IsGoogleLoggingInitialized()) return;
   FLAGS_logtostderr = true;

@@ -1,6 +1,7 @@
 // KVStore::Create: picks the implementation for a type name.
 #include <ps/kvstore.h>
 
+#include "compression.h"
 #include "dist_kvstore_factory.h"
 #include "local_kvstore.h"
 
@@ -15,6 +16,19 @@ bool IsDist(const std::string& type) { return type == "dist_sync" || type == "di
 }
 
 }  // namespace
+
+void KVStore::SetGradientCompression(const GradientCompression& config) {
+  const std::string store = Type() + " kvstore: ";
+  try {
+    compression::Parse(config);  // a bad setting is named first, as on the dist stores
+  } catch (const Error& e) {
+    throw Error(store + e.what());
+  }
+  throw Error(store +
+              "SetGradientCompression: gradient compression is for the distributed stores "
+              "(dist_sync, dist_async), as in MXNet: a \"" +
+              Type() + "\" store sends nothing over a network link");
+}
 
 std::unique_ptr<KVStore> KVStore::Create(const std::string& type) {
   if (type == "local") return std::make_unique<LocalKVStore>();

@@ -1,5 +1,6 @@
 #include "local_kvstore.h"
 
+#include "checkpoint.h"
 #include "checks.h"
 #include "device_memory.h"
 
@@ -10,8 +11,6 @@ namespace ps {
 namespace {
 
 constexpr std::string_view kStore = "local kvstore";
-
-std::string Where(const char* op, Key key) { return checks::Where(kStore, op, key); }
 
 }  // namespace
 
@@ -25,32 +24,16 @@ void LocalKVStore::SetOptimizer(const OptimizerConfig& config) {
   optimizer_ = std::move(optimizer);
 }
 
-LocalKVStore::Entry& LocalKVStore::FindLocked(const char* op, Key key) {
-  auto it = store_.find(key);
-  if (it == store_.end()) {
-    throw Error(Where(op, key) + "unknown key (not initialized: call Init first)");
-  }
-  return it->second;
-}
-
 void LocalKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> values) {
   checks::Counts(kStore, "Init", keys.size(), values.size());
   std::lock_guard lock(mu_);
   // Check every key first so a failing call stores nothing.
   std::unordered_set<Key> seen;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    const Key key = keys[i];
-    const Tensor& v = values[i];
-    checks::TensorBasics(kStore, "Init", key, v);
-    checks::InitDType(kStore, key, v.dtype());
-    if (auto it = store_.find(key); it != store_.end()) {
-      throw Error(Where("Init", key) + "already initialized (holds " +
-                  std::to_string(it->second.size) + " " + DTypeName(it->second.dtype) +
-                  " elements; a key is initialized once)");
-    }
-    if (!seen.insert(key).second) {
-      throw Error(Where("Init", key) + "given twice in one Init call");
-    }
+    const auto it = store_.find(keys[i]);
+    checks::InitKey(kStore, keys[i], values[i],
+                    checks::DeclaredBy(it == store_.end() ? nullptr : &it->second),
+                    !seen.insert(keys[i]).second);
   }
   // Copy every value before storing any: a failed GPU copy leaves the store as it was.
   std::vector<Entry> entries(keys.size());
@@ -66,69 +49,47 @@ void LocalKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> v
   for (std::size_t i = 0; i < keys.size(); ++i) store_.emplace(keys[i], std::move(entries[i]));
 }
 
-std::vector<LocalKVStore::PushGroup> LocalKVStore::PlanPushLocked(std::span<const Key> keys,
-                                                                  std::span<const Tensor> grads) {
-  checks::Counts(kStore, "Push", keys.size(), grads.size());
-  std::vector<PushGroup> plan;
-  std::unordered_map<Key, std::size_t> group_of;  // key -> index in plan
+std::vector<LocalKVStore::Entry*> LocalKVStore::CheckLocked(checks::Op op,
+                                                            std::span<const Key> keys,
+                                                            std::span<const Tensor> sends,
+                                                            std::span<const Tensor> outs) {
+  checks::Operation check(kStore, op, keys, sends, outs, optimizer_ != nullptr);
+  std::vector<Entry*> entries;
+  entries.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    const Key key = keys[i];
-    Entry& e = FindLocked("Push", key);
-    checks::Matches(kStore, "Push", key, grads[i], e.dtype, e.size);
-    if (optimizer_ && e.dtype != DType::kFloat32) {
-      throw Error(Where("Push", key) + "optimizer supports float32 only, the key holds " +
-                  DTypeName(e.dtype));
-    }
-    auto [it, fresh] = group_of.try_emplace(key, plan.size());
-    if (fresh) plan.push_back(PushGroup{key, &e, {}});
-    plan[it->second].tensors.push_back(i);
-  }
-  return plan;
-}
-
-void LocalKVStore::ApplyPushLocked(const std::vector<PushGroup>& plan,
-                                   std::span<const Tensor> grads) {
-  for (const PushGroup& g : plan) {
-    Entry& e = *g.entry;
-    const std::size_t bytes = e.size * DTypeSize(e.dtype);
-    // The value pushed for this key: the tensor itself, or the sum of repeated ones.
-    const void* pushed = grads[g.tensors.front()].data();
-    std::unique_ptr<std::byte[]> merged;
-    if (g.tensors.size() > 1) {
-      merged = std::make_unique_for_overwrite<std::byte[]>(bytes);
-      CopyInto(merged.get(), pushed, bytes, parallel_);
-      for (std::size_t k = 1; k < g.tensors.size(); ++k) {
-        AddInto(e.dtype, merged.get(), grads[g.tensors[k]].data(), e.size, parallel_);
-      }
-      pushed = merged.get();
-    }
-    if (optimizer_) {
-      optimizer_->Update(g.key, reinterpret_cast<float*>(e.data.get()),
-                         static_cast<const float*>(pushed), e.size);
-    } else {
-      CopyInto(e.data.get(), pushed, bytes, parallel_);
-    }
-  }
-}
-
-void LocalKVStore::CheckPullLocked(std::span<const Key> keys, std::span<const Tensor> outs) {
-  checks::Counts(kStore, "Pull", keys.size(), outs.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    const Entry& e = FindLocked("Pull", keys[i]);
-    checks::Matches(kStore, "Pull", keys[i], outs[i], e.dtype, e.size);
+    const auto it = store_.find(keys[i]);
+    Entry* entry = it == store_.end() ? nullptr : &it->second;
+    check.CheckKey(i, checks::DeclaredBy(entry));  // throws for an unknown key
+    entries.push_back(entry);
     // A PushPull must not push when its pull cannot land: check the output's GPU exists.
-    if (outs[i].device().is_cuda()) {
-      checks::NamingKey(kStore, "Pull", keys[i], [&] { CheckDevice(outs[i].device()); });
+    if (op != checks::Op::kPush && outs[i].device().is_cuda()) {
+      checks::NamingKey(kStore, checks::OpName(op), keys[i],
+                        [&] { CheckDevice(outs[i].device()); });
+    }
+  }
+  return entries;
+}
+
+void LocalKVStore::ApplyPushLocked(std::span<Entry* const> entries, std::span<const Key> keys,
+                                   std::span<const Tensor> grads) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = *entries[i];
+    if (optimizer_) {
+      optimizer_->Update(keys[i], reinterpret_cast<float*>(e.data.get()),
+                         static_cast<const float*>(grads[i].data()), e.size);
+    } else {
+      CopyInto(e.data.get(), grads[i].data(), e.size * DTypeSize(e.dtype), parallel_);
     }
   }
 }
 
-void LocalKVStore::DoPullLocked(std::span<const Key> keys, std::span<const Tensor> outs) {
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    const Entry& e = store_.find(keys[i])->second;  // checked by CheckPullLocked
+void LocalKVStore::DoPullLocked(std::span<Entry* const> entries, std::span<const Key> keys,
+                                std::span<const Tensor> outs, std::string_view op) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = *entries[i];
     const std::size_t bytes = e.size * DTypeSize(e.dtype);
     if (outs[i].device().is_cuda()) {
-      checks::NamingKey(kStore, "Pull", keys[i], [&] {
+      checks::NamingKey(kStore, op, keys[i], [&] {
         CopyToDevice(outs[i].data(), e.data.get(), bytes, outs[i].device());
       });
     } else {
@@ -140,28 +101,85 @@ void LocalKVStore::DoPullLocked(std::span<const Key> keys, std::span<const Tenso
 void LocalKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                             int /*priority: nothing is queued here*/) {
   std::lock_guard lock(mu_);
-  const auto plan = PlanPushLocked(keys, grads);
+  const auto entries = CheckLocked(checks::Op::kPush, keys, grads, {});
   // GPU gradients: copied to host memory before anything changes.
   const HostViews host = StageOnHost(kStore, "Push", keys, grads);
-  ApplyPushLocked(plan, host.tensors);
+  ApplyPushLocked(entries, keys, host.tensors);
 }
 
 void LocalKVStore::PullImpl(std::span<const Key> keys, std::span<const Tensor> outs,
                             int /*priority*/) {
   std::lock_guard lock(mu_);
-  CheckPullLocked(keys, outs);
-  DoPullLocked(keys, outs);
+  const auto entries = CheckLocked(checks::Op::kPull, keys, {}, outs);
+  DoPullLocked(entries, keys, outs, "Pull");
 }
 
 void LocalKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                                 std::span<const Tensor> outs, int /*priority*/) {
   std::lock_guard lock(mu_);
   // Both halves are checked before anything is written; the pull sees this push's result.
-  const auto plan = PlanPushLocked(keys, grads);
-  CheckPullLocked(keys, outs);
+  const auto entries = CheckLocked(checks::Op::kPushPull, keys, grads, outs);
   const HostViews host = StageOnHost(kStore, "PushPull", keys, grads);
-  ApplyPushLocked(plan, host.tensors);
-  DoPullLocked(keys, outs);
+  ApplyPushLocked(entries, keys, host.tensors);
+  DoPullLocked(entries, keys, outs, "PushPull");
+}
+
+void LocalKVStore::SaveCheckpoint(const std::string& dir) {
+  if (dir.empty()) throw Error("local kvstore: SaveCheckpoint: the directory is empty");
+  std::lock_guard lock(mu_);
+  checkpoint::Contents contents;
+  if (optimizer_) contents.optimizer = optimizer_->config();
+  for (const auto& [key, entry] : store_) {
+    checkpoint::Record record;
+    record.key = key;
+    record.total = entry.size;
+    record.dtype = entry.dtype;
+    record.value.assign(entry.data.get(), entry.data.get() + entry.size * DTypeSize(entry.dtype));
+    if (optimizer_) {
+      if (auto state = optimizer_->ExportState(key)) {
+        record.count = state->count;
+        record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
+        record.state = std::move(state->buffers);
+      }
+    }
+    contents.records.push_back(std::move(record));
+  }
+  checkpoint::Manifest manifest;
+  manifest.servers = 1;
+  manifest.files.push_back(checkpoint::WriteDataFile(dir, 0, 1, contents));
+  checkpoint::WriteManifest(dir, manifest);
+}
+
+void LocalKVStore::LoadCheckpoint(const std::string& dir) {
+  if (dir.empty()) throw Error("local kvstore: LoadCheckpoint: the directory is empty");
+  const auto manifest =
+      checkpoint::Manifest::Parse(checkpoint::ReadManifestText(dir), dir + "/MANIFEST");
+  checkpoint::Index index;
+  for (const auto& file : manifest.files) index.Add(checkpoint::ReadDataFile(dir, file));
+  std::lock_guard lock(mu_);
+  checkpoint::CheckOptimizerMatches(index.optimizer(),
+                                    optimizer_ ? &optimizer_->config() : nullptr);
+  // Assembled and checked whole before anything changes.
+  std::vector<std::pair<Key, checkpoint::Index::Slice>> loaded;
+  for (const auto& [key, entry] : store_) {
+    auto slice = index.Assemble(key, 0, entry.size, entry.size, entry.dtype);
+    if (!slice.state.empty() &&
+        slice.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
+      throw Error("local kvstore: LoadCheckpoint: key " + std::to_string(key) +
+                  ": the checkpoint keeps " + std::to_string(slice.buffers) +
+                  " optimizer buffer(s) per element, " + optimizer_->config().name +
+                  " as set now keeps " + std::to_string(optimizer_->num_buffers()) +
+                  ": set the same optimizer");
+    }
+    loaded.emplace_back(key, std::move(slice));
+  }
+  for (auto& [key, slice] : loaded) {
+    Entry& entry = store_.at(key);
+    std::copy(slice.value.begin(), slice.value.end(), entry.data.get());
+    if (optimizer_ && (slice.count > 0 || !slice.state.empty())) {
+      optimizer_->ImportState(key, {entry.size, slice.count, std::move(slice.state)});
+    }
+  }
 }
 
 }  // namespace ps

@@ -5,7 +5,7 @@
 //   Push  with an optimizer set: weight <- optimizer step(weight, pushed gradient);
 //         without: the stored value becomes the pushed value (dist_sync with no optimizer
 //         stores the sum of the workers' pushes; with one worker that is the pushed value).
-//         The same key given several times in one Push is summed first (MXNet merges them).
+//         A key may appear once per call, as in every store type (kvstore/checks.h).
 //   Pull  copies the stored value out.
 // Every operation is synchronous (WaitAll is a no-op). A call that throws has changed nothing:
 // all keys of a call are checked before any value is written.
@@ -24,13 +24,14 @@
 
 #include <ps/kvstore.h>
 
+#include "checks.h"
 #include "optimizer.h"
 
 namespace ps {
 
 class LocalKVStore final : public KVStore {
  public:
-  // parallel: how the optimizer and the merge of duplicate keys split big arrays.
+  // parallel: how the optimizer and the copies split big arrays.
   explicit LocalKVStore(const ParallelOptions& parallel = {});
   ~LocalKVStore() override;
 
@@ -42,6 +43,9 @@ class LocalKVStore final : public KVStore {
   int Rank() const override { return 0; }
   int NumWorkers() const override { return 1; }
   std::string Type() const override { return "local"; }
+  // The same files as a dist store's (as server 0 of 1), so either loads the other's.
+  void SaveCheckpoint(const std::string& dir) override;
+  void LoadCheckpoint(const std::string& dir) override;
 
  protected:
   void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) override;
@@ -56,18 +60,14 @@ class LocalKVStore final : public KVStore {
     std::size_t size = 0;               // elements
     std::unique_ptr<std::byte[]> data;  // size * DTypeSize(dtype) bytes, owned by the store
   };
-  // One key of a Push, its tensors (indices into the call's vectors) merged by summing.
-  struct PushGroup {
-    Key key;
-    Entry* entry;
-    std::vector<std::size_t> tensors;
-  };
-
-  std::vector<PushGroup> PlanPushLocked(std::span<const Key> keys, std::span<const Tensor> grads);
-  void CheckPullLocked(std::span<const Key> keys, std::span<const Tensor> outs);
-  void ApplyPushLocked(const std::vector<PushGroup>& plan, std::span<const Tensor> grads);
-  void DoPullLocked(std::span<const Key> keys, std::span<const Tensor> outs);
-  Entry& FindLocked(const char* op, Key key);
+  // Every check of a Push, Pull or PushPull (checks::Operation, as the dist store runs them),
+  // before anything changes; returns each key's entry, in call order.
+  std::vector<Entry*> CheckLocked(checks::Op op, std::span<const Key> keys,
+                                  std::span<const Tensor> sends, std::span<const Tensor> outs);
+  void ApplyPushLocked(std::span<Entry* const> entries, std::span<const Key> keys,
+                       std::span<const Tensor> grads);
+  void DoPullLocked(std::span<Entry* const> entries, std::span<const Key> keys,
+                    std::span<const Tensor> outs, std::string_view op);
 
   const ParallelOptions parallel_;
   std::mutex mu_;

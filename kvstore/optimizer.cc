@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numbers>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -70,6 +71,36 @@ void SgdMomKernel(float* __restrict w, const float* __restrict g, float* __restr
   }
 }
 
+// NAG, MXNet NAGMomKernel: g' = clip(rescale*g); mom = momentum*mom + g' + wd*w;
+// w = w - lr*(g' + wd*w + momentum*mom).
+template <bool kClip>
+void NagKernel(float* __restrict w, const float* __restrict g, float* __restrict mom, std::size_t n,
+               float momentum, float lr, float wd, float rescale, float clip) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float gi = rescale * g[i];
+    if constexpr (kClip) gi = Clip(gi, clip);
+    const float decayed = gi + wd * w[i];
+    const float m = momentum * mom[i] + decayed;
+    mom[i] = m;
+    w[i] = w[i] - lr * (decayed + momentum * m);
+  }
+}
+
+// RMSProp, MXNet's non-centered RMSPropUpdate: g' = clip(rescale*g + wd*w);
+// n = (1 - rho)*g'*g' + rho*n; w = w - lr*g' / sqrt(n + eps).
+template <bool kClip>
+void RmspropKernel(float* __restrict w, const float* __restrict g, float* __restrict sq,
+                   std::size_t n, float lr, float wd, float rescale, float clip, float rho,
+                   float one_minus_rho, float eps) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float gi = rescale * g[i] + wd * w[i];
+    if constexpr (kClip) gi = Clip(gi, clip);
+    const float s = one_minus_rho * gi * gi + rho * sq[i];
+    sq[i] = s;
+    w[i] = w[i] - lr * gi / std::sqrt(s + eps);
+  }
+}
+
 // Adam: g' = clip(rescale*g) + wd*w; m = b1*m + (1-b1)*g'; v = b2*v + (1-b2)*g'*g';
 // w = w - lr_t*m / (sqrt(v) + eps), lr_t the bias-corrected rate of this step.
 template <bool kClip>
@@ -112,7 +143,7 @@ class SgdOptimizer final : public Optimizer {
  private:
   void Step(State& state, float* w, const float* g, std::size_t n) override {
     const OptimizerConfig& c = config();
-    const float lr = c.learning_rate;
+    const float lr = LearningRate(state);
     const float rescale = c.rescale_grad;
     const float clip = c.clip_gradient;
     const float lr_rescale = lr * rescale;
@@ -143,6 +174,64 @@ class SgdOptimizer final : public Optimizer {
   }
 };
 
+class NagOptimizer final : public Optimizer {
+ public:
+  NagOptimizer(const OptimizerConfig& c, const ParallelOptions& p)
+      : Optimizer(c, p, c.momentum > 0.0f ? 1 : 0) {}
+
+ private:
+  void Step(State& state, float* w, const float* g, std::size_t n) override {
+    const OptimizerConfig& c = config();
+    const float lr = LearningRate(state);
+    if (c.momentum == 0.0f) {  // MXNet's NAG without momentum is SGD
+      const float decay = 1.0f - lr * c.weight_decay;
+      const float lr_rescale = lr * c.rescale_grad;
+      ParallelFor(n, parallel(), [=, &c](std::size_t b, std::size_t e) {
+        if (c.clip_gradient >= 0.0f) {
+          SgdKernel<true>(w + b, g + b, e - b, decay, lr, c.rescale_grad, lr_rescale,
+                          c.clip_gradient);
+        } else {
+          SgdKernel<false>(w + b, g + b, e - b, decay, lr, c.rescale_grad, lr_rescale,
+                           c.clip_gradient);
+        }
+      });
+      return;
+    }
+    float* mom = state.buffers[0].get();
+    ParallelFor(n, parallel(), [=, &c](std::size_t b, std::size_t e) {
+      if (c.clip_gradient >= 0.0f) {
+        NagKernel<true>(w + b, g + b, mom + b, e - b, c.momentum, lr, c.weight_decay,
+                        c.rescale_grad, c.clip_gradient);
+      } else {
+        NagKernel<false>(w + b, g + b, mom + b, e - b, c.momentum, lr, c.weight_decay,
+                         c.rescale_grad, c.clip_gradient);
+      }
+    });
+  }
+};
+
+class RmspropOptimizer final : public Optimizer {
+ public:
+  RmspropOptimizer(const OptimizerConfig& c, const ParallelOptions& p) : Optimizer(c, p, 1) {}
+
+ private:
+  void Step(State& state, float* w, const float* g, std::size_t n) override {
+    const OptimizerConfig& c = config();
+    const float lr = LearningRate(state);
+    float* sq = state.buffers[0].get();
+    const float one_minus_rho = 1.0f - c.rho;
+    ParallelFor(n, parallel(), [=, &c](std::size_t b, std::size_t e) {
+      if (c.clip_gradient >= 0.0f) {
+        RmspropKernel<true>(w + b, g + b, sq + b, e - b, lr, c.weight_decay, c.rescale_grad,
+                            c.clip_gradient, c.rho, one_minus_rho, c.epsilon);
+      } else {
+        RmspropKernel<false>(w + b, g + b, sq + b, e - b, lr, c.weight_decay, c.rescale_grad,
+                             c.clip_gradient, c.rho, one_minus_rho, c.epsilon);
+      }
+    });
+  }
+};
+
 class AdamOptimizer final : public Optimizer {
  public:
   AdamOptimizer(const OptimizerConfig& c, const ParallelOptions& p) : Optimizer(c, p, 2) {}
@@ -155,7 +244,7 @@ class AdamOptimizer final : public Optimizer {
     const double t = static_cast<double>(state.count);
     const double coef1 = 1.0 - std::pow(static_cast<double>(c.beta1), t);
     const double coef2 = 1.0 - std::pow(static_cast<double>(c.beta2), t);
-    const float lr_t = static_cast<float>(c.learning_rate * std::sqrt(coef2) / coef1);
+    const float lr_t = static_cast<float>(LearningRate(state) * std::sqrt(coef2) / coef1);
     const float wd = c.weight_decay;
     const float rescale = c.rescale_grad;
     const float clip = c.clip_gradient;
@@ -185,7 +274,7 @@ class AdagradOptimizer final : public Optimizer {
  private:
   void Step(State& state, float* w, const float* g, std::size_t n) override {
     const OptimizerConfig& c = config();
-    const float lr = c.learning_rate;
+    const float lr = LearningRate(state);
     const float wd = c.weight_decay;
     const float rescale = c.rescale_grad;
     const float clip = c.clip_gradient;
@@ -262,11 +351,87 @@ void CopyInto(void* dst, const void* src, std::size_t bytes, const ParallelOptio
 
 // ---- config validation and factory ----
 
-void ValidateOptimizerConfig(const OptimizerConfig& c) {
-  if (c.name != "sgd" && c.name != "adam" && c.name != "adagrad") {
-    throw Error("optimizer config: name = '" + c.name +
-                "' is unknown: accepted names are sgd, adam, adagrad");
+float LearningRateAt(const OptimizerConfig& config, std::uint64_t num_update) {
+  const LRSchedule& s = config.schedule;
+  const float base = config.learning_rate;
+  const auto t = static_cast<double>(num_update);
+  if (num_update < s.warmup_steps) {
+    return static_cast<float>(s.warmup_begin_lr +
+                              (base - s.warmup_begin_lr) * t / static_cast<double>(s.warmup_steps));
   }
+  if (s.type == "factor") {
+    const auto drops = static_cast<double>((num_update - 1) / s.step);
+    return std::max(static_cast<float>(base * std::pow(static_cast<double>(s.factor), drops)),
+                    s.stop_factor_lr);
+  }
+  if (s.type == "multifactor") {
+    const auto drops = std::count_if(s.steps.begin(), s.steps.end(),
+                                     [&](std::uint64_t at) { return at < num_update; });
+    return static_cast<float>(base *
+                              std::pow(static_cast<double>(s.factor), static_cast<double>(drops)));
+  }
+  if (s.type == "cosine") {
+    if (num_update >= s.max_update) return s.final_lr;
+    const double progress = (t - static_cast<double>(s.warmup_steps)) /
+                            static_cast<double>(s.max_update - s.warmup_steps);
+    return static_cast<float>(s.final_lr + (base - s.final_lr) *
+                                               (1.0 + std::cos(std::numbers::pi * progress)) / 2.0);
+  }
+  return base;
+}
+
+float Optimizer::LearningRate(const State& state) const {
+  return LearningRateAt(config_, state.count);
+}
+
+namespace {
+
+void ValidateSchedule(const LRSchedule& s, float learning_rate) {
+  const auto bad = [](const std::string& field, const std::string& why) {
+    return Error("optimizer config: schedule." + field + " " + why);
+  };
+  if (!s.type.empty() && s.type != "factor" && s.type != "multifactor" && s.type != "cosine") {
+    throw bad("type", "= '" + s.type +
+                          "' is unknown: accepted are factor, multifactor, cosine "
+                          "(or empty for a constant rate)");
+  }
+  if ((s.type == "factor" || s.type == "multifactor") && !(s.factor > 0.0f && s.factor <= 1.0f)) {
+    throw bad("factor", "= " + std::to_string(s.factor) + " must be in (0, 1]");
+  }
+  if (s.type == "factor" && s.step == 0) throw bad("step", "must be >= 1 update");
+  if (s.type == "factor" && !(std::isfinite(s.stop_factor_lr) && s.stop_factor_lr >= 0.0f)) {
+    throw bad("stop_factor_lr", "must be finite and >= 0");
+  }
+  if (s.type == "multifactor") {
+    if (s.steps.empty()) throw bad("steps", "must list at least one update count");
+    for (std::size_t i = 1; i < s.steps.size(); ++i) {
+      if (s.steps[i] <= s.steps[i - 1]) throw bad("steps", "must be increasing");
+    }
+  }
+  if (s.type == "cosine") {
+    if (s.max_update <= s.warmup_steps) {
+      throw bad("max_update", "(" + std::to_string(s.max_update) +
+                                  ") must be larger than warmup_steps (" +
+                                  std::to_string(s.warmup_steps) + ")");
+    }
+    if (!(std::isfinite(s.final_lr) && s.final_lr >= 0.0f && s.final_lr <= learning_rate)) {
+      throw bad("final_lr", "must be in [0, learning_rate]");
+    }
+  }
+  if (!(std::isfinite(s.warmup_begin_lr) && s.warmup_begin_lr >= 0.0f)) {
+    throw bad("warmup_begin_lr", "must be finite and >= 0");
+  }
+}
+
+}  // namespace
+
+void ValidateOptimizerConfig(const OptimizerConfig& c) {
+  if (c.name != "sgd" && c.name != "nag" && c.name != "adam" && c.name != "adagrad" &&
+      c.name != "rmsprop") {
+    throw Error("optimizer config: name = '" + c.name +
+                "' is unknown: accepted names are sgd, nag, adam, adagrad, rmsprop");
+  }
+  ValidateSchedule(c.schedule, c.learning_rate);
   auto unit = [](float v) { return v >= 0.0f && v < 1.0f; };  // false for NaN
   if (!std::isfinite(c.learning_rate) || c.learning_rate < 0.0f) {
     throw Error(FieldError("learning_rate", c.learning_rate, "must be finite and >= 0"));
@@ -289,13 +454,16 @@ void ValidateOptimizerConfig(const OptimizerConfig& c) {
   if (!std::isfinite(c.epsilon) || c.epsilon <= 0.0f) {
     throw Error(FieldError("epsilon", c.epsilon, "must be finite and > 0"));
   }
+  if (!unit(c.rho)) throw Error(FieldError("rho", c.rho, "must be in [0, 1)"));
 }
 
 std::unique_ptr<Optimizer> MakeOptimizer(const OptimizerConfig& config,
                                          const ParallelOptions& parallel) {
   ValidateOptimizerConfig(config);
   if (config.name == "sgd") return std::make_unique<SgdOptimizer>(config, parallel);
+  if (config.name == "nag") return std::make_unique<NagOptimizer>(config, parallel);
   if (config.name == "adam") return std::make_unique<AdamOptimizer>(config, parallel);
+  if (config.name == "rmsprop") return std::make_unique<RmspropOptimizer>(config, parallel);
   return std::make_unique<AdagradOptimizer>(config, parallel);
 }
 
@@ -365,6 +533,47 @@ std::uint64_t Optimizer::UpdateCount(std::uint64_t state_id) const {
   }
   std::lock_guard lock(slot->mu);
   return slot->state.count;
+}
+
+std::optional<Optimizer::SavedState> Optimizer::ExportState(std::uint64_t state_id) const {
+  const Slot* slot = nullptr;
+  {
+    std::lock_guard lock(map_mu_);
+    auto it = slots_.find(state_id);
+    if (it == slots_.end()) return std::nullopt;
+    slot = it->second.get();
+  }
+  std::lock_guard lock(slot->mu);
+  if (!slot->created) return std::nullopt;
+  const State& state = slot->state;
+  SavedState saved{state.length, state.count, {}};
+  saved.buffers.reserve(static_cast<std::size_t>(num_buffers_) * state.length);
+  for (int b = 0; b < num_buffers_; ++b) {
+    saved.buffers.insert(saved.buffers.end(), state.buffers[b].get(),
+                         state.buffers[b].get() + state.length);
+  }
+  return saved;
+}
+
+void Optimizer::ImportState(std::uint64_t state_id, const SavedState& saved) {
+  if (saved.buffers.size() != static_cast<std::size_t>(num_buffers_) * saved.length) {
+    throw Error("optimizer: state " + std::to_string(state_id) + ": " + config_.name + " keeps " +
+                std::to_string(num_buffers_) + " buffer(s) of " + std::to_string(saved.length) +
+                " elements, the saved state has " + std::to_string(saved.buffers.size()) +
+                " values (saved with other settings, "
+                "e.g. SGD with momentum against SGD without?)");
+  }
+  Slot& slot = SlotFor(state_id);
+  std::lock_guard lock(slot.mu);
+  State& state = slot.state;
+  state.length = saved.length;
+  state.count = saved.count;
+  for (int b = 0; b < num_buffers_; ++b) {
+    state.buffers[b] = std::make_unique<float[]>(saved.length);
+    std::copy_n(saved.buffers.data() + static_cast<std::size_t>(b) * saved.length, saved.length,
+                state.buffers[b].get());
+  }
+  slot.created = true;
 }
 
 std::size_t Optimizer::NumStates() const {

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include <ps/kvstore.h>
 #include <ps/tensor.h>
@@ -29,11 +31,7 @@ bool IsSummableDType(DType dtype);
 // memcpy, split over threads for big buffers (bytes, not elements).
 void CopyInto(void* dst, const void* src, std::size_t bytes, const ParallelOptions& options = {});
 
-// Throws ps::Error naming the first invalid field of config (and its value):
-// name not in {sgd, adam, adagrad}; learning_rate < 0 or not finite; momentum, beta1, beta2
-// outside [0, 1); weight_decay < 0 or not finite; rescale_grad <= 0 or not finite;
-// clip_gradient NaN; epsilon <= 0 or not finite. Every field is checked whatever the name.
-void ValidateOptimizerConfig(const OptimizerConfig& config);
+// ValidateOptimizerConfig (ps/kvstore.h) checks a config before it is used.
 
 // A float32 optimizer holding per-state buffers (momentum; Adam's m and v; AdaGrad's
 // history) and a per-state update count.
@@ -63,6 +61,19 @@ class Optimizer {
   std::uint64_t UpdateCount(std::uint64_t state_id) const;
   // Number of state ids with state.
   std::size_t NumStates() const;
+  // Float buffers per state, each as long as the weight (SGD with momentum 1, Adam 2, ...).
+  int num_buffers() const { return num_buffers_; }
+
+  // A state as a checkpoint keeps it: the updates applied and the buffers, num_buffers() of
+  // `length` floats one after the other. Export gives nullopt for an id never updated.
+  struct SavedState {
+    std::size_t length = 0;
+    std::uint64_t count = 0;
+    std::vector<float> buffers;
+  };
+  std::optional<SavedState> ExportState(std::uint64_t state_id) const;
+  // Replaces state_id's state (ps::Error when saved.buffers is not num_buffers() x length).
+  void ImportState(std::uint64_t state_id, const SavedState& saved);
 
  protected:
   // num_buffers: float buffers per state (0, 1 or 2), each as long as the weight.
@@ -73,6 +84,8 @@ class Optimizer {
     std::uint64_t count = 0;  // updates applied, the running one included (Adam's t)
     std::unique_ptr<float[]> buffers[2];
   };
+  // The scheduled rate of the update `state` is applying (its count, already incremented).
+  float LearningRate(const State& state) const;
   // Applies one step to weight[0, n) (n == state.length, count already incremented). Runs with
   // the state's lock held; splits the work itself with ParallelFor.
   virtual void Step(State& state, float* weight, const float* grad, std::size_t n) = 0;

@@ -65,6 +65,8 @@ class Backend {
   Backend& operator=(const Backend&) = delete;
 
   virtual DeviceKind kind() const = 0;
+  // The GPU a CUDA backend computes on (-1 on the CPU).
+  virtual int ordinal() const { return -1; }
   // "cpu" or e.g. "cuda:0 (NVIDIA H200)".
   virtual std::string Name() const = 0;
 

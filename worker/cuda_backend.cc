@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
   }
 
   DeviceKind kind() const override { return DeviceKind::kCUDA; }
+  int ordinal() const override { return ordinal_; }
   std::string Name() const override {
     return "cuda:" + std::to_string(ordinal_) + " (" + device_name_ + ")";
   }

@@ -24,6 +24,12 @@ class ConfigError : public std::runtime_error {
   explicit ConfigError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// Training that cannot go on: the loss became NaN or infinite (the learning rate is too high).
+class DivergenceError : public std::runtime_error {
+ public:
+  explicit DivergenceError(const std::string& what) : std::runtime_error(what) {}
+};
+
 // A compute device that is missing or failed (CUDA runtime and cuBLAS errors).
 class DeviceError : public std::runtime_error {
  public:

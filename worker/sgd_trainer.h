@@ -25,6 +25,8 @@ class SgdOptimizer {
   // w <- w - lr * (grad + wd * w), through momentum when it is non-zero.
   void Step();
   const SgdOptions& options() const { return options_; }
+  // The rate of the next Step (a learning-rate schedule changes it step by step).
+  void set_learning_rate(float rate) { options_.learning_rate = rate; }
 
  private:
   Model& model_;  // not owned

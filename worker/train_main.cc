@@ -31,13 +31,43 @@ DEFINE_string(data_dir, ps::worker::kDefaultDataDir,
               "Directory holding the Fashion-MNIST *-idx?-ubyte.gz files.");
 DEFINE_int32(batch_size, 64, "Samples per batch on each worker.");
 DEFINE_int32(epochs, 10, "Passes over each worker's shard of the training set.");
-DEFINE_double(lr, 0.01, "SGD learning rate.");
-DEFINE_double(momentum, 0.9, "SGD momentum (0 for plain SGD).");
-DEFINE_double(wd, 0.0, "Weight decay.");
+DEFINE_double(lr, 0.1, "Learning rate (the model's default: mlp 0.1, cnn 0.05).");
+DEFINE_double(momentum, 0.9, "Momentum of sgd and nag (0 for plain SGD).");
+DEFINE_double(wd, 1e-4, "Weight decay.");
+DEFINE_string(optimizer, "sgd", "Optimizer: sgd, nag, adam, adagrad or rmsprop.");
+DEFINE_string(lr_scheduler, "cosine",
+              "Learning-rate schedule, counted in updates as MXNet's: none, factor (x "
+              "--lr-factor every --lr-step-epochs), multifactor (x --lr-factor at each of "
+              "--lr-step-epochs) or cosine (down to --final-lr at the last epoch).");
+DEFINE_double(lr_factor, 0.1, "Rate multiplier per drop (factor, multifactor).");
+DEFINE_string(lr_step_epochs, "",
+              "factor: E, a drop every E epochs; multifactor: E1,E2,... the epochs after which "
+              "the rate drops.");
+DEFINE_int32(warmup_epochs, 0, "Linear warm-up from --warmup-begin-lr over this many epochs.");
+DEFINE_double(warmup_begin_lr, 0.0, "The warm-up's first rate.");
+DEFINE_double(final_lr, 0.0, "cosine: the rate at the end of the last epoch.");
 DEFINE_uint64(seed, 1, "Seed of the weight initialization and of the per-epoch shuffles.");
 DEFINE_int32(log_interval, 100, "Print a Speedometer line every this many batches.");
-DEFINE_string(metrics_out, "", "Also write the log records as JSON lines to this file (rank 0).");
+DEFINE_string(metrics_out, "",
+              "Also write the log records as JSON lines to this file (rank 0's), or to one file "
+              "per worker when the path contains {rank}.");
 DEFINE_string(kvstore, "dist_sync", "KVStore type: local, dist_sync or dist_async.");
+DEFINE_string(checkpoint_dir, "",
+              "Save the store (weights and optimizer state) under DIR/epoch-N every "
+              "--checkpoint-every epochs and after the last; DIR/LATEST names the newest. On "
+              "several hosts DIR must be shared by the servers and the workers.");
+DEFINE_int32(checkpoint_every, 1, "Epochs between checkpoints (with --checkpoint-dir).");
+DEFINE_bool(resume, false,
+            "Start from the checkpoint --checkpoint-dir/LATEST names, at the epoch after it.");
+DEFINE_int32(num_examples, 0, "Train on the first N training samples only (0: all 60000).");
+DEFINE_string(gradient_compression, "none",
+              "Compress the pushed gradients (dist stores): none, 2bit (MXNet's), 1bit or fp16, "
+              "each with error feedback. See docs/kvstore.md, \"Gradient compression\".");
+DEFINE_double(compression_threshold, 0.5,
+              "2bit: the magnitude a value must reach (with its residual) to be sent.");
+DEFINE_string(pull_compression, "none",
+              "Compress the pulled weights as changes since this worker's last pull: none, 2bit, "
+              "1bit or fp16.");
 DEFINE_bool(update_on_kvstore, true,
             "Servers apply the optimizer (push gradients, pull weights). "
             "--no-update-on-kvstore: pull the summed gradients and update on the worker.");
@@ -48,9 +78,13 @@ constexpr const char* kUsage =
     "ps-train: data-parallel training of a Fashion-MNIST classifier through the parameter "
     "server.\n\n"
     "usage: ps-train [--model mlp|cnn] [--device auto|cpu|cuda] [--data-dir DIR]\n"
-    "                [--batch-size N] [--epochs N] [--lr X] [--momentum X] [--wd X] [--seed N]\n"
+    "                [--batch-size N] [--epochs N] [--optimizer NAME] [--lr X] [--momentum X]\n"
+    "                [--wd X] [--lr-scheduler TYPE] [--lr-factor X] [--lr-step-epochs E,..]\n"
+    "                [--warmup-epochs N] [--final-lr X] [--seed N]\n"
     "                [--log-interval N] [--metrics-out FILE] [--kvstore TYPE]\n"
-    "                [--update-on-kvstore | --no-update-on-kvstore]\n\n"
+    "                [--update-on-kvstore | --no-update-on-kvstore]\n"
+    "                [--gradient-compression none|2bit|1bit|fp16] [--compression-threshold X]\n"
+    "                [--pull-compression none|2bit|1bit|fp16]\n\n"
     "The role and the cluster come from the environment, as for MXNet: DMLC_ROLE, "
     "DMLC_PS_ROOT_URI,\nDMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER (see "
     "tools/launch.py).\nPS_LOCAL_RANK (launch.py sets it): this worker's index among the workers "
@@ -92,6 +126,7 @@ int main(int argc, char** argv) {
   int n = argc;
   char** ptr = arg_ptrs.data();
   gflags::SetUsageMessage(kUsage);
+  gflags::SetVersionString(ps::cli::Version());
   gflags::ParseCommandLineFlags(&n, &ptr, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
@@ -109,11 +144,25 @@ int main(int argc, char** argv) {
   config.batch_size = FLAGS_batch_size;
   config.epochs = FLAGS_epochs;
   config.lr = static_cast<float>(FLAGS_lr);
+  config.optimizer = FLAGS_optimizer;
+  config.lr_scheduler = FLAGS_lr_scheduler;
+  config.lr_factor = static_cast<float>(FLAGS_lr_factor);
+  config.lr_step_epochs = FLAGS_lr_step_epochs;
+  config.warmup_epochs = FLAGS_warmup_epochs;
+  config.warmup_begin_lr = static_cast<float>(FLAGS_warmup_begin_lr);
+  config.final_lr = static_cast<float>(FLAGS_final_lr);
   config.momentum = static_cast<float>(FLAGS_momentum);
   config.weight_decay = static_cast<float>(FLAGS_wd);
   config.seed = FLAGS_seed;
   config.log_interval = FLAGS_log_interval;
   config.metrics_out = FLAGS_metrics_out;
+  config.checkpoint_dir = FLAGS_checkpoint_dir;
+  config.checkpoint_every = FLAGS_checkpoint_every;
+  config.resume = FLAGS_resume;
+  config.num_examples = FLAGS_num_examples;
+  config.gradient_compression = FLAGS_gradient_compression;
+  config.compression_threshold = static_cast<float>(FLAGS_compression_threshold);
+  config.pull_compression = FLAGS_pull_compression;
 
   try {
     if (const char* local_rank = std::getenv("PS_LOCAL_RANK"); local_rank != nullptr) {
@@ -121,6 +170,10 @@ int main(int argc, char** argv) {
     }
     // Flags first, so a typo fails fast on every role; then the store (servers and the
     // scheduler stay inside Create), then devices and data, which only workers need.
+    // Settings the user did not give take the model's defaults (docs/training.md, "Defaults").
+    ps::worker::ApplyModelDefaults(config, [](std::string_view flag) {
+      return !gflags::GetCommandLineFlagInfoOrDie(std::string(flag).c_str()).is_default;
+    });
     ps::worker::ValidateConfig(config);
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);
     try {

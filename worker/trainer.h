@@ -13,9 +13,11 @@
 // the CPU backend the parameter buffers themselves are pushed and pulled, with no copy.
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ps/kvstore.h>
@@ -46,7 +48,43 @@ struct TrainConfig {
   // launch.py sets): the GPU that --device auto or cuda takes, modulo the GPU count.
   // -1: the worker's rank, right when the ranks on each machine are consecutive.
   int local_rank = -1;
+  // Checkpoints: every checkpoint_every epochs (and after the last) the store and the epoch
+  // count are saved under checkpoint_dir/epoch-N, and checkpoint_dir/LATEST names the newest;
+  // resume starts from the one LATEST names. Empty: no checkpoints.
+  std::string checkpoint_dir;
+  int checkpoint_every = 1;
+  bool resume = false;
+  // Train on the first num_examples samples of the training set only (0: all of it).
+  int num_examples = 0;
+  // The optimizer (where it runs: the servers with update_on_kvstore, else the worker, which
+  // runs sgd only) and its learning-rate schedule, in epochs; MakeOptimizerConfig turns epochs
+  // into updates.
+  std::string optimizer = "sgd";      // sgd, nag, adam, adagrad, rmsprop
+  std::string lr_scheduler = "none";  // none, factor, multifactor, cosine
+  float lr_factor = 0.1f;             // factor, multifactor: multiplier per drop
+  std::string lr_step_epochs;         // factor: "E" (every E epochs); multifactor: "E1,E2,..."
+  int warmup_epochs = 0;              // linear warm-up from warmup_begin_lr
+  float warmup_begin_lr = 0.0f;
+  float final_lr = 0.0f;  // cosine: the rate at the end of the last epoch
+  // Stop training, naming the step, when the loss is not finite (diverged).
+  bool stop_on_divergence = true;
+  // Gradient compression (KVStore::SetGradientCompression; dist stores only): the pushes'
+  // type ("none", "2bit", "1bit", "fp16"), 2bit's threshold, and the pulls' type. On a GPU a
+  // compressed gradient is pushed from device memory: it is encoded there, and only the codes
+  // cross to the host.
+  std::string gradient_compression = "none";
+  float compression_threshold = 0.5f;
+  std::string pull_compression = "none";
 };
+
+// The model's defaults (learning rate, schedule, momentum, weight decay; docs/training.md
+// says how they were chosen) for every such setting `given` says the user did not set.
+void ApplyModelDefaults(TrainConfig& config, const std::function<bool(std::string_view)>& given);
+
+// The optimizer config for the store: `updates_per_epoch` is how many updates one key sees
+// in an epoch where the optimizer runs, which turns the schedule's epochs into updates.
+OptimizerConfig MakeOptimizerConfig(const TrainConfig& config, std::uint64_t updates_per_epoch,
+                                    float rescale_grad);
 
 // Checks every field that can be checked without data or devices. Throws ConfigError naming
 // the flag to fix.
@@ -77,7 +115,10 @@ class KVTrainer {
   KVTrainer(const TrainConfig& config, KVStore& kv, Model& model);
 
   // Init, SetOptimizer (update on kvstore) and the initial pull of every key. Collective.
-  void Start();
+  // `batches_per_epoch` (this worker's) turns the schedule's epochs into updates.
+  void Start(std::uint64_t batches_per_epoch = 1);
+  // Pulls every key's stored value into the model (after Start, or a LoadCheckpoint).
+  void PullWeights();
   // One epoch over the sampler's shard; logs a Speedometer line every log_interval batches.
   EpochResult TrainEpoch(const Dataset& data, const ShardSampler& sampler, int epoch,
                          MetricsLog& log);
@@ -99,6 +140,8 @@ class KVTrainer {
   HostArray<float> push_staging_;     // gradients on their way out (CUDA only)
   HostArray<float> pull_staging_;     // pulled weights or summed gradients
   std::unique_ptr<SgdOptimizer> local_optimizer_;  // --no-update-on-kvstore only
+  OptimizerConfig local_schedule_;                 // its rate per update (set by Start)
+  std::uint64_t local_updates_ = 0;                // updates it applied
 };
 
 struct TrainSummary {

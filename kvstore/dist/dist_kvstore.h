@@ -25,11 +25,13 @@
 
 #include <ps/kvstore.h>
 
+#include "compression.h"
 #include "key_layout.h"
 #include "kv_protocol.h"
 #include "object_pool.h"
 #include "ps/runtime.h"
 #include "shm_slots.h"
+#include "slice_compression.h"
 
 namespace ps {
 
@@ -43,7 +45,11 @@ class DistKVStore final : public KVStore {
   void WaitAll() override;
   void Barrier() override;
   void SetOptimizer(const OptimizerConfig& config) override;
+  void SetGradientCompression(const GradientCompression& config) override;
+  TrafficStats Traffic() const override;
   void ReportFailure(const std::string& why) override;
+  void SaveCheckpoint(const std::string& dir) override;
+  void LoadCheckpoint(const std::string& dir) override;
   int Rank() const override { return runtime_->rank(); }
   int NumWorkers() const override { return runtime_->num_workers(); }
   std::string Type() const override { return sync_ ? "dist_sync" : "dist_async"; }
@@ -61,13 +67,18 @@ class DistKVStore final : public KVStore {
     std::size_t size;
     std::vector<KeySlice> slices;
     std::vector<ShmSlot*> slots;  // per slice: its shared-memory slot, or null (frames)
+    // Per slice, with gradient compression on and a float32 key (else empty): its residual and
+    // its copy for compressed pulls. Such slices never take a shared-memory slot.
+    std::vector<std::unique_ptr<SliceCompression>> compression;
   };
   // Where a pulled slice goes: the caller's tensor and the slice's place in it.
   struct Destination {
     std::byte* data;
     std::size_t bytes;
-    Device device;                  // a GPU destination gets a host-to-device copy
-    const ShmSlot* slot = nullptr;  // the value arrives here instead of in a frame
+    Device device;                           // a GPU destination gets a host-to-device copy
+    const ShmSlot* slot = nullptr;           // the value arrives here instead of in a frame
+    SliceCompression* compressed = nullptr;  // a compressed pull: the slice's copy, and
+    kv::PullState pull;                      // the state the reply brings it to
   };
 
   // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
@@ -98,6 +109,9 @@ class DistKVStore final : public KVStore {
   void Forget(std::span<const Key> keys);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(std::span<const Key> keys);
+  // Gives a key's slices their compression state when compression_ is on (Init, and
+  // SetGradientCompression for the keys already there); keys_mu_ held exclusively.
+  void AttachCompression(KeyInfo& info);
   void Complete(const std::string& error);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
@@ -120,6 +134,8 @@ class DistKVStore final : public KVStore {
   mutable std::shared_mutex keys_mu_;
   std::unordered_map<Key, KeyInfo> keys_;  // GUARDED_BY(keys_mu_)
   bool optimizer_set_ = false;             // collective calls only
+  compression::Settings compression_;      // set by a collective call, before any push
+  std::atomic<bool> pushed_{false};        // a Push or PushPull was issued
   std::atomic<bool> finished_{false};      // the scheduler was told this worker is done
   std::vector<bool> shm_servers_;          // collective calls only: per server rank, slots on
 

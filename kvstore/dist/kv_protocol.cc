@@ -39,6 +39,23 @@ bool DecodeShm(const pb::KVBody& body, Request& request, const std::vector<Blob>
   return true;
 }
 
+// Fills request.pulls from the body: none, or one state per slice of a Pull or PushPull.
+bool DecodePulls(const pb::KVBody& body, Request& request, std::string* error) {
+  if (body.pull_base_size() == 0 && body.pull_next_size() == 0) return true;
+  const Command command = request.command;
+  if ((command != kPull && command != kPushPull) ||
+      body.pull_base_size() != body.pull_next_size() ||
+      static_cast<std::size_t>(body.pull_base_size()) != request.slices.size()) {
+    *error = "malformed compressed-pull list in a " + CommandName(command) + " request";
+    return false;
+  }
+  request.pulls.reserve(request.slices.size());
+  for (int i = 0; i < body.pull_base_size(); ++i) {
+    request.pulls.push_back(PullState{body.pull_base(i), body.pull_next(i)});
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string CommandName(int command) {
@@ -57,6 +74,12 @@ std::string CommandName(int command) {
       return "ShmAttach";
     case kForget:
       return "Forget";
+    case kSave:
+      return "SaveCheckpoint";
+    case kLoad:
+      return "LoadCheckpoint";
+    case kSetCompression:
+      return "SetGradientCompression";
   }
   return "command " + std::to_string(command);
 }
@@ -94,6 +117,20 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
     attach->set_bytes(request.segment.bytes);
     attach->set_token(request.segment.token);
   }
+  if (request.command == kSave || request.command == kLoad) {
+    body.set_path(request.path);
+    body.set_manifest(request.manifest);
+  }
+  if (request.command == kSetCompression) {
+    auto* spec = body.mutable_compression();
+    spec->set_type(request.compression.type);
+    spec->set_threshold(request.compression.threshold);
+    spec->set_pull_type(request.compression.pull_type);
+  }
+  for (const PullState& pull : request.pulls) {
+    body.add_pull_base(pull.base);
+    body.add_pull_next(pull.next);
+  }
   if (request.command == kSetOptimizer) {
     const OptimizerConfig& c = request.optimizer;
     auto* spec = body.mutable_optimizer();
@@ -106,6 +143,17 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
     spec->set_beta1(c.beta1);
     spec->set_beta2(c.beta2);
     spec->set_epsilon(c.epsilon);
+    spec->set_rho(c.rho);
+    auto* schedule = spec->mutable_schedule();
+    schedule->set_type(c.schedule.type);
+    schedule->set_step(c.schedule.step);
+    for (const std::uint64_t at : c.schedule.steps) schedule->add_steps(at);
+    schedule->set_factor(c.schedule.factor);
+    schedule->set_stop_factor_lr(c.schedule.stop_factor_lr);
+    schedule->set_max_update(c.schedule.max_update);
+    schedule->set_final_lr(c.schedule.final_lr);
+    schedule->set_warmup_steps(c.schedule.warmup_steps);
+    schedule->set_warmup_begin_lr(c.schedule.warmup_begin_lr);
   }
   body.SerializeToString(&encoded);
 }
@@ -138,7 +186,7 @@ RequestDecoder::RequestDecoder() : body_(std::make_unique<pb::KVBody>()) {}
 RequestDecoder::~RequestDecoder() = default;
 
 const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
-  if (msg.meta.head < kInit || msg.meta.head > kForget) {
+  if (msg.meta.head < kInit || msg.meta.head > kLastCommand) {
     *error = "unknown KVStore command " + std::to_string(msg.meta.head);
     return nullptr;
   }
@@ -152,8 +200,12 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   request.slices.clear();
   request.shm.clear();
   request.optimizer = OptimizerConfig{};
+  request.path.clear();
+  request.manifest.clear();
   request.segment_id = 0;
   request.segment = SharedSegment::Descriptor{};
+  request.compression = GradientCompression{};
+  request.pulls.clear();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
@@ -173,7 +225,10 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   }
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const SliceRef& slice = request.slices[i];
-    const std::uint64_t length = frames ? msg.data[i].count() : 0;
+    // A compressed gradient's frame counts bytes, not elements: the server checks its size
+    // against the slice it holds (and a key is never of dtype uint8).
+    const bool compressed = frames && msg.data[i].dtype() == DType::kUInt8;
+    const std::uint64_t length = frames && !compressed ? msg.data[i].count() : 0;
     if (slice.offset > slice.total || length > slice.total - slice.offset) {
       *error = "key " + std::to_string(slice.key) + ": slice [" + std::to_string(slice.offset) +
                ", +" + std::to_string(length) + ") outside its " + std::to_string(slice.total) +
@@ -182,11 +237,28 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     }
   }
   if (!DecodeShm(body, request, msg.data, error)) return nullptr;
+  if (!DecodePulls(body, request, error)) return nullptr;
   if (request.command == kShmAttach) {
     const auto& attach = body.attach();
     request.segment_id = attach.id();
     request.segment =
         SharedSegment::Descriptor{attach.pid(), attach.fd(), attach.bytes(), attach.token()};
+  }
+  if (request.command == kSave || request.command == kLoad) {
+    // A directory path: no NUL (the file system would cut it there), not empty.
+    if (body.path().empty() || body.path().find('\0') != std::string::npos ||
+        body.path().size() > 4096) {
+      *error = "a checkpoint request without a valid directory path";
+      return nullptr;
+    }
+    request.path = body.path();
+    request.manifest = body.manifest();
+  }
+  if (request.command == kSetCompression) {
+    const auto& spec = body.compression();
+    request.compression.type = spec.type();
+    request.compression.threshold = spec.threshold();
+    request.compression.pull_type = spec.pull_type();
   }
   if (request.command == kSetOptimizer) {
     const auto& spec = body.optimizer();
@@ -200,6 +272,21 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     c.beta1 = spec.beta1();
     c.beta2 = spec.beta2();
     c.epsilon = spec.epsilon();
+    c.rho = spec.rho();
+    const auto& schedule = spec.schedule();
+    if (schedule.steps_size() > 1024) {
+      *error = "a learning-rate schedule with " + std::to_string(schedule.steps_size()) + " steps";
+      return nullptr;
+    }
+    c.schedule.type = schedule.type();
+    c.schedule.step = schedule.step();
+    c.schedule.steps.assign(schedule.steps().begin(), schedule.steps().end());
+    c.schedule.factor = schedule.factor();
+    c.schedule.stop_factor_lr = schedule.stop_factor_lr();
+    c.schedule.max_update = schedule.max_update();
+    c.schedule.final_lr = schedule.final_lr();
+    c.schedule.warmup_steps = schedule.warmup_steps();
+    c.schedule.warmup_begin_lr = schedule.warmup_begin_lr();
   }
   return &request;
 }

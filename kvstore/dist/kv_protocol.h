@@ -24,14 +24,18 @@ constexpr int kAppId = 1;
 constexpr std::size_t kMaxSlicesPerMessage = 4000;
 
 enum Command : int {
-  kInit = 1,          // frames: one value per slice
-  kPush = 2,          // frames: one gradient per slice
-  kPull = 3,          // no frames; the response carries one value per slice
-  kPushPull = 4,      // a push whose response carries the value after it (the round's, in sync)
-  kSetOptimizer = 5,  // no frames
-  kShmAttach = 6,     // no frames; the server maps the worker's shared-memory segment
-  kForget = 7,        // no frames; the server drops these slices (undoes a failed Init)
+  kInit = 1,             // frames: one value per slice
+  kPush = 2,             // frames: one gradient per slice
+  kPull = 3,             // no frames; the response carries one value per slice
+  kPushPull = 4,         // a push whose response carries the value after it (the round's, in sync)
+  kSetOptimizer = 5,     // no frames
+  kShmAttach = 6,        // no frames; the server maps the worker's shared-memory segment
+  kForget = 7,           // no frames; the server drops these slices (undoes a failed Init)
+  kSave = 8,             // no frames; the server writes its checkpoint file (reply: 1 frame)
+  kLoad = 9,             // no frames; the server loads its slices from a checkpoint
+  kSetCompression = 10,  // no frames; the job's gradient compression
 };
+constexpr int kLastCommand = kSetCompression;
 std::string CommandName(int command);
 
 struct SliceRef {
@@ -51,6 +55,16 @@ struct ShmRef {
   friend bool operator==(const ShmRef&, const ShmRef&) = default;
 };
 
+// A compressed pull of one slice: the state of the worker's copy of the value (0: it holds
+// none) and the state the reply brings it to (never reused; 0: the slice is pulled in full).
+// The server answers with the change since `base` when its mirror of the worker's copy is at
+// `base`, else with the full value; either way its mirror moves to `next`.
+struct PullState {
+  std::uint64_t base = 0;
+  std::uint64_t next = 0;
+  friend bool operator==(const PullState&, const PullState&) = default;
+};
+
 struct Request {
   Command command = kPush;
   std::vector<SliceRef> slices;
@@ -60,6 +74,12 @@ struct Request {
   // kShmAttach only.
   std::uint32_t segment_id = 0;
   SharedSegment::Descriptor segment;
+  // kSave and kLoad only.
+  std::string path;
+  std::string manifest;
+  GradientCompression compression;  // kSetCompression only
+  // kPull, kPushPull: one per slice when any slice's pull is compressed, else empty.
+  std::vector<PullState> pulls;
 };
 
 std::string EncodeBody(const Request& request);

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <new>
 
+#include "checkpoint.h"
 #include "text.h"
 
 namespace ps {
@@ -39,9 +41,19 @@ void KeepFreedMemoryForReuse() {
 // slice's value. ZeroMQ packs smaller ones into shared receive buffers.
 constexpr std::size_t kAdoptMinBytes = 64 << 10;
 
-// A fresh value buffer of `bytes` bytes, owned by the returned blob (and its copies).
+// A fresh value buffer of `bytes` bytes, owned by the returned blob (and its copies). Throws
+// std::bad_alloc, which the store turns into an error for the request (OutOfMemory).
 Blob NewBuffer(std::size_t bytes, DType dtype) {
   return Blob::FromVector(std::vector<std::byte>(bytes), dtype);
+}
+
+// The error a request gets when this server cannot allocate what it needs for `key`: the
+// request fails, the server and what it stores stay as they were.
+std::string OutOfMemory(Key key, std::size_t bytes, const std::string& what) {
+  return KeyText(key) + ": out of memory: this server could not allocate " + std::to_string(bytes) +
+         " bytes " + what +
+         "; nothing was changed (give the server more memory, or spread the keys over more "
+         "servers)";
 }
 
 }  // namespace
@@ -50,6 +62,7 @@ KVServerStore::KVServerStore(Runtime& runtime)
     : runtime_(runtime), num_workers_(runtime.num_workers()) {}
 
 void KVServerStore::OnRequest(Message&& msg) {
+  failed_update_ = nullptr;  // a failed update's error is for the waiters it released
   std::string error;
   const kv::Request* request = nullptr;
   if (msg.meta.app_id != kv::kAppId) {
@@ -61,6 +74,7 @@ void KVServerStore::OnRequest(Message&& msg) {
   shm_.clear();
   if (request) error = ResolveShm(msg.meta.sender, *request, msg.data, shm_);
   if (request && error.empty()) error = Validate(*request, msg.data, shm_);
+  if (request && error.empty()) error = DecodeCompressed(*request, msg.data);
   if (!error.empty()) {
     const std::string server = "server " + std::to_string(runtime_.rank());
     if (LogOccurrence(++rejected_)) {  // the requester gets every error; the log a sample
@@ -93,6 +107,15 @@ void KVServerStore::OnRequest(Message&& msg) {
       break;
     case kv::kForget:
       HandleForget(msg.meta, *request);
+      break;
+    case kv::kSave:
+      HandleSave(msg.meta, *request);
+      break;
+    case kv::kLoad:
+      HandleLoad(msg.meta, *request);
+      break;
+    case kv::kSetCompression:
+      HandleSetCompression(msg.meta, *request);
       break;
   }
 }
@@ -158,7 +181,10 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
       }
       continue;
     }
-    if (request.command == kv::kSetOptimizer || request.command == kv::kForget) continue;
+    if (request.command == kv::kSetOptimizer || request.command == kv::kForget ||
+        request.command == kv::kSetCompression) {
+      continue;
+    }
     if (it == slices_.end()) {
       return KeyText(ref.key) + ": was never initialized (call Init first)";
     }
@@ -168,12 +194,18 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
       return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
              " elements, the shared-memory slot holds " + std::to_string(shm[i].bytes) + " bytes";
     }
+    if (!request.pulls.empty() && request.pulls[i].next != 0) {
+      const bool in_shm = !shm.empty() && shm[i].data != nullptr;
+      if (std::string why = CheckCompressedPull(ref, slice, in_shm); !why.empty()) return why;
+    }
     if (request.command == kv::kPull) continue;
-    if (data[i].dtype() != slice.dtype) {
+    // A frame of dtype uint8 for a key of another dtype is a compressed gradient.
+    if (data[i].dtype() == DType::kUInt8 && slice.dtype != DType::kUInt8) {
+      if (std::string why = CheckCompressedPush(ref, slice, data[i]); !why.empty()) return why;
+    } else if (data[i].dtype() != slice.dtype) {
       return KeyText(ref.key) + ": dtype mismatch: expected " + DTypeName(slice.dtype) +
              ", given " + DTypeName(data[i].dtype());
-    }
-    if (data[i].count() != slice.length || ref.total != slice.total) {
+    } else if (data[i].count() != slice.length || ref.total != slice.total) {
       return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
              " elements, given " + std::to_string(ref.total);
     }
@@ -195,18 +227,32 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
 
 void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
                                const std::vector<Blob>& data) {
-  for (std::size_t i = 0; i < request.slices.size(); ++i) {
-    const kv::SliceRef& ref = request.slices[i];
-    Slice slice;
-    slice.dtype = data[i].dtype();
-    slice.length = data[i].count();
-    slice.total = ref.total;
-    slice.state_id = next_state_id_++;
-    slice.value = NewBuffer(data[i].bytes(), slice.dtype);
-    CopyInto(const_cast<std::byte*>(slice.value.data()), data[i].data(), data[i].bytes(),
-             parallel_);
-    slices_.emplace(SliceId{ref.key, ref.offset}, std::move(slice));
+  // Every slice is built (and allocated) aside first: an Init this server has no memory for is
+  // answered with an error naming the key and the size, and stores nothing.
+  std::map<SliceId, Slice> staged;
+  std::size_t i = 0;
+  try {
+    for (; i < request.slices.size(); ++i) {
+      const kv::SliceRef& ref = request.slices[i];
+      Slice slice;
+      slice.dtype = data[i].dtype();
+      slice.length = data[i].count();
+      slice.total = ref.total;
+      slice.state_id = next_state_id_++;
+      slice.value = NewBuffer(data[i].bytes(), slice.dtype);
+      CopyInto(const_cast<std::byte*>(slice.value.data()), data[i].data(), data[i].bytes(),
+               parallel_);
+      staged.emplace(SliceId{ref.key, ref.offset}, std::move(slice));
+    }
+  } catch (const std::bad_alloc&) {
+    const std::string server = "server " + std::to_string(runtime_.rank());
+    const std::string error =
+        OutOfMemory(request.slices[i].key, data[i].bytes(), "for the value this Init stores");
+    if (LogOccurrence(++rejected_)) LOG(WARNING) << server << ": " << error;
+    runtime_.ReplyError(meta, server + ": " + error);
+    return;
   }
+  slices_.merge(staged);  // moves the nodes: allocates nothing (Validate: all keys are new)
   runtime_.Reply(meta, Message{});
 }
 
@@ -223,6 +269,105 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
   runtime_.Reply(meta, Message{});
 }
 
+std::string KVServerStore::RoundInProgress() const {
+  for (const auto& [id, slice] : slices_) {
+    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty()) {
+      return KeyText(id.first) +
+             " has a dist_sync round in progress: every worker must finish its "
+             "pushes (WaitAll) before a checkpoint";
+    }
+  }
+  return "";
+}
+
+void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
+  const std::string server = "server " + std::to_string(runtime_.rank());
+  if (const std::string busy = RoundInProgress(); !busy.empty()) {
+    runtime_.ReplyError(meta, server + ": " + busy);
+    return;
+  }
+  checkpoint::Contents contents;
+  if (optimizer_) contents.optimizer = optimizer_->config();
+  for (const auto& [id, slice] : slices_) {
+    checkpoint::Record record;
+    record.key = id.first;
+    record.offset = id.second;
+    record.total = slice.total;
+    record.dtype = slice.dtype;
+    record.value.assign(slice.value.data(), slice.value.data() + slice.value.bytes());
+    if (optimizer_) {
+      if (auto state = optimizer_->ExportState(slice.state_id)) {
+        record.count = state->count;
+        record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
+        record.state = std::move(state->buffers);
+      }
+    }
+    contents.records.push_back(std::move(record));
+  }
+  checkpoint::FileSummary written;
+  try {
+    written =
+        checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(), contents);
+  } catch (const Error& e) {
+    runtime_.ReplyError(meta, server + ": " + e.what());
+    return;
+  }
+  // The reply tells worker 0 what the MANIFEST must say of this file.
+  const std::vector<std::uint64_t> summary{written.bytes, written.checksum};
+  Message reply;
+  reply.data.push_back(
+      Blob::Copy(summary.data(), summary.size() * sizeof(std::uint64_t), DType::kUInt64));
+  runtime_.Reply(meta, std::move(reply));
+}
+
+void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
+  const std::string server = "server " + std::to_string(runtime_.rank());
+  if (const std::string busy = RoundInProgress(); !busy.empty()) {
+    runtime_.ReplyError(meta, server + ": " + busy);
+    return;
+  }
+  // Everything is read, checked and assembled before any slice changes: a load that fails
+  // leaves this server as it was.
+  std::vector<std::pair<Slice*, checkpoint::Index::Slice>> loaded;
+  try {
+    const auto manifest = checkpoint::Manifest::Parse(request.manifest, request.path + "/MANIFEST");
+    checkpoint::Index index;
+    const int servers = runtime_.num_servers();
+    if (manifest.servers == servers) {  // same layout: this server's own file has its slices
+      index.Add(checkpoint::ReadDataFile(
+          request.path, manifest.files[static_cast<std::size_t>(runtime_.rank())]));
+    } else {
+      for (const auto& file : manifest.files)
+        index.Add(checkpoint::ReadDataFile(request.path, file));
+    }
+    checkpoint::CheckOptimizerMatches(index.optimizer(),
+                                      optimizer_ ? &optimizer_->config() : nullptr);
+    for (auto& [id, slice] : slices_) {
+      auto assembled = index.Assemble(id.first, id.second, slice.length, slice.total, slice.dtype);
+      if (!assembled.state.empty() &&
+          assembled.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
+        throw Error(KeyText(id.first) + ": the checkpoint keeps " +
+                    std::to_string(assembled.buffers) + " optimizer buffer(s) per element, " +
+                    optimizer_->config().name + " as set now keeps " +
+                    std::to_string(optimizer_->num_buffers()) +
+                    " (e.g. SGD saved with momentum, loaded without): set the same optimizer");
+      }
+      loaded.emplace_back(&slice, std::move(assembled));
+    }
+  } catch (const Error& e) {
+    runtime_.ReplyError(meta, server + ": " + e.what());
+    return;
+  }
+  for (auto& [slice, assembled] : loaded) {
+    slice->value = Blob::FromVector(std::move(assembled.value), slice->dtype);
+    if (optimizer_ && (assembled.count > 0 || !assembled.state.empty())) {
+      optimizer_->ImportState(slice->state_id,
+                              {slice->length, assembled.count, std::move(assembled.state)});
+    }
+  }
+  runtime_.Reply(meta, Message{});
+}
+
 void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& request) {
   try {
     optimizer_ = MakeOptimizer(request.optimizer, parallel_);
@@ -233,9 +378,10 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
   runtime_.Reply(meta, Message{});
 }
 
-KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, std::size_t slices,
+KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, const kv::Request& request,
                                                     bool with_values,
                                                     const std::vector<ShmTarget>& shm) {
+  const std::size_t slices = request.slices.size();
   Pending* pending = &pendings_.Take();
   // Assignments into a reused Pending keep the memory its strings and vectors already hold.
   pending->request = meta;
@@ -243,6 +389,11 @@ KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, std::size_
   pending->with_values = with_values;
   pending->values.assign(with_values ? slices : 0, Blob());
   pending->shm.assign(shm.begin(), shm.end());
+  pending->pulls.assign(request.pulls.begin(), request.pulls.end());
+  pending->pull_ids.clear();
+  for (std::size_t i = 0; i < request.pulls.size(); ++i) {
+    pending->pull_ids.emplace_back(request.slices[i].key, request.slices[i].offset);
+  }
   pending->error.clear();
   if (slices == 0) {
     Answer(*pending);
@@ -253,8 +404,7 @@ KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, std::size_
 
 void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
                                std::vector<Blob>& data, const std::vector<ShmTarget>& shm) {
-  Pending* const pending =
-      StartPending(meta, request.slices.size(), request.command == kv::kPushPull, shm);
+  Pending* const pending = StartPending(meta, request, request.command == kv::kPushPull, shm);
   if (pending == nullptr) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
@@ -280,7 +430,7 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
 
 void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
                                const std::vector<ShmTarget>& shm) {
-  Pending* const pending = StartPending(meta, request.slices.size(), true, shm);
+  Pending* const pending = StartPending(meta, request, true, shm);
   if (pending == nullptr) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
@@ -385,7 +535,8 @@ void KVServerStore::CloseRound(Slice& slice) {
 }
 
 std::byte* KVServerStore::WritableValue(Slice& slice) {
-  // A reply frame may still reference the current buffer: write a fresh one then.
+  // A reply frame may still reference the current buffer: write a fresh one then (which may
+  // throw std::bad_alloc before anything changed: ApplyUpdate).
   if (slice.value.owner().use_count() > 1) {
     Blob fresh = NewBuffer(slice.value.bytes(), slice.dtype);
     CopyInto(const_cast<std::byte*>(fresh.data()), slice.value.data(), slice.value.bytes(),
@@ -396,24 +547,45 @@ std::byte* KVServerStore::WritableValue(Slice& slice) {
 }
 
 void KVServerStore::ApplyUpdate(Slice& slice, const Gradient& gradient) {
-  if (optimizer_) {
-    optimizer_->Update(slice.state_id, reinterpret_cast<float*>(WritableValue(slice)),
-                       reinterpret_cast<const float*>(gradient.values.data()), slice.length);
-    return;
+  failed_update_ = nullptr;
+  try {
+    if (optimizer_) {
+      optimizer_->Update(slice.state_id, reinterpret_cast<float*>(WritableValue(slice)),
+                         reinterpret_cast<const float*>(gradient.values.data()), slice.length);
+      return;
+    }
+    // No optimizer: the stored value becomes the round's sum (dist_sync). A big received frame
+    // is this server's alone, so it becomes the value as it is. A small one may share ZeroMQ's
+    // receive batch buffer (and would pin it), and a shared-memory slot is the worker's again
+    // after the reply: those are copied.
+    if (!gradient.in_shared_memory && gradient.values.bytes() >= kAdoptMinBytes) {
+      slice.value = gradient.values;
+      return;
+    }
+    CopyInto(WritableValue(slice), gradient.values.data(), slice.value.bytes(), parallel_);
+  } catch (const std::bad_alloc&) {
+    // Out of memory before anything was written (the copy-on-write buffer and the optimizer's
+    // state are allocated first, and a state left half-made is made again next time): the
+    // value stays, and the waiters this update releases get the error instead (Resolve).
+    failed_update_ = &slice;
+    failed_update_error_ = "server " + std::to_string(runtime_.rank()) + ": " +
+                           OutOfMemory(KeyOf(slice), slice.value.bytes(),
+                                       optimizer_ ? "for its updated value or its optimizer state"
+                                                  : "for its updated value");
+    if (LogOccurrence(++rejected_)) LOG(WARNING) << failed_update_error_;
   }
-  // No optimizer: the stored value becomes the round's sum (dist_sync). A big received frame
-  // is this server's alone, so it becomes the value as it is. A small one may share ZeroMQ's
-  // receive batch buffer (and would pin it), and a shared-memory slot is the worker's again
-  // after the reply: those are copied.
-  if (!gradient.in_shared_memory && gradient.values.bytes() >= kAdoptMinBytes) {
-    slice.value = gradient.values;
-    return;
+}
+
+Key KVServerStore::KeyOf(const Slice& slice) const {
+  for (const auto& [id, stored] : slices_) {
+    if (&stored == &slice) return id.first;
   }
-  CopyInto(WritableValue(slice), gradient.values.data(), slice.value.bytes(), parallel_);
+  return 0;
 }
 
 void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
   Pending& pending = *waiter.pending;
+  if (&slice == failed_update_ && pending.error.empty()) pending.error = failed_update_error_;
   if (pending.with_values) pending.values[waiter.index] = slice.value;
   if (--pending.remaining == 0) Answer(pending);
 }
@@ -428,6 +600,7 @@ void KVServerStore::Answer(Pending& pending) {
     response_.meta = Meta{};
     response_.data.clear();
     if (pending.with_values) {
+      if (!pending.pulls.empty()) CompressPullReplies(pending);
       // Shared-memory slices: the value goes into the worker's slot, the frame stays empty.
       for (std::size_t i = 0; i < pending.shm.size(); ++i) {
         const ShmTarget& target = pending.shm[i];
@@ -444,6 +617,7 @@ void KVServerStore::Answer(Pending& pending) {
   // Spare from here on: it must not keep values or mappings alive.
   pending.values.clear();
   pending.shm.clear();
+  pending.pulls.clear();
   pendings_.Give(pending);
 }
 
@@ -470,6 +644,7 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   // Its segments: requests still holding one keep it mapped until they are answered.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   for (auto& [id, slice] : slices_) {
+    slice.mirrors.erase(peer.id);  // its copies of compressed pulls
     const bool waits_on_peer =
         !slice.pushed.empty() &&
         std::find(slice.pushed.begin(), slice.pushed.end(), peer.id) == slice.pushed.end();

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "compression.h"
 #include "kv_protocol.h"
 #include "object_pool.h"
 #include "optimizer.h"
@@ -61,6 +62,9 @@ class KVServerStore {
     bool with_values = false;
     std::vector<Blob> values;    // per slice of the request, filled as they resolve
     std::vector<ShmTarget> shm;  // per slice, or empty when no slice uses shared memory
+    // Compressed pulls (kv::Request::pulls): per slice, its state and id, or empty when none.
+    std::vector<kv::PullState> pulls;
+    std::vector<SliceId> pull_ids;
     std::string error;
   };
   struct Waiter {
@@ -82,6 +86,12 @@ class KVServerStore {
     std::uint64_t round;
     Gradient gradient;
     Waiter waiter;
+  };
+  // Compressed pulls: what one worker holds of a slice, as far as this server knows (the
+  // value minus what error feedback kept back), and the state the worker named it by.
+  struct Mirror {
+    std::vector<float> value;
+    std::uint64_t state = 0;
   };
   struct Slice {
     DType dtype = DType::kFloat32;
@@ -105,6 +115,7 @@ class KVServerStore {
     // Rounds that cannot complete because a worker's push into them was rejected, with why:
     // their pushes fail and they close without an update (FailRoundsOf).
     std::map<std::uint64_t, std::string> failed_rounds;
+    std::map<int, Mirror> mirrors;  // worker node id -> its copy (compressed pulls only)
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
@@ -112,7 +123,24 @@ class KVServerStore {
                   const std::vector<ShmTarget>& shm);
   void HandlePull(const Meta& meta, const kv::Request& request, const std::vector<ShmTarget>& shm);
   void HandleSetOptimizer(const Meta& meta, const kv::Request& request);
+  // Gradient compression (kv_server_compression.cc). The setting may change until the first
+  // push; a compressed push's frames are decoded into float32 gradients before it is handled,
+  // so rounds and updates never see the codes.
+  void HandleSetCompression(const Meta& meta, const kv::Request& request);
+  std::string CheckCompressedPush(const kv::SliceRef& ref, const Slice& slice,
+                                  const Blob& frame) const;
+  std::string CheckCompressedPull(const kv::SliceRef& ref, const Slice& slice,
+                                  bool in_shared_memory) const;
+  std::string DecodeCompressed(const kv::Request& request, std::vector<Blob>& data);
+  // Replaces each compressed-pull slice's value in a reply about to go out with the change
+  // since the worker's copy (or the full value when the copy's state is not the mirror's).
+  void CompressPullReplies(Pending& pending);
   void HandleForget(const Meta& meta, const kv::Request& request);
+  // Checkpoints (kvstore/checkpoint.h): writes this server's file / loads its slices from one.
+  void HandleSave(const Meta& meta, const kv::Request& request);
+  void HandleLoad(const Meta& meta, const kv::Request& request);
+  // "" when no slice has a dist_sync round in progress, else which one does.
+  std::string RoundInProgress() const;
   void HandleShmAttach(const Meta& meta, const kv::Request& request);
   // Points the shared-memory slices of a request into the sender's segment: their frames
   // become views of it and `shm` (one entry per slice) says where replies go. "" or why not.
@@ -122,8 +150,9 @@ class KVServerStore {
   std::string Validate(const kv::Request& request, const std::vector<Blob>& data,
                        const std::vector<ShmTarget>& shm);
 
-  // A reply waiting on `slices` slices; answered at once (and null returned) when there are none.
-  Pending* StartPending(const Meta& meta, std::size_t slices, bool with_values,
+  // A reply waiting on the request's slices; answered at once (and null returned) when there
+  // are none.
+  Pending* StartPending(const Meta& meta, const kv::Request& request, bool with_values,
                         const std::vector<ShmTarget>& shm);
   // A dist_sync push of `sender` was rejected: the rounds of its slices it would have joined
   // fail on every worker, naming it and `why`, instead of waiting for it forever.
@@ -140,6 +169,8 @@ class KVServerStore {
   void FailWaiters(Slice& slice, const std::string& why);
   // The value's bytes, made this slice's alone first (copy-on-write).
   std::byte* WritableValue(Slice& slice);
+  // The key of a stored slice (a search: for error messages only).
+  Key KeyOf(const Slice& slice) const;
 
   Runtime& runtime_;
   const int num_workers_;
@@ -148,6 +179,8 @@ class KVServerStore {
   const ParallelOptions parallel_{.pool = &pool_};
   std::map<SliceId, Slice> slices_;
   std::unique_ptr<Optimizer> optimizer_;
+  compression::Settings compression_;  // SetGradientCompression's; none until set
+  bool pushed_ = false;                // a push was accepted: the compression is fixed
   std::uint64_t next_state_id_ = 1;
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
   // (worker node id, segment id) -> the worker's attached shared memory.
@@ -159,6 +192,11 @@ class KVServerStore {
   std::vector<SliceId> seen_;     // Validate's, reused
   std::uint64_t rejected_ = 0;    // requests answered with an error, for log throttling
   Message response_;              // Answer's, reused
+  // The slice whose update ApplyUpdate just could not make (out of memory), and the error the
+  // waiters that update releases get instead of a value (Resolve). Reset by every ApplyUpdate
+  // and every request.
+  const Slice* failed_update_ = nullptr;
+  std::string failed_update_error_;
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

@@ -333,7 +333,7 @@ TEST_CASE("config validation names the field", "[optimizer][config]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   const std::vector<Case> cases = {
-      {"name", [](auto& c) { c.name = "rmsprop"; }},
+      {"name", [](auto& c) { c.name = "lamb"; }},
       {"name", [](auto& c) { c.name = "SGD"; }},
       {"learning_rate", [](auto& c) { c.learning_rate = -0.1f; }},
       {"learning_rate", [&](auto& c) { c.learning_rate = nan; }},
@@ -365,12 +365,13 @@ TEST_CASE("config validation names the field", "[optimizer][config]") {
   ok.clip_gradient = 0.0f;
   ok.beta1 = 0.0f;
   ok.beta2 = 0.0f;
-  for (const char* name : {"sgd", "adam", "adagrad"}) {
+  for (const char* name : {"sgd", "nag", "adam", "adagrad", "rmsprop"}) {
     ok.name = name;
     REQUIRE_NOTHROW(ps::MakeOptimizer(ok));
   }
-  REQUIRE_THROWS_WITH(ps::MakeOptimizer(Config("rmsprop")),
-                      Contains("sgd") && Contains("adam") && Contains("adagrad"));
+  REQUIRE_THROWS_WITH(ps::MakeOptimizer(Config("lamb")),
+                      Contains("sgd") && Contains("nag") && Contains("adam") &&
+                          Contains("adagrad") && Contains("rmsprop"));
 }
 
 TEST_CASE("AddInto sums the supported dtypes", "[optimizer][addinto]") {
@@ -558,4 +559,120 @@ TEST_CASE("perf: sum 4 x 16 MB pushes and apply sgd momentum", "[.perf]") {
             << " ms (" << memcpy_bw << " MB/s); sum 4 + sgd-mom " << agg_s * 1e3 << " ms ("
             << agg_bw << " MB/s) = " << agg_bw / memcpy_bw << "x memcpy bandwidth\n";
   CHECK(agg_bw >= 0.5 * memcpy_bw);
+}
+
+TEST_CASE("nag exact values for two hand-computed steps", "[optimizer]") {
+  // momentum 0.5, lr 0.1, wd 0.1, w = 1, g = 2 (rescale 1, no clip):
+  // step 1: g' = 2 + 0.1*1 = 2.1; mom = 0.5*0 + 2.1 = 2.1; w = 1 - 0.1*(2.1 + 0.5*2.1) = 0.685
+  // step 2: g' = 2 + 0.1*0.685 = 2.0685; mom = 1.05 + 2.0685 = 3.1185;
+  //         w = 0.685 - 0.1*(2.0685 + 1.55925) = 0.3222250
+  ps::OptimizerConfig c;
+  c.name = "nag";
+  c.learning_rate = 0.1f;
+  c.momentum = 0.5f;
+  c.weight_decay = 0.1f;
+  auto opt = ps::MakeOptimizer(c, SingleThread());
+  float w = 1.0f;
+  const float g = 2.0f;
+  opt->Update(1, &w, &g, 1);
+  CHECK(w == Approx(0.685f).epsilon(1e-6));
+  opt->Update(1, &w, &g, 1);
+  CHECK(w == Approx(0.322225f).epsilon(1e-6));
+  // Without momentum, NAG is plain SGD: w = (1 - lr*wd)*w - lr*g.
+  c.momentum = 0.0f;
+  auto plain = ps::MakeOptimizer(c, SingleThread());
+  float v = 1.0f;
+  plain->Update(1, &v, &g, 1);
+  CHECK(v == Approx(0.99f - 0.2f).epsilon(1e-6));
+}
+
+TEST_CASE("rmsprop exact values for two hand-computed steps", "[optimizer]") {
+  // rho 0.9, lr 0.01, eps 1e-8, wd 0, w = 1, g = 2:
+  // step 1: n = 0.1*4 = 0.4; w = 1 - 0.01*2/sqrt(0.4) = 0.96837722
+  // step 2: n = 0.1*4 + 0.9*0.4 = 0.76; w = 0.96837722 - 0.01*2/sqrt(0.76) = 0.94543568
+  ps::OptimizerConfig c;
+  c.name = "rmsprop";
+  c.learning_rate = 0.01f;
+  c.rho = 0.9f;
+  auto opt = ps::MakeOptimizer(c, SingleThread());
+  float w = 1.0f;
+  const float g = 2.0f;
+  opt->Update(1, &w, &g, 1);
+  CHECK(w == Approx(0.96837722f).epsilon(1e-6));
+  opt->Update(1, &w, &g, 1);
+  CHECK(w == Approx(0.94543568f).epsilon(1e-6));
+}
+
+TEST_CASE("learning-rate schedules give MXNet's rates, update by update", "[optimizer][schedule]") {
+  ps::OptimizerConfig c;
+  c.learning_rate = 1.0f;
+  // factor: halves after every 2 updates, never below 0.2.
+  c.schedule.type = "factor";
+  c.schedule.step = 2;
+  c.schedule.factor = 0.5f;
+  c.schedule.stop_factor_lr = 0.2f;
+  const std::vector<float> factor{1.0f, 1.0f, 0.5f, 0.5f, 0.25f, 0.25f, 0.2f, 0.2f};
+  for (std::size_t t = 1; t <= factor.size(); ++t) {
+    INFO("update " << t);
+    CHECK(ps::LearningRateAt(c, t) == Approx(factor[t - 1]));
+  }
+  // multifactor: x0.1 after updates 3 and 5.
+  c.schedule = {};
+  c.schedule.type = "multifactor";
+  c.schedule.steps = {3, 5};
+  c.schedule.factor = 0.1f;
+  const std::vector<float> multi{1.0f, 1.0f, 1.0f, 0.1f, 0.1f, 0.01f, 0.01f};
+  for (std::size_t t = 1; t <= multi.size(); ++t) {
+    INFO("update " << t);
+    CHECK(ps::LearningRateAt(c, t) == Approx(multi[t - 1]));
+  }
+  // cosine with a linear warm-up: 0 -> 1 over 4 updates, then down to 0 at update 8.
+  // t = 1..3: 0.25 t; t = 4: 1; t = 6: (1 + cos(pi/2))/2 = 0.5; t = 8 and later: 0.
+  c.schedule = {};
+  c.schedule.type = "cosine";
+  c.schedule.warmup_steps = 4;
+  c.schedule.max_update = 8;
+  const std::vector<float> cosine{0.25f, 0.5f,       0.75f, 1.0f, 0.8535534f,
+                                  0.5f,  0.1464466f, 0.0f,  0.0f};
+  for (std::size_t t = 1; t <= cosine.size(); ++t) {
+    INFO("update " << t);
+    CHECK(ps::LearningRateAt(c, t) == Approx(cosine[t - 1]).margin(1e-6));
+  }
+}
+
+TEST_CASE("a scheduled sgd step uses the rate of its own update count", "[optimizer][schedule]") {
+  ps::OptimizerConfig c;
+  c.learning_rate = 1.0f;
+  c.schedule.type = "factor";
+  c.schedule.step = 1;
+  c.schedule.factor = 0.5f;
+  auto opt = ps::MakeOptimizer(c, SingleThread());
+  float w = 0.0f;
+  const float g = 1.0f;
+  opt->Update(1, &w, &g, 1);  // lr 1
+  opt->Update(1, &w, &g, 1);  // lr 0.5
+  opt->Update(1, &w, &g, 1);  // lr 0.25
+  CHECK(w == -1.75f);
+}
+
+TEST_CASE("schedule validation names the field", "[optimizer][config]") {
+  ps::OptimizerConfig c;
+  c.schedule.type = "step";
+  CHECK_THROWS_WITH(ps::ValidateOptimizerConfig(c), Contains("schedule.type = 'step' is unknown"));
+  c.schedule.type = "factor";
+  c.schedule.factor = 0.5f;
+  CHECK_THROWS_WITH(ps::ValidateOptimizerConfig(c), Contains("schedule.step must be >= 1"));
+  c.schedule.type = "multifactor";
+  c.schedule.steps = {5, 3};
+  CHECK_THROWS_WITH(ps::ValidateOptimizerConfig(c), Contains("schedule.steps must be increasing"));
+  c.schedule = {};
+  c.schedule.type = "cosine";
+  c.schedule.warmup_steps = 10;
+  c.schedule.max_update = 10;
+  CHECK_THROWS_WITH(ps::ValidateOptimizerConfig(c),
+                    Contains("schedule.max_update (10) must be larger than warmup_steps (10)"));
+  c.schedule = {};
+  c.name = "rmsprop";
+  c.rho = 1.0f;
+  CHECK_THROWS_WITH(ps::ValidateOptimizerConfig(c), Contains("rho"));
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -37,7 +38,10 @@ class Fuzzer {
   // real segment other than the test's own.
   ps::Message Next() {
     Request request;
-    request.command = static_cast<ps::kv::Command>(Pick(1, 7));
+    // Commands 1..7 and SetCompression (10); never the checkpoint commands, which write files.
+    const int command = Pick(1, 8);
+    request.command =
+        static_cast<ps::kv::Command>(command == 8 ? ps::kv::kSetCompression : command);
     request.sync = Pick(0, 1) == 1;
     const int slices = Pick(0, 3);
     for (int i = 0; i < slices; ++i) {
@@ -54,6 +58,24 @@ class Fuzzer {
     if (request.command == ps::kv::kSetOptimizer) {
       request.optimizer.name = Pick(0, 1) ? "" : "fuzz";
       request.optimizer.learning_rate = -1.0f;
+    }
+    if (request.command == ps::kv::kSetCompression) {
+      // Often valid: compressed pushes of the fuzz keys then decode (the canary's pushes are
+      // plain float32, which a server with compression still takes).
+      static const char* const kTypes[] = {"2bit", "1bit", "fp16", "none", "", "7bit"};
+      request.compression.type = kTypes[Pick(0, 5)];
+      request.compression.pull_type = kTypes[Pick(0, 5)];
+      const float thresholds[] = {0.5f, 1.0f, 0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN()};
+      request.compression.threshold = thresholds[Pick(0, 4)];
+    }
+    if ((request.command == ps::kv::kPull || request.command == ps::kv::kPushPull ||
+         Pick(0, 20) == 0) &&
+        Pick(0, 2) == 0) {
+      // Compressed pulls: one state per slice, or a list of the wrong length.
+      const int states = Pick(0, 4) == 0 ? Pick(0, 4) : slices;
+      for (int i = 0; i < states; ++i) {
+        request.pulls.push_back({Small(), Pick(0, 3) == 0 ? 0 : Small() + 1});
+      }
     }
     if (request.command == ps::kv::kShmAttach) {
       request.segment_id = static_cast<std::uint32_t>(Pick(1, 2));  // segment 0 stays the real one
@@ -74,7 +96,7 @@ class Fuzzer {
     }
     ps::Message msg = ps::kv::RequestMessage(request, server_);
     if (Pick(0, 30) == 0) msg.meta.app_id = Pick(2, 9);
-    if (Pick(0, 30) == 0) msg.meta.head = Pick(-2, 9);
+    if (Pick(0, 30) == 0) msg.meta.head = Pick(-2, ps::kv::kLastCommand + 2);
     if (Pick(0, 20) == 0) {  // a body of random bytes
       msg.meta.body.resize(static_cast<std::size_t>(Pick(0, 40)));
       for (char& c : msg.meta.body) c = static_cast<char>(Pick(0, 255));
@@ -84,10 +106,14 @@ class Fuzzer {
                                 request.command == ps::kv::kPushPull;
     const int frames = Pick(0, 10) == 0 ? Pick(0, 3) : carries_values ? slices : 0;
     for (int i = 0; i < frames; ++i) {
-      const auto dtype = Pick(0, 6) == 0 ? static_cast<ps::DType>(Pick(0, 6)) : ps::DType::kFloat32;
+      // Mostly float32; uint8 (a compressed gradient) often enough to reach the decoders.
+      const auto dtype = Pick(0, 6) == 0   ? static_cast<ps::DType>(Pick(0, 6))
+                         : Pick(0, 5) == 0 ? ps::DType::kUInt8
+                                           : ps::DType::kFloat32;
       // Mostly the length of the frame's slice, the size a valid request would give; empty
       // when the slice travels through shared memory.
       std::size_t count = Small();
+      if (dtype == ps::DType::kUInt8 && Pick(0, 1) == 0) count = Small() * 4;  // 2bit-like sizes
       if (i < slices && Pick(0, 5) != 0) {
         const auto& slice = request.slices[static_cast<std::size_t>(i)];
         const bool in_shm = std::any_of(
@@ -157,6 +183,12 @@ TEST_CASE("server: answers thousands of random requests and keeps its values exa
     sgd.optimizer.name = "sgd";
     sgd.optimizer.learning_rate = 1.0f;
     REQUIRE(Ask(*runtime, ps::kv::RequestMessage(sgd, server)).empty());
+    // Compression on, so that random compressed pushes and pulls of the fuzz keys reach the
+    // decoders and the mirrors (the canary's plain float32 requests are unaffected).
+    Request compress;
+    compress.command = ps::kv::kSetCompression;
+    compress.compression = {.type = "2bit", .threshold = 0.5f, .pull_type = "fp16"};
+    REQUIRE(Ask(*runtime, ps::kv::RequestMessage(compress, server)).empty());
     std::vector<float> expected(kCanaryLength, 5.0f);
     REQUIRE(Ask(*runtime, Canary(ps::kv::kInit, server, expected)).empty());
 

@@ -45,6 +45,8 @@ class FakeKVStore final : public KVStore {
   int Rank() const override { return 0; }
   int NumWorkers() const override { return 1; }
   std::string Type() const override { return "local"; }
+  void SaveCheckpoint(const std::string&) override { throw Error("FakeKVStore: no checkpoints"); }
+  void LoadCheckpoint(const std::string&) override { throw Error("FakeKVStore: no checkpoints"); }
 
   std::vector<Op> ops;  // every push and pull, in call order
   std::vector<Key> init_keys;

@@ -47,6 +47,13 @@ void CheckOneLineError(const Result& r, const std::string& fragment) {
   CHECK(r.output.find('\n') == r.output.size() - 1);
 }
 
+TEST_CASE("ps-train --version prints the version", "[ps-train]") {
+  const Result r = RunPsTrain("--version");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.rfind("ps-train version 0.", 0) == 0);
+}
+
 TEST_CASE("ps-train --help describes every flag", "[ps-train]") {
   const Result r = RunPsTrain("--help");
   INFO(r.output);
@@ -73,6 +80,23 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
   if (ps::worker::ProbeCuda().devices == 0) {
     CheckOneLineError(RunPsTrain("--kvstore local --device cuda"), "no CUDA device found");
   }
+}
+
+TEST_CASE("ps-train: gradient compression flags, and their wrong use", "[ps-train][compression]") {
+  const Result help = RunPsTrain("--help");
+  for (const char* flag :
+       {"--gradient-compression", "--compression-threshold", "--pull-compression"}) {
+    CHECK(help.output.find(flag) != std::string::npos);
+  }
+  CheckOneLineError(RunPsTrain("--kvstore dist_sync --gradient-compression 3bit"),
+                    "unknown --gradient-compression '3bit': use none, 2bit, 1bit or fp16");
+  CheckOneLineError(RunPsTrain("--kvstore dist_sync --pull-compression int8"),
+                    "unknown --pull-compression 'int8'");
+  CheckOneLineError(RunPsTrain("--kvstore local --gradient-compression 2bit"),
+                    "--gradient-compression needs --kvstore dist_sync or dist_async");
+  CheckOneLineError(
+      RunPsTrain("--kvstore dist_sync --gradient-compression 2bit --compression-threshold 0"),
+      "--compression-threshold must be a finite number > 0");
 }
 
 }  // namespace

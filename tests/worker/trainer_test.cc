@@ -185,6 +185,85 @@ TEST_CASE("RunTraining logs Speedometer lines, test accuracy and the final line"
                            Catch::Contains("\"wait_ms_per_batch\":"));
 }
 
+TEST_CASE("a diverging run stops naming the step and suggesting a lower rate", "[trainer]") {
+  const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), 500);
+  TrainConfig config = SmallConfig(false);
+  config.lr = 1e8f;
+  const ShardSampler sampler(data.count, 0, 1, config.batch_size, 3);
+  std::ostringstream log;
+  MetricsLog metrics(log, "", 0);
+  auto backend = MakeCpuBackend();
+  auto model = BuildModel("mlp", *backend, config.batch_size);
+  model->InitParams(11);
+  FakeKVStore kv;
+  KVTrainer trainer(config, kv, *model);
+  trainer.Start(static_cast<std::uint64_t>(sampler.batches_per_epoch()));
+  std::string error = "no error";
+  try {
+    trainer.TrainEpoch(data, sampler, 0, metrics);
+  } catch (const DivergenceError& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains("training diverged: the loss is") &&
+                        Catch::Contains("at epoch 0, batch ") &&
+                        Catch::Contains("lower the learning rate"));
+}
+
+TEST_CASE("the schedule's epochs become updates where the optimizer runs", "[trainer]") {
+  TrainConfig c;
+  c.epochs = 10;
+  c.lr = 0.5f;
+  c.lr_scheduler = "multifactor";
+  c.lr_step_epochs = "4,7";
+  c.lr_factor = 0.1f;
+  c.warmup_epochs = 1;
+  OptimizerConfig opt = MakeOptimizerConfig(c, 100, 0.5f);
+  CHECK(opt.rescale_grad == 0.5f);
+  CHECK(opt.schedule.type == "multifactor");
+  CHECK(opt.schedule.steps == std::vector<std::uint64_t>{400, 700});
+  CHECK(opt.schedule.warmup_steps == 100);
+  CHECK(LearningRateAt(opt, 50) == Approx(0.25f));
+  CHECK(LearningRateAt(opt, 400) == Approx(0.5f));
+  CHECK(LearningRateAt(opt, 401) == Approx(0.05f));
+  c.lr_scheduler = "factor";
+  c.lr_step_epochs = "3";
+  CHECK(MakeOptimizerConfig(c, 100, 1.0f).schedule.step == 300);
+  c.lr_scheduler = "cosine";
+  opt = MakeOptimizerConfig(c, 100, 1.0f);
+  CHECK(opt.schedule.max_update == 1000);  // the rate reaches --final-lr after the last epoch
+  CHECK(LearningRateAt(opt, 1000) == 0.0f);
+  c.lr_step_epochs = "4,x";
+  c.lr_scheduler = "multifactor";
+  CHECK_THROWS_WITH(ValidateConfig(c), Catch::Contains("--lr-step-epochs '4,x' is invalid"));
+  c.lr_step_epochs = "7,4";
+  CHECK_THROWS_WITH(ValidateConfig(c), Catch::Contains("schedule.steps must be increasing"));
+}
+
+TEST_CASE("settings not given take the model's defaults; given ones stay", "[trainer]") {
+  const auto nothing_given = [](std::string_view) { return false; };
+  TrainConfig mlp;
+  ApplyModelDefaults(mlp, nothing_given);
+  CHECK(mlp.lr == 0.1f);
+  CHECK(mlp.lr_scheduler == "cosine");
+  CHECK(mlp.weight_decay == 1e-4f);
+  TrainConfig cnn;
+  cnn.model = "cnn";
+  ApplyModelDefaults(cnn, nothing_given);
+  CHECK(cnn.lr == 0.05f);
+  TrainConfig async;
+  async.kvstore = "dist_async";
+  ApplyModelDefaults(async, nothing_given);
+  CHECK(async.lr == Approx(0.025f));
+  TrainConfig mine;
+  mine.lr = 0.3f;
+  mine.lr_scheduler = "none";
+  ApplyModelDefaults(mine,
+                     [](std::string_view flag) { return flag == "lr" || flag == "lr_scheduler"; });
+  CHECK(mine.lr == 0.3f);
+  CHECK(mine.lr_scheduler == "none");
+  CHECK(mine.momentum == 0.9f);
+}
+
 TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[trainer]") {
   TrainConfig c;
   c.model = "resnet";

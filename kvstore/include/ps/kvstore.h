@@ -30,16 +30,73 @@
 
 namespace ps {
 
+// A learning-rate schedule, as MXNet's lr_scheduler: the rate of the t-th update (t = 1, 2, ...,
+// counted per key where the optimizer runs: on the servers, or on the worker) is
+//   t < warmup_steps:   warmup_begin_lr + (learning_rate - warmup_begin_lr) * t / warmup_steps
+//   then, by type:
+//   ""             learning_rate
+//   "factor"       max(learning_rate * factor^floor((t - 1) / step), stop_factor_lr)
+//   "multifactor"  learning_rate * factor^(number of steps[i] < t)
+//   "cosine"       final_lr + (learning_rate - final_lr) * (1 + cos(pi * (t - warmup_steps) /
+//                  (max_update - warmup_steps))) / 2, and final_lr after max_update
+// Formulas and worked values: docs/optimizers.md.
+struct LRSchedule {
+  std::string type;                  // "", "factor", "multifactor", "cosine"
+  std::uint64_t step = 0;            // factor: updates per drop (>= 1)
+  std::vector<std::uint64_t> steps;  // multifactor: increasing update counts of the drops
+  float factor = 1.0f;               // factor, multifactor: multiplier per drop, in (0, 1]
+  float stop_factor_lr = 1e-8f;      // factor: the floor
+  std::uint64_t max_update = 0;      // cosine: the update at which final_lr is reached
+  float final_lr = 0.0f;             // cosine
+  std::uint64_t warmup_steps = 0;    // any type: linear warm-up over this many updates
+  float warmup_begin_lr = 0.0f;      // the warm-up's first rate
+};
+
 struct OptimizerConfig {
-  std::string name = "sgd";  // "sgd", "adam", "adagrad"
+  std::string name = "sgd";  // "sgd", "nag", "adam", "adagrad", "rmsprop"
   float learning_rate = 0.01f;
-  float momentum = 0.0f;        // sgd
+  LRSchedule schedule;          // all
+  float momentum = 0.0f;        // sgd, nag
   float weight_decay = 0.0f;    // all
   float rescale_grad = 1.0f;    // grad is multiplied by this first
   float clip_gradient = -1.0f;  // < 0: off; else grad clipped to [-c, c] after rescale
   float beta1 = 0.9f;           // adam
   float beta2 = 0.999f;         // adam
-  float epsilon = 1e-8f;        // adam, adagrad
+  float epsilon = 1e-8f;        // adam, adagrad, rmsprop
+  float rho = 0.9f;             // rmsprop: decay of the mean square (MXNet's gamma1)
+};
+
+// Throws ps::Error naming the first invalid field of config (and its value):
+// name not in {sgd, nag, adam, adagrad, rmsprop}; learning_rate < 0 or not finite; momentum, beta1,
+// beta2 outside [0, 1); weight_decay < 0 or not finite; rescale_grad <= 0 or not finite;
+// clip_gradient NaN; epsilon <= 0 or not finite; rho outside [0, 1); a schedule
+// whose fields do not fit its type. Every field is checked whatever the name.
+void ValidateOptimizerConfig(const OptimizerConfig& config);
+
+// The learning rate of config's num_update-th update (1, 2, ...) under its schedule.
+float LearningRateAt(const OptimizerConfig& config, std::uint64_t num_update);
+
+// Gradient compression (SetGradientCompression; docs/kvstore.md, "Gradient compression").
+// type: what pushes carry. "2bit" is MXNet's: each worker adds the gradient to a residual it
+// keeps per key, sends +threshold where that is >= threshold, -threshold where it is
+// <= -threshold, 0 elsewhere (16 values per 32-bit word), and keeps the difference. "1bit": the
+// sign of residual + gradient, times one scale per slice (their mean magnitude), with the same
+// error feedback. "fp16": half precision, with the same error feedback. "none": full float32.
+// pull_type: what pulls carry ("none" is MXNet's: full values). Otherwise each server sends
+// the change of the value since this worker's last pull, encoded like a push, keeping what it
+// could not send (so both directions shrink). Only float32 keys are compressed.
+struct GradientCompression {
+  std::string type = "none";  // "2bit", "1bit", "fp16", "none"
+  float threshold = 0.5f;     // 2bit: the magnitude sent (> 0)
+  std::string pull_type = "none";
+};
+
+// What this process's transport sent and received (headers and payload frames, every peer),
+// since the store was created. Values that take the same-host shared-memory path never touch
+// the socket and are not counted.
+struct TrafficStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
 };
 
 struct ClusterConfig;  // ps/config.h: a validated cluster description
@@ -84,9 +141,28 @@ class KVStore {
   virtual void WaitAll() = 0;
   virtual void Barrier() = 0;
   virtual void SetOptimizer(const OptimizerConfig& config) = 0;
+  // Collective, before the first Push of any key; dist_sync and dist_async only ("local"
+  // refuses it, as MXNet's local store does). An unknown type, a threshold <= 0, a call after
+  // a push, or workers that ask for different settings throw ps::Error (on every worker).
+  virtual void SetGradientCompression(const GradientCompression& config);
+  // Bytes on the wire so far (all zero for "local").
+  virtual TrafficStats Traffic() const { return {}; }
   virtual int Rank() const = 0;
   virtual int NumWorkers() const = 0;
   virtual std::string Type() const = 0;
+  // Checkpoints (collective: every worker calls them, after its own pushes; they wait for
+  // them). SaveCheckpoint writes every key's value and the optimizer state kept beside it
+  // (momentum, Adam moments, update counts) into directory `dir`, created if missing: each
+  // server one file, atomically, then worker 0 a MANIFEST naming them with their checksums,
+  // so a checkpoint is complete or absent. On several hosts `dir` must be one directory that
+  // every server and worker 0 see (a shared file system).
+  // LoadCheckpoint restores a checkpoint into the keys this job initialized (Init them first,
+  // and SetOptimizer first when the checkpoint holds optimizer state), whatever the number of
+  // servers that saved it. A missing or corrupt file, a key missing from the checkpoint or of
+  // another size, or another optimizer is a ps::Error on every worker; a server that finds one
+  // changes none of its keys.
+  virtual void SaveCheckpoint(const std::string& dir) = 0;
+  virtual void LoadCheckpoint(const std::string& dir) = 0;
   // Tells the job that this worker failed and why: a distributed job ends at once with an error
   // naming this worker and `why`, instead of when its absence is noticed. Call it before
   // giving up on the store (e.g. when training throws); the store is not used afterwards.

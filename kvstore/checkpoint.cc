@@ -1,0 +1,414 @@
+#include "checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "ps/error.h"
+
+namespace ps::checkpoint {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
+constexpr std::uint32_t kFormatVersion = 1;
+constexpr const char* kManifestName = "MANIFEST";
+constexpr const char* kManifestHeader = "ps-checkpoint 1";
+
+std::string SystemError(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+// FNV-1a, 64 bits: detects a flipped or lost byte; not a defence against a forger.
+class Checksum {
+ public:
+  void Add(const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < bytes; ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ull;
+  }
+  std::uint64_t value() const { return hash_; }
+
+ private:
+  std::uint64_t hash_ = 14695981039346656037ull;
+};
+
+// A file that appears under its final name only when Commit() succeeds: written to a temporary
+// name in the same directory, flushed to disk, renamed over the final name, and the directory
+// flushed. Destroyed uncommitted, it removes the temporary file.
+class AtomicFile {
+ public:
+  AtomicFile(const std::string& dir, const std::string& name)
+      : final_(dir + "/" + name),
+        temporary_(dir + "/." + name + ".tmp." + std::to_string(getpid())),
+        dir_(dir) {
+    fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(SystemError("cannot create", temporary_));
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temporary_.c_str());
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  void Write(const void* data, std::size_t bytes) {
+    checksum_.Add(data, bytes);
+    const auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+      const ssize_t written = ::write(fd_, p, bytes);
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) throw Error(SystemError("cannot write", temporary_));
+      p += written;
+      bytes -= static_cast<std::size_t>(written);
+      size_ += static_cast<std::uint64_t>(written);
+    }
+  }
+  template <class T>
+  void WriteValue(const T& value) {
+    Write(&value, sizeof(value));
+  }
+  std::uint64_t checksum() const { return checksum_.value(); }
+  std::uint64_t size() const { return size_; }
+
+  void Commit() {
+    if (::fsync(fd_) != 0) throw Error(SystemError("cannot flush", temporary_));
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      throw Error(SystemError("cannot close", temporary_));
+    }
+    fd_ = -1;
+    if (::rename(temporary_.c_str(), final_.c_str()) != 0) {
+      throw Error(SystemError("cannot rename " + temporary_ + " to", final_));
+    }
+    committed_ = true;
+    // The rename is durable only once the directory is.
+    const int dir_fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd >= 0) {
+      ::fsync(dir_fd);
+      ::close(dir_fd);
+    }
+  }
+
+ private:
+  std::string final_;
+  std::string temporary_;
+  std::string dir_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::uint64_t size_ = 0;
+  Checksum checksum_;
+};
+
+void MakeDirectory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) throw Error("cannot create the checkpoint directory " + dir + ": " + error.message());
+}
+
+std::string ReadWhole(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(SystemError("cannot open " + what, path));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) throw Error(SystemError("cannot read " + what, path));
+  return std::move(bytes).str();
+}
+
+// Reads values out of a data file's bytes; any read past the end is a truncated file.
+class Reader {
+ public:
+  Reader(const std::string& bytes, std::string path) : bytes_(bytes), path_(std::move(path)) {}
+  void Read(void* out, std::size_t bytes) {
+    if (bytes > bytes_.size() - position_) {
+      throw Error("checkpoint file " + path_ +
+                  " is truncated or corrupt (a record runs past "
+                  "its end)");
+    }
+    std::memcpy(out, bytes_.data() + position_, bytes);
+    position_ += bytes;
+  }
+  template <class T>
+  T Value() {
+    T value;
+    Read(&value, sizeof(value));
+    return value;
+  }
+  std::size_t remaining() const { return bytes_.size() - position_; }
+  [[noreturn]] void Corrupt(const std::string& what) const {
+    throw Error("checkpoint file " + path_ + " is corrupt: " + what);
+  }
+
+ private:
+  const std::string& bytes_;
+  std::string path_;
+  std::size_t position_ = 0;
+};
+
+void WriteOptimizer(AtomicFile& file, const std::optional<OptimizerConfig>& optimizer) {
+  file.WriteValue<std::uint8_t>(optimizer ? 1 : 0);
+  if (!optimizer) return;
+  const OptimizerConfig& c = *optimizer;
+  file.WriteValue(static_cast<std::uint32_t>(c.name.size()));
+  file.Write(c.name.data(), c.name.size());
+  for (const float value : {c.learning_rate, c.momentum, c.weight_decay, c.rescale_grad,
+                            c.clip_gradient, c.beta1, c.beta2, c.epsilon}) {
+    file.WriteValue(value);
+  }
+}
+
+std::optional<OptimizerConfig> ReadOptimizer(Reader& in) {
+  if (in.Value<std::uint8_t>() == 0) return std::nullopt;
+  OptimizerConfig c;
+  const auto name_bytes = in.Value<std::uint32_t>();
+  if (name_bytes > 64) in.Corrupt("an optimizer name of " + std::to_string(name_bytes) + " bytes");
+  c.name.resize(name_bytes);
+  in.Read(c.name.data(), name_bytes);
+  for (float* value : {&c.learning_rate, &c.momentum, &c.weight_decay, &c.rescale_grad,
+                       &c.clip_gradient, &c.beta1, &c.beta2, &c.epsilon}) {
+    *value = in.Value<float>();
+  }
+  return c;
+}
+
+}  // namespace
+
+std::string DataFileName(int rank, int servers) {
+  return "server-" + std::to_string(rank) + "-of-" + std::to_string(servers) + ".psckpt";
+}
+
+FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents) {
+  MakeDirectory(dir);
+  const std::string name = DataFileName(rank, servers);
+  AtomicFile file(dir, name);
+  file.Write(kMagic, sizeof(kMagic));
+  file.WriteValue(kFormatVersion);
+  WriteOptimizer(file, contents.optimizer);
+  file.WriteValue(static_cast<std::uint64_t>(contents.records.size()));
+  for (const Record& record : contents.records) {
+    file.WriteValue(record.key);
+    file.WriteValue(record.offset);
+    file.WriteValue(record.total);
+    file.WriteValue(static_cast<std::uint8_t>(record.dtype));
+    file.WriteValue(static_cast<std::uint64_t>(record.value.size()));
+    file.Write(record.value.data(), record.value.size());
+    file.WriteValue(record.count);
+    file.WriteValue(record.buffers);
+    file.WriteValue(static_cast<std::uint64_t>(record.state.size()));
+    file.Write(record.state.data(), record.state.size() * sizeof(float));
+  }
+  const std::uint64_t checksum = file.checksum();
+  file.WriteValue(checksum);
+  const std::uint64_t bytes = file.size();
+  file.Commit();
+  return FileSummary{name, bytes, checksum};
+}
+
+Contents ReadDataFile(const std::string& dir, const FileSummary& expected) {
+  const std::string path = dir + "/" + expected.name;
+  if (::access(path.c_str(), F_OK) != 0) {
+    throw Error("checkpoint file " + path +
+                " is missing (the MANIFEST lists it; on several hosts the checkpoint directory "
+                "must be one that every server sees)");
+  }
+  const std::string bytes = ReadWhole(path, "checkpoint file");
+  if (bytes.size() != expected.bytes) {
+    throw Error("checkpoint file " + path + " has " + std::to_string(bytes.size()) +
+                " bytes, the MANIFEST says " + std::to_string(expected.bytes) +
+                ": it is truncated or was replaced");
+  }
+  Checksum checksum;
+  if (bytes.size() < sizeof(kMagic) + sizeof(std::uint64_t)) {
+    throw Error("checkpoint file " + path + " is too short to be one");
+  }
+  const std::size_t body = bytes.size() - sizeof(std::uint64_t);
+  checksum.Add(bytes.data(), body);
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data() + body, sizeof(stored));
+  if (checksum.value() != stored || stored != expected.checksum) {
+    throw Error("checkpoint file " + path + " is corrupt: its checksum does not match");
+  }
+  Reader in(bytes, path);
+  char magic[sizeof(kMagic)];
+  in.Read(magic, sizeof(magic));
+  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) in.Corrupt("not a ps checkpoint file");
+  if (const auto version = in.Value<std::uint32_t>(); version != kFormatVersion) {
+    in.Corrupt("format version " + std::to_string(version) + ", this build reads " +
+               std::to_string(kFormatVersion));
+  }
+  Contents contents;
+  contents.optimizer = ReadOptimizer(in);
+  const auto records = in.Value<std::uint64_t>();
+  for (std::uint64_t r = 0; r < records; ++r) {
+    Record record;
+    record.key = in.Value<Key>();
+    record.offset = in.Value<std::uint64_t>();
+    record.total = in.Value<std::uint64_t>();
+    const auto dtype = in.Value<std::uint8_t>();
+    if (!IsValidDType(dtype)) in.Corrupt("unknown dtype " + std::to_string(dtype));
+    record.dtype = static_cast<DType>(dtype);
+    const auto value_bytes = in.Value<std::uint64_t>();
+    if (value_bytes > in.remaining() || value_bytes % DTypeSize(record.dtype) != 0) {
+      in.Corrupt("a value of " + std::to_string(value_bytes) + " bytes");
+    }
+    record.value.resize(value_bytes);
+    in.Read(record.value.data(), value_bytes);
+    if (record.offset > record.total || record.length() > record.total - record.offset) {
+      in.Corrupt("key " + std::to_string(record.key) + " has a slice outside its length");
+    }
+    record.count = in.Value<std::uint64_t>();
+    record.buffers = in.Value<std::uint32_t>();
+    const auto floats = in.Value<std::uint64_t>();
+    if (floats > in.remaining() / sizeof(float) ||
+        (floats != 0 && floats != std::uint64_t{record.buffers} * record.length())) {
+      in.Corrupt("key " + std::to_string(record.key) + " has optimizer state of the wrong size");
+    }
+    record.state.resize(floats);
+    in.Read(record.state.data(), floats * sizeof(float));
+    contents.records.push_back(std::move(record));
+  }
+  if (in.remaining() != sizeof(std::uint64_t)) in.Corrupt("bytes after its last record");
+  return contents;
+}
+
+std::string Manifest::Encode() const {
+  std::string text = std::string(kManifestHeader) + "\nservers " + std::to_string(servers) + "\n";
+  for (const FileSummary& file : files) {
+    char checksum[17];
+    std::snprintf(checksum, sizeof(checksum), "%016llx",
+                  static_cast<unsigned long long>(file.checksum));
+    text += "file " + file.name + " " + std::to_string(file.bytes) + " " + checksum + "\n";
+  }
+  return text;
+}
+
+Manifest Manifest::Parse(const std::string& text, const std::string& source) {
+  const auto bad = [&](const std::string& what) {
+    return Error("checkpoint manifest " + source + " is not valid: " + what);
+  };
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kManifestHeader) {
+    throw bad("it does not start with '" + std::string(kManifestHeader) + "'");
+  }
+  Manifest manifest;
+  std::string word;
+  if (!std::getline(in, line) || !(std::istringstream(line) >> word >> manifest.servers) ||
+      word != "servers" || manifest.servers <= 0 || manifest.servers > 65536) {
+    throw bad("no 'servers N' line");
+  }
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    FileSummary file;
+    std::string checksum;
+    if (!(fields >> word >> file.name >> file.bytes >> checksum) || word != "file" ||
+        file.name.find('/') != std::string::npos || checksum.size() != 16) {
+      throw bad("malformed line '" + line + "'");
+    }
+    file.checksum = std::stoull(checksum, nullptr, 16);
+    manifest.files.push_back(std::move(file));
+  }
+  if (manifest.files.size() != static_cast<std::size_t>(manifest.servers)) {
+    throw bad(std::to_string(manifest.files.size()) + " files listed for " +
+              std::to_string(manifest.servers) + " servers");
+  }
+  return manifest;
+}
+
+void WriteManifest(const std::string& dir, const Manifest& manifest) {
+  MakeDirectory(dir);
+  const std::string text = manifest.Encode();
+  AtomicFile file(dir, kManifestName);
+  file.Write(text.data(), text.size());
+  file.Commit();
+}
+
+std::string ReadManifestText(const std::string& dir) {
+  const std::string path = dir + "/" + kManifestName;
+  if (::access(path.c_str(), F_OK) != 0) {
+    throw Error("no checkpoint in " + dir + ": " + kManifestName +
+                " is missing (SaveCheckpoint writes it last, so a save that did not finish "
+                "leaves none)");
+  }
+  return ReadWhole(path, "checkpoint manifest");
+}
+
+void Index::Add(Contents contents) {
+  if (contents.optimizer) optimizer_ = contents.optimizer;
+  for (Record& record : contents.records) by_key_[record.key].push_back(std::move(record));
+  for (auto& [key, records] : by_key_) {
+    std::sort(records.begin(), records.end(),
+              [](const Record& a, const Record& b) { return a.offset < b.offset; });
+  }
+}
+
+Index::Slice Index::Assemble(Key key, std::uint64_t offset, std::uint64_t length,
+                             std::uint64_t total, DType dtype) const {
+  const std::string where = "key " + std::to_string(key) + ": ";
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) throw Error(where + "not in the checkpoint");
+  const std::vector<Record>& records = it->second;
+  if (records.front().total != total || records.front().dtype != dtype) {
+    throw Error(where + "the checkpoint holds " + std::to_string(records.front().total) + " x " +
+                DTypeName(records.front().dtype) + ", this job " + std::to_string(total) + " x " +
+                DTypeName(dtype));
+  }
+  const std::size_t element = DTypeSize(dtype);
+  Slice slice;
+  slice.value.resize(length * element);
+  std::uint64_t next = offset;  // the first element not yet filled
+  bool first = true;
+  for (const Record& record : records) {
+    const std::uint64_t begin = record.offset;
+    const std::uint64_t end = record.offset + record.length();
+    if (end <= next || begin > next || next >= offset + length) continue;
+    const std::uint64_t upto = std::min(end, offset + length);
+    std::memcpy(slice.value.data() + (next - offset) * element,
+                record.value.data() + (next - begin) * element, (upto - next) * element);
+    if (first) {
+      slice.count = record.count;
+      slice.buffers = record.buffers;
+      if (!record.state.empty()) slice.state.resize(std::size_t{record.buffers} * length);
+      first = false;
+    }
+    if (!slice.state.empty()) {
+      if (record.state.empty() || record.buffers != slice.buffers) {
+        throw Error(where + "its saved slices disagree on their optimizer state");
+      }
+      for (std::uint32_t b = 0; b < slice.buffers; ++b) {
+        std::memcpy(slice.state.data() + b * length + (next - offset),
+                    record.state.data() + b * record.length() + (next - begin),
+                    (upto - next) * sizeof(float));
+      }
+    }
+    next = upto;
+  }
+  if (next != offset + length) {
+    throw Error(where + "elements [" + std::to_string(next) + ", " +
+                std::to_string(offset + length) + ") are not in the checkpoint");
+  }
+  return slice;
+}
+
+void CheckOptimizerMatches(const std::optional<OptimizerConfig>& saved,
+                           const OptimizerConfig* current) {
+  if (!saved) return;  // values only: any optimizer may go on from them
+  if (current == nullptr) {
+    throw Error("the checkpoint holds " + saved->name +
+                " optimizer state: call SetOptimizer before LoadCheckpoint");
+  }
+  if (current->name != saved->name) {
+    throw Error("the checkpoint holds " + saved->name +
+                " optimizer state, this job's optimizer "
+                "is " +
+                current->name + ": set the same optimizer before LoadCheckpoint");
+  }
+}
+
+}  // namespace ps::checkpoint

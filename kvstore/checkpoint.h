@@ -1,0 +1,110 @@
+#pragma once
+// Checkpoint files: what KVStore::SaveCheckpoint writes and LoadCheckpoint reads.
+//
+// A checkpoint is a directory holding one data file per server ("server-R-of-N.psckpt", the
+// local store writes one as server 0 of 1) and a MANIFEST naming them with their sizes and
+// checksums. Each file is written atomically (a temporary file, fsync, rename, fsync of the
+// directory) and the MANIFEST last, the same way: a checkpoint is complete or absent, and a
+// crash mid-save leaves the previous one intact.
+//
+// A data file holds, in this machine's byte order: a magic and format version, the optimizer
+// that produced its state (name, hyper-parameters, state buffers per slice), then one record per
+// key slice (key, offset, the key's total length, dtype, value bytes, the optimizer's update
+// count and state buffers), and an FNV-1a checksum of everything before it. Loading reslices:
+// a slice of the loading job is assembled from whichever saved records cover it, so a job with
+// another number of servers (another slicing) loads it too.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ps/kvstore.h>
+#include <ps/tensor.h>
+
+namespace ps::checkpoint {
+
+// One key slice as saved.
+struct Record {
+  Key key = 0;
+  std::uint64_t offset = 0;  // elements into the key
+  std::uint64_t total = 0;   // the key's length
+  DType dtype = DType::kFloat32;
+  std::vector<std::byte> value;  // length * DTypeSize(dtype) bytes
+  // Optimizer state: updates applied so far and the state buffers, `buffers` of `length`
+  // floats each, one after the other (empty when the slice was never updated).
+  std::uint64_t count = 0;
+  std::uint32_t buffers = 0;
+  std::vector<float> state;
+
+  std::uint64_t length() const { return value.size() / DTypeSize(dtype); }
+};
+
+struct Contents {
+  // The optimizer whose state the records hold; nullopt: none was set.
+  std::optional<OptimizerConfig> optimizer;
+  std::vector<Record> records;
+};
+
+// The name of server `rank`'s file in a checkpoint of `servers` servers.
+std::string DataFileName(int rank, int servers);
+
+// Where a written file ended up and what it holds, for the manifest.
+struct FileSummary {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::uint64_t checksum = 0;
+};
+
+// Writes `contents` as `dir`/DataFileName(rank, servers), atomically; creates `dir` (and its
+// parents) when missing. Throws ps::Error naming the file and the system's reason.
+FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents);
+
+// Reads and checks one data file against its manifest entry. Throws ps::Error naming the file
+// when it is missing, truncated, corrupt, or not what the manifest says.
+Contents ReadDataFile(const std::string& dir, const FileSummary& expected);
+
+struct Manifest {
+  int servers = 0;
+  std::vector<FileSummary> files;  // one per server, in rank order
+
+  std::string Encode() const;
+  // Throws ps::Error naming `source` when `text` is not a manifest of this format.
+  static Manifest Parse(const std::string& text, const std::string& source);
+};
+
+// `dir`/MANIFEST, written atomically (the checkpoint's commit point) or read whole.
+void WriteManifest(const std::string& dir, const Manifest& manifest);
+std::string ReadManifestText(const std::string& dir);
+
+// The saved records of several files, by key, from which a slice of any layout is assembled.
+class Index {
+ public:
+  void Add(Contents contents);
+  const std::optional<OptimizerConfig>& optimizer() const { return optimizer_; }
+
+  // A slice of the loading job, with its value and optimizer state.
+  struct Slice {
+    std::vector<std::byte> value;
+    std::uint64_t count = 0;   // from the saved record holding the slice's first element
+    std::vector<float> state;  // buffers x length floats; empty if never updated
+    std::uint32_t buffers = 0;
+  };
+  // Assembles [offset, offset + length) of `key`, which the loading job holds as `total`
+  // elements of `dtype`. Throws ps::Error when the key is missing, has another length or dtype,
+  // or the saved records do not cover the range.
+  Slice Assemble(Key key, std::uint64_t offset, std::uint64_t length, std::uint64_t total,
+                 DType dtype) const;
+
+ private:
+  std::optional<OptimizerConfig> optimizer_;
+  std::map<Key, std::vector<Record>> by_key_;  // each key's records sorted by offset
+};
+
+// Checks that a job's optimizer can take the state a checkpoint holds: the same optimizer
+// (name and state buffers), or neither has one. Throws ps::Error saying what to change.
+void CheckOptimizerMatches(const std::optional<OptimizerConfig>& saved,
+                           const OptimizerConfig* current);
+
+}  // namespace ps::checkpoint

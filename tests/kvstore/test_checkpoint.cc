@@ -1,0 +1,209 @@
+// SaveCheckpoint / LoadCheckpoint: a restored job goes on bit for bit as the saved one did
+// (values and optimizer state: momentum, Adam moments, update counts), also with another
+// number of servers; damaged checkpoints are clear errors on every worker and change nothing.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kv_cluster.h"
+#include "kv_rounds.h"
+#include "local_kvstore.h"
+
+namespace {
+
+using ps::test::AllOk;
+using ps::test::Expect;
+using ps::test::KVCluster;
+
+// A fresh directory under the system's temporary one, removed with this object.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "ps-ckpt-XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+constexpr std::size_t kSmall = 6;
+constexpr std::size_t kBig = 3000;  // sliced over every server (bound 1000 below)
+
+ps::OptimizerConfig Adam() {
+  ps::OptimizerConfig adam;
+  adam.name = "adam";
+  adam.learning_rate = 0.01f;
+  adam.weight_decay = 0.001f;
+  return adam;
+}
+
+// Gradients that differ per worker, key, element and round, so that state mistakes show.
+std::vector<float> Gradient(int rank, std::size_t size, int round, int key) {
+  std::vector<float> grad(size);
+  for (std::size_t i = 0; i < size; ++i) {
+    grad[i] = static_cast<float>((static_cast<int>(i) * 7 + round * 13 + rank * 5 + key) % 17) - 8;
+  }
+  return grad;
+}
+
+// Init keys 1 (small) and 2 (big), then `rounds` dist_sync PushPulls; returns both values.
+std::vector<std::vector<float>> Run(ps::KVStore& kv, int first_round, int rounds) {
+  std::vector<std::vector<float>> values{std::vector<float>(kSmall), std::vector<float>(kBig)};
+  const std::size_t sizes[] = {kSmall, kBig};
+  for (int round = first_round; round < first_round + rounds; ++round) {
+    for (int k = 0; k < 2; ++k) {
+      auto grad = Gradient(kv.Rank(), sizes[k], round, k + 1);
+      kv.PushPull(k + 1, ps::Tensor(grad.data(), sizes[k]),
+                  ps::Tensor(values[static_cast<std::size_t>(k)].data(), sizes[k]));
+      kv.WaitAll();
+    }
+  }
+  return values;
+}
+
+void InitKeys(ps::KVStore& kv) {
+  std::vector<float> small(kSmall, 0.5f), big(kBig, -0.25f);
+  kv.Init({1, 2}, {ps::Tensor(small.data(), kSmall), ps::Tensor(big.data(), kBig)});
+  kv.SetOptimizer(Adam());
+}
+
+ps::test::Env SlicedEnv() { return {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}}; }
+
+}  // namespace
+
+TEST_CASE("checkpoint: dist_sync resumes bit for bit, also with another number of servers",
+          "[dist][checkpoint]") {
+  TempDir dir;
+  std::vector<std::vector<float>> straight;  // 5 rounds, a save after the 3rd
+  {
+    KVCluster cluster(2, 2, SlicedEnv());
+    std::vector<std::vector<std::vector<float>>> results(2);
+    const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+      InitKeys(kv);
+      Run(kv, 0, 3);
+      kv.SaveCheckpoint(dir.path());
+      results[static_cast<std::size_t>(kv.Rank())] = Run(kv, 3, 2);
+    });
+    REQUIRE(AllOk(outcomes) == "");
+    CHECK(cluster.EndedCleanly());
+    CHECK(results[0] == results[1]);
+    straight = results[0];
+  }
+  CHECK(std::filesystem::exists(dir.path() + "/MANIFEST"));
+  CHECK(std::filesystem::exists(dir.path() + "/server-1-of-2.psckpt"));
+  for (const int servers : {2, 3, 1}) {
+    INFO(servers << " servers");
+    KVCluster cluster(servers, 2, SlicedEnv());
+    const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+      InitKeys(kv);
+      kv.LoadCheckpoint(dir.path());
+      Expect(Run(kv, 3, 2) == straight, "the resumed rounds match the uninterrupted ones");
+    });
+    CHECK(AllOk(outcomes) == "");
+    CHECK(cluster.EndedCleanly());
+  }
+}
+
+TEST_CASE("checkpoint: the local store and a dist store read each other's checkpoints",
+          "[dist][checkpoint]") {
+  TempDir dir;
+  ps::LocalKVStore local;
+  std::vector<float> value(kSmall, 1.0f), grad(kSmall, 2.0f), out(kSmall);
+  local.Init(7, ps::Tensor(value.data(), kSmall));
+  ps::OptimizerConfig sgd;
+  sgd.learning_rate = 0.5f;
+  sgd.momentum = 0.9f;
+  local.SetOptimizer(sgd);
+  local.Push(7, ps::Tensor(grad.data(), kSmall));
+  local.SaveCheckpoint(dir.path());
+  local.Push(7, ps::Tensor(grad.data(), kSmall));
+  local.Pull(7, ps::Tensor(out.data(), kSmall));
+  const std::vector<float> after_two = out;
+
+  KVCluster cluster(1, 1);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> fresh(kSmall, 0.0f), pushed(kSmall, 2.0f), pulled(kSmall);
+    kv.Init(7, ps::Tensor(fresh.data(), kSmall));
+    kv.SetOptimizer(sgd);
+    kv.LoadCheckpoint(dir.path());
+    // The momentum came along: the second step lands where the local store's did.
+    kv.PushPull(7, ps::Tensor(pushed.data(), kSmall), ps::Tensor(pulled.data(), kSmall));
+    kv.WaitAll();
+    Expect(pulled == after_two, "a local checkpoint continues in dist_sync");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every worker",
+          "[dist][checkpoint][errors]") {
+  TempDir dir;
+  KVCluster cluster(2, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(kSmall, 3.0f), out(kSmall);
+    kv.Init({1, 2}, {ps::Tensor(value.data(), kSmall), ps::Tensor(value.data(), kSmall)});
+    const auto error_of = [&](const std::string& path) -> std::string {
+      try {
+        kv.LoadCheckpoint(path);
+      } catch (const ps::Error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    std::string e = error_of(dir.path() + "/none");
+    Expect(e.find("MANIFEST is missing") != std::string::npos, "no checkpoint: " + e);
+    kv.SaveCheckpoint(dir.path());
+    kv.Barrier();
+    if (kv.Rank() == 0) {  // flip one byte of server 1's file
+      std::fstream file(dir.path() + "/server-1-of-2.psckpt",
+                        std::ios::in | std::ios::out | std::ios::binary);
+      file.seekp(40);
+      file.put('\x7f');
+    }
+    kv.Barrier();
+    e = error_of(dir.path());
+    Expect(e.find("server-1-of-2.psckpt is corrupt") != std::string::npos, "corrupt: " + e);
+    if (kv.Rank() == 0) std::filesystem::remove(dir.path() + "/server-1-of-2.psckpt");
+    kv.Barrier();
+    e = error_of(dir.path());
+    Expect(e.find("server-1-of-2.psckpt is missing") != std::string::npos, "missing: " + e);
+    // Nothing changed on any server: the values are still those of Init.
+    kv.Pull(1, ps::Tensor(out.data(), kSmall));
+    kv.WaitAll();
+    Expect(out == value, "values untouched");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+
+  // A checkpoint with Adam's state does not load into a job without that optimizer.
+  TempDir adam_dir;
+  ps::LocalKVStore saved;
+  std::vector<float> value(kSmall, 1.0f);
+  saved.Init(1, ps::Tensor(value.data(), kSmall));
+  saved.SetOptimizer(Adam());
+  saved.Push(1, ps::Tensor(value.data(), kSmall));
+  saved.SaveCheckpoint(adam_dir.path());
+  ps::LocalKVStore plain;
+  plain.Init(1, ps::Tensor(value.data(), kSmall));
+  CHECK_THROWS_WITH(plain.LoadCheckpoint(adam_dir.path()),
+                    Catch::Contains("call SetOptimizer before LoadCheckpoint"));
+  ps::OptimizerConfig sgd;
+  plain.SetOptimizer(sgd);
+  CHECK_THROWS_WITH(plain.LoadCheckpoint(adam_dir.path()),
+                    Catch::Contains("holds adam optimizer state, this job's optimizer is sgd"));
+  ps::LocalKVStore bigger;
+  std::vector<float> longer(kSmall + 1, 1.0f);
+  bigger.Init(1, ps::Tensor(longer.data(), kSmall + 1));
+  bigger.SetOptimizer(Adam());
+  CHECK_THROWS_WITH(
+      bigger.LoadCheckpoint(adam_dir.path()),
+      Catch::Contains("key 1: the checkpoint holds 6 x float32, this job 7 x float32"));
+}
