@@ -19,14 +19,22 @@ set(PS_INSTALLED_PROGRAMS ps-scheduler ps-server ps-kvstore-check)
 if(TARGET ps-train)
   list(APPEND PS_INSTALLED_PROGRAMS ps-train)
 endif()
-if(TARGET ps-bench)
-  list(APPEND PS_INSTALLED_PROGRAMS ps-bench)
-endif()
+# Every tool README.md's table lists is installed (tests/install checks the table against the
+# prefix); ps-bench runs ps-bench-mpi-allreduce from its own directory when MPI was found.
+foreach(tool ps-bench ps-bench-gpu-staging ps-bench-mpi-allreduce)
+  if(TARGET ${tool})
+    list(APPEND PS_INSTALLED_PROGRAMS ${tool})
+  endif()
+endforeach()
 install(TARGETS ${PS_INSTALLED_PROGRAMS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 set_target_properties(${PS_INSTALLED_PROGRAMS} ps_scheduler ps_kvstore PROPERTIES
   INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
-# The launcher finds ps-server and ps-scheduler next to itself.
-install(PROGRAMS tools/launch.py DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The launcher finds ps-server and ps-scheduler next to itself. The other Python tools
+# README.md's table lists go beside it (bed_bench.py finds launch.py, testbed.py and the
+# binaries there).
+install(PROGRAMS tools/launch.py tools/plot_bench.py tools/testbed.py tools/ps-plan.py
+                 tools/bench/bed_bench.py
+        DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 install(EXPORT psTargets NAMESPACE ps:: DESTINATION ${PS_CMAKE_DIR})
 configure_package_config_file(cmake/psConfig.cmake.in

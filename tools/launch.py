@@ -141,7 +141,7 @@ def parse_host(text, where):
 
 
 def parse_hostfile_text(text, path="hostfile"):
-    """Lines: 'host', 'host:sshport', 'host slots=N', '# comment'. Returns [Host]."""
+    """Lines: '[user@]host[:sshport] [slots=N]', '# comment'. Returns [Host]."""
     hosts = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -158,7 +158,7 @@ def parse_hostfile_text(text, path="hostfile"):
                 host.slots = int(value)
             else:
                 raise UsageError(f"{where}: unknown field '{field}' (a line is "
-                                 "'host', 'host:sshport' or 'host slots=N')")
+                                 "'[user@]host[:sshport] [slots=N]')")
         hosts.append(host)
     if not hosts:
         raise UsageError(f"{path}: no hosts in the hostfile")
@@ -261,8 +261,9 @@ def build_parser():
                    help="number of server processes (default: the number of workers; with "
                         "--server-hostfile, its slots)")
     p.add_argument("-H", "--hostfile", "--host-file", dest="hostfile",
-                   help="hosts to run servers and workers on, one per line: host, host:sshport "
-                        "or host slots=N; '#' starts a comment")
+                   help="hosts to run servers and workers on, one per line: "
+                        "[user@]host[:sshport] [slots=N] (e.g. node1, alice@node2:2222 slots=2); "
+                        "'#' starts a comment")
     p.add_argument("--server-hostfile", metavar="FILE",
                    help="BytePS layout: run the servers on these hosts (same format) and the "
                         "workers on the -H hosts; -s defaults to the slots in FILE (ssh "

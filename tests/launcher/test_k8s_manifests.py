@@ -4,10 +4,16 @@ Parses the YAML and checks roles, counts and the DMLC_* environment each pod get
 MXJob, the environment the operator injects is simulated from its documented rules), field
 names against the API's known fields (to catch typos a cluster would reject or silently
 drop), and that the image built by the Dockerfile has the commands the manifests run.
+Every built-in Kubernetes object in the manifests (the Service, the Jobs a JobSet makes, the
+pod templates an MXJob holds) is validated against the Kubernetes API's JSON schema, strictly
+(unknown fields and wrong types fail), with kubernetes-validate (PyPI), which ships the schemas:
+tools/install-deps.sh installs it into PS_PYTHON_DIR, and the check runs offline.
 Nothing here talks to a cluster; tools/k8s/README.md says what was and was not run.
 """
+import copy
 import os
 import re
+import sys
 import unittest
 
 from launcher_testlib import REPO
@@ -16,6 +22,18 @@ try:
     import yaml
 except ImportError:  # python3-yaml, installed by tools/install-deps.sh
     yaml = None
+
+# kubernetes-validate, where tools/install-deps.sh puts it (pip --target, per Python version).
+PS_PYTHON_DIR = os.environ.get("PS_PYTHON_DIR", "/usr/local/lib/ps-python")
+_validator_dir = os.path.join(PS_PYTHON_DIR, "python%d.%d" % sys.version_info[:2])
+if os.path.isdir(_validator_dir) and _validator_dir not in sys.path:
+    sys.path.insert(0, _validator_dir)  # its own dependencies (jsonschema) first
+try:
+    import kubernetes_validate
+except ImportError:
+    kubernetes_validate = None
+# The Kubernetes version whose API the manifests are checked against (JobSet needs 1.27+).
+KUBERNETES_VERSION = "1.30"
 
 K8S = os.path.join(REPO, "tools", "k8s")
 CONTRACT = ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
@@ -228,6 +246,72 @@ class Manifests(unittest.TestCase):
         with open(os.path.join(K8S, "README.md")) as f:
             text = f.read()
         self.assertIn("not been run on a real Kubernetes cluster", text)
+        # Kubeflow's training operator 1.9 dropped MXJob: the README sends users to the JobSet.
+        words = " ".join(text.split())
+        self.assertIn("deprecated MXJob in release 1.8 and removed it in 1.9", words)
+        self.assertIn("Use the JobSet", words)
+
+
+def builtin_objects(doc):
+    """(where, object) for every built-in Kubernetes object a manifest document makes: the
+    document itself when it is one, each replicated Job of a JobSet (as the batch/v1 Job the
+    controller creates from its template), each pod template of an MXJob (as a core/v1
+    PodTemplate)."""
+    if doc["kind"] == "JobSet":
+        for rj in doc["spec"]["replicatedJobs"]:
+            job = {"apiVersion": "batch/v1", "kind": "Job",
+                   "metadata": dict(rj["template"].get("metadata", {}), name=rj["name"]),
+                   "spec": rj["template"]["spec"]}
+            yield f"JobSet replicatedJobs[{rj['name']}]", job
+    elif doc["kind"] == "MXJob":
+        for rtype, rs in doc["spec"]["mxReplicaSpecs"].items():
+            template = {"apiVersion": "v1", "kind": "PodTemplate",
+                        "metadata": {"name": rtype.lower()}, "template": rs["template"]}
+            yield f"MXJob mxReplicaSpecs.{rtype}.template", template
+    else:
+        yield f"{doc['kind']} {doc['metadata']['name']}", doc
+
+
+@unittest.skipIf(yaml is None, "python3-yaml not installed (tools/install-deps.sh installs it)")
+@unittest.skipIf(kubernetes_validate is None,
+                 f"kubernetes-validate not found in {_validator_dir} (tools/install-deps.sh "
+                 "installs it there with pip)")
+class Schemas(unittest.TestCase):
+    """The manifests' built-in objects against the Kubernetes API's JSON schemas, strictly."""
+
+    def validate(self, where, obj):
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            self.fail(f"{where}: {path}: {e.message}")
+
+    def test_every_builtin_object_is_valid(self):
+        checked = []
+        for name in ("jobset.yaml", "mxjob.yaml"):
+            for doc in load(name):
+                for where, obj in builtin_objects(doc):
+                    with self.subTest(where=where):
+                        self.validate(f"{name}: {where}", obj)
+                    checked.append(obj["kind"])
+        # The Service, the three Jobs of the JobSet, the three pod templates of the MXJob.
+        self.assertEqual(sorted(checked), ["Job"] * 3 + ["PodTemplate"] * 3 + ["Service"])
+
+    def test_the_validator_catches_typos_and_wrong_types(self):
+        # So that a pass above means something: the mistakes a hand-written manifest makes.
+        _, job = next(builtin_objects(load("jobset.yaml")[1]))
+        for mistake in ("typo", "type", "missing"):
+            bad = copy.deepcopy(job)
+            pod = bad["spec"]["template"]["spec"]
+            if mistake == "typo":
+                pod["containers"][0]["comand"] = pod["containers"][0].pop("command")
+            elif mistake == "type":
+                bad["spec"]["backoffLimit"] = "0"
+            else:
+                del pod["containers"][0]["name"]
+            with self.subTest(mistake=mistake):
+                with self.assertRaises(kubernetes_validate.ValidationError):
+                    kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
 
 
 def containers(doc):

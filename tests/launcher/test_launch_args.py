@@ -48,7 +48,8 @@ class Hostfile(unittest.TestCase):
         for text, want in [("node1\nnode2:99999\n", "hosts:2: bad ssh port"),
                            ("node1 slots=0\n", "hosts:1: bad slots"),
                            ("node1 slots=x\n", "bad slots"),
-                           ("node1 cpus=4\n", "unknown field 'cpus=4'"),
+                           ("node1 cpus=4\n", "unknown field 'cpus=4' (a line is "
+                                               "'[user@]host[:sshport] [slots=N]')"),
                            ("# only comments\n\n", "no hosts"),
                            ("[::1\n", "unbalanced"),
                            ("@node\n", "empty user")]:
@@ -419,6 +420,8 @@ class CommandLine(LauncherTest):
                      "--scheduler-cmd", "--same-cmd-for-all-roles", "--ssh-opts", "--dry-run",
                      "--quiet", "--scheduler-host", "--interface", "--server-hostfile"):
             self.assertIn(flag, r.stdout)
+        # The hostfile's forms, user@host included (docs/launcher.md).
+        self.assertIn("[user@]host[:sshport] [slots=N]", " ".join(r.stdout.split()))
 
     def test_usage_error_exit_2(self):
         r = self.run_cmd(["-n", "0", "prog"])

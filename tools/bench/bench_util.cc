@@ -204,6 +204,11 @@ std::string ToJson(const Result& r) {
   json += ", \"max_us\": " + Number(r.latency.max_us, 3);
   json += ", \"mean_us\": " + Number(r.latency.mean_us, 3);
   json += ", \"throughput_gbps\": " + Number(r.gbps, 6);
+  if (r.wire_sent >= 0) {
+    json += ", \"compression\": " + JsonString(r.compression);
+    json += ", \"wire_sent_bytes\": " + Number(r.wire_sent, 1);
+    json += ", \"wire_received_bytes\": " + Number(r.wire_received, 1);
+  }
   if (!r.note.empty()) json += ", \"note\": " + JsonString(r.note);
   return json + "}";
 }

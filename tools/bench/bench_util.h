@@ -11,6 +11,15 @@ namespace ps::bench {
 
 using Clock = std::chrono::steady_clock;
 
+// Wall-clock microseconds since the epoch: the timed loop's bounds in the result lines, which
+// tools/bench/bed_bench.py lines up with the interface counters it samples (same clock in every
+// network namespace).
+inline long long UnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 inline double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -61,6 +70,12 @@ struct Result {
   Latency latency;        // per iteration, over every worker's samples
   double gbps = 0;        // 1e9 bytes/s: `size` bytes per iteration, summed over workers
   std::string note;       // what the numbers mean when not obvious
+  // ps cases: the gradient compression (push type, and "/pull type" when pulls are compressed),
+  // and the bytes one worker's transport sent and received per iteration (mean over workers;
+  // < 0: not measured).
+  std::string compression = "none";
+  double wire_sent = -1;
+  double wire_received = -1;
 };
 
 // One JSON object (no trailing newline).

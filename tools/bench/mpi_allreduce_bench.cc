@@ -5,7 +5,9 @@
 //     --mca btl_tcp_if_include lo ps-bench-mpi-allreduce --sizes=16MB
 // Rank 0 prints one line per size:
 //   mpi-allreduce: size=BYTES ranks=N iterations=I min_us=.. p50_us=.. p99_us=.. max_us=..
-//   mean_us=.. algbw_gbps=..   (algbw: size / mean time, the usual allreduce "algorithm bandwidth")
+//   mean_us=.. algbw_gbps=.. start_unix_us=.. end_unix_us=..
+// (algbw: size / mean time, the usual allreduce "algorithm bandwidth"; start/end: the timed
+// loop's wall-clock bounds on rank 0, which tools/bench/bed_bench.py lines up with link counters)
 #include <mpi.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@ constexpr const char* kUsage =
     "  --min_iterations=N     lower bound of the calibration\n"
     "  --max_iterations=N     upper bound of the calibration\n"
     "  --iterations=N         exactly N timed iterations\n"
+    "  --warmup=N             warm-up iterations (default: about 128 MB of traffic, 2..50)\n"
     "  --verify               check every reduced value\n"
     "Rank 0 prints one 'mpi-allreduce: size=...' line per size.\n";
 
@@ -58,6 +61,8 @@ Options Parse(int argc, char** argv) {
       options.calibration.max_iterations = std::stoi(value("--max_iterations="));
     } else if (StartsWith(arg, "--iterations=")) {
       options.calibration.fixed_iterations = std::stoi(value("--iterations="));
+    } else if (StartsWith(arg, "--warmup=")) {
+      options.calibration.warmup = std::stoi(value("--warmup="));
     } else if (arg == "--verify") {
       options.verify = true;
     } else if (ps::cli::IsHelpFlag(arg)) {
@@ -90,6 +95,8 @@ int Run(const Options& options, int rank, int ranks) {
                                                      warm_seconds / std::max(1, warmup - 1));
     MPI_Bcast(&iterations, 1, MPI_INT, 0, MPI_COMM_WORLD);  // every rank runs rank 0's count
     std::vector<double> samples;
+    MPI_Barrier(MPI_COMM_WORLD);
+    const long long loop_start_us = ps::bench::UnixMicros();
     for (int i = 0; i < iterations; ++i) {
       samples.push_back(once() * 1e6);
       if (options.verify) {
@@ -102,13 +109,14 @@ int Run(const Options& options, int rank, int ranks) {
         }
       }
     }
+    const long long loop_end_us = ps::bench::UnixMicros();
     const ps::bench::Latency latency = ps::bench::Summarize(samples);
     if (rank == 0) {
       std::printf(
           "mpi-allreduce: size=%zu ranks=%d iterations=%d min_us=%.3f p50_us=%.3f p99_us=%.3f "
-          "max_us=%.3f mean_us=%.3f algbw_gbps=%.6f\n",
+          "max_us=%.3f mean_us=%.3f algbw_gbps=%.6f start_unix_us=%lld end_unix_us=%lld\n",
           bytes, ranks, iterations, latency.min_us, latency.p50_us, latency.p99_us, latency.max_us,
-          latency.mean_us, ps::bench::Gbps(bytes, latency.mean_us));
+          latency.mean_us, ps::bench::Gbps(bytes, latency.mean_us), loop_start_us, loop_end_us);
       std::fflush(stdout);
     }
   }

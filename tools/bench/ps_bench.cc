@@ -68,6 +68,13 @@ DEFINE_string(server_prefix, "",
 DEFINE_string(worker_prefix, "",
               "Command prefix for every worker, split at spaces (profiling the worker side)");
 DEFINE_double(case_timeout, 120, "Seconds one case may take before its job is stopped");
+DEFINE_string(compression, "none",
+              "Gradient compression to run (KVStore::SetGradientCompression, threshold 0.5), a "
+              "list of none, 2bit, 1bit, fp16. Each type other than none runs the smallest job "
+              "(first --workers x first --servers) over each socket transport (ipc, tcp) of "
+              "--transports, and the bytes on the wire are compared with none's");
+DEFINE_string(pull_compression, "none",
+              "pull_type of the compressed jobs: none (MXNet: full values), 2bit, 1bit, fp16");
 // Internal: how the driver re-executes itself.
 DEFINE_bool(worker_mode, false, "Internal: run as one worker of a ps-bench job (DMLC_* env)");
 DEFINE_string(mode, "dist_sync", "Internal (--worker_mode): the KVStore type");
@@ -105,6 +112,8 @@ struct Settings {
   std::vector<std::string> worker_prefix;
   std::chrono::milliseconds case_timeout{120000};
   std::string bin_dir;  // where ps-bench, ps-scheduler and ps-server are
+  std::vector<std::string> compressions = {"none"};
+  std::string pull_compression = "none";
 };
 
 // A job: one scheduler, `servers` servers, `workers` workers, running its cases in order.
@@ -115,10 +124,19 @@ struct Job {
   std::string transport;  // ipc or tcp
   std::vector<std::size_t> sizes;
   std::vector<std::string> ops;
+  std::string compression = "none";       // push type, or none
+  std::string pull_compression = "none";  // pull type (with a compression other than none)
 
+  // "2bit", "2bit/fp16" (push/pull), "none".
+  std::string CompressionLabel() const {
+    return pull_compression == "none" ? compression : compression + "/" + pull_compression;
+  }
   std::string Label() const {
     return std::to_string(workers) + " worker(s), " + std::to_string(servers) + " server(s), " +
-           mode + " over " + transport;
+           mode + " over " + transport +
+           (compression == "none" && pull_compression == "none"
+                ? ""
+                : ", compression " + CompressionLabel());
   }
 };
 
@@ -219,6 +237,7 @@ class Driver {
         "Parameter server (through ps::KVStore; latency per iteration = op + WaitAll; GB/s "
         "= tensor bytes per iteration, summed over workers)",
         ps_results_);
+    PrintWire();
     PrintTable("Raw limits measured in this run", raw_results_);
     const std::vector<Ratio> ratios = Ratios();
     PrintRatios(ratios);
@@ -265,6 +284,20 @@ class Driver {
             }
             if (!job.sizes.empty() && !job.ops.empty()) jobs.push_back(job);
           }
+        }
+      }
+    }
+    // Gradient compression: the smallest job over each socket transport (through shared
+    // memory an uncompressed value never touches the socket, so there is nothing to compare).
+    for (const std::string& compression : s_.compressions) {
+      if (compression == "none" && s_.pull_compression == "none") continue;
+      for (const std::string& transport : s_.transports) {
+        if (transport == "shm") continue;
+        for (const std::string& mode : s_.modes) {
+          Job job{s_.workers.front(), s_.servers.front(), mode, transport, s_.sizes, s_.ops};
+          job.compression = compression;
+          job.pull_compression = s_.pull_compression;
+          jobs.push_back(job);
         }
       }
     }
@@ -495,15 +528,17 @@ class Driver {
     }
     env["DMLC_ROLE"] = "worker";
     std::vector<std::string> worker_argv = s_.worker_prefix;
-    worker_argv.insert(worker_argv.end(),
-                       {SelfPathChecked(), "--worker_mode", "--mode=" + job.mode,
-                        "--sizes=" + JoinSizes(job.sizes), "--ops=" + Join(job.ops),
-                        "--target_seconds=" + Fixed(s_.calibration.target_seconds, 6),
-                        "--min_iterations=" + std::to_string(s_.calibration.min_iterations),
-                        "--max_iterations=" + std::to_string(s_.calibration.max_iterations),
-                        "--iterations=" + std::to_string(s_.calibration.fixed_iterations),
-                        "--warmup=" + std::to_string(s_.calibration.warmup),
-                        std::string("--verify=") + (s_.verify ? "true" : "false")});
+    worker_argv.insert(
+        worker_argv.end(),
+        {SelfPathChecked(), "--worker_mode", "--mode=" + job.mode,
+         "--sizes=" + JoinSizes(job.sizes), "--ops=" + Join(job.ops),
+         "--target_seconds=" + Fixed(s_.calibration.target_seconds, 6),
+         "--min_iterations=" + std::to_string(s_.calibration.min_iterations),
+         "--max_iterations=" + std::to_string(s_.calibration.max_iterations),
+         "--iterations=" + std::to_string(s_.calibration.fixed_iterations),
+         "--warmup=" + std::to_string(s_.calibration.warmup), "--compression=" + job.compression,
+         "--pull_compression=" + job.pull_compression,
+         std::string("--verify=") + (s_.verify ? "true" : "false")});
     std::vector<Child*> workers;
     for (int w = 0; w < job.workers; ++w) {
       children.push_back(std::make_unique<Child>("worker " + std::to_string(w), worker_argv, env));
@@ -593,6 +628,7 @@ class Driver {
     struct PerWorker {
       long iterations = 0;
       std::vector<double> samples_us;
+      double wire_sent = -1, wire_received = -1;  // bytes per iteration
     };
     // (op, size) -> rank -> what that worker measured
     std::map<std::pair<std::string, std::size_t>, std::map<int, PerWorker>> cases;
@@ -607,6 +643,10 @@ class Driver {
               cases[{f.at("op"), std::stoull(f.at("size"))}][std::stoi(f.at("rank"))];
           if (result) {
             entry.iterations = std::stol(f.at("iterations"));
+            if (f.contains("wire_sent")) {
+              entry.wire_sent = std::stod(f.at("wire_sent"));
+              entry.wire_received = std::stod(f.at("wire_received"));
+            }
           } else {
             for (const std::string& ns : ParseList(f.at("ns"))) {
               entry.samples_us.push_back(std::stod(ns) / 1e3);
@@ -629,7 +669,10 @@ class Driver {
         r.servers = job.servers;
         r.mode = job.mode;
         r.transport = job.transport;
+        r.compression = job.CompressionLabel();
         std::vector<double> all;
+        double wire_sent = 0, wire_received = 0;
+        bool wire = true;
         bool complete = static_cast<int>(per_rank.size()) == job.workers;
         for (const auto& [rank, entry] : per_rank) {
           complete = complete && entry.iterations > 0 &&
@@ -641,6 +684,13 @@ class Driver {
             r.gbps += Gbps(size, sum / static_cast<double>(entry.samples_us.size()));
           }
           all.insert(all.end(), entry.samples_us.begin(), entry.samples_us.end());
+          wire = wire && entry.wire_sent >= 0;
+          wire_sent += entry.wire_sent;
+          wire_received += entry.wire_received;
+        }
+        if (wire && !per_rank.empty()) {
+          r.wire_sent = wire_sent / static_cast<double>(per_rank.size());
+          r.wire_received = wire_received / static_cast<double>(per_rank.size());
         }
         if (!complete) {
           return Fail(job.Label() + ": incomplete results for " + op + " " + SizeName(size),
@@ -658,11 +708,12 @@ class Driver {
 
   // transport: "shm", "ipc" or "tcp" for ps cases, "" for raw limits.
   const Result* Find(const std::string& op, std::size_t size, int workers, int servers,
-                     const std::string& mode, const std::string& transport = "") const {
+                     const std::string& mode, const std::string& transport = "",
+                     const std::string& compression = "none") const {
     for (const auto* list : {&ps_results_, &raw_results_}) {
       for (const Result& r : *list) {
         if (r.op == op && r.size == size && r.workers == workers && r.servers == servers &&
-            r.mode == mode && r.transport == transport) {
+            r.mode == mode && r.transport == transport && r.compression == compression) {
           return &r;
         }
       }
@@ -755,7 +806,74 @@ class Driver {
                         gbps(Find("pushpull", k16MB, 1, 1, mode, "tcp")), "GB/s", ">= 2", 2.0,
                         true});
     }
+    // (g): bytes on the wire of a compressed push against an uncompressed one, at the largest
+    // size both ran (issue 15: 2bit at most 1/15).
+    for (const std::string& compression : s_.compressions) {
+      if (compression == "none") continue;
+      const std::string label =
+          s_.pull_compression == "none" ? compression : compression + "/" + s_.pull_compression;
+      for (const std::string& transport : s_.transports) {
+        if (transport == "shm") continue;
+        for (const std::string& mode : s_.modes) {
+          const int w = s_.workers.front(), sv = s_.servers.front();
+          const Result* packed = nullptr;
+          const Result* plain = nullptr;
+          std::size_t size = 0;
+          for (const std::size_t candidate : s_.sizes) {
+            const Result* a = Find("push", candidate, w, sv, mode, transport, label);
+            const Result* b = Find("push", candidate, w, sv, mode, transport, "none");
+            if (a && b && a->wire_sent >= 0 && b->wire_sent >= 0 && candidate >= size) {
+              packed = a;
+              plain = b;
+              size = candidate;
+            }
+          }
+          const auto sent = [](const Result* r) {
+            return r ? std::optional<double>(r->wire_sent) : std::nullopt;
+          };
+          const bool two_bit = compression == "2bit";
+          ratios.push_back(
+              {"g",
+               (size ? SizeName(size) : std::string("largest")) + " push, " + std::to_string(w) +
+                   " worker(s) " + std::to_string(sv) + " server(s), " + mode + " over " +
+                   transport + ": bytes on the wire with " + label +
+                   " compression vs none (issue 15)",
+               "push bytes " + label + " / none " + mode + " " + transport, sent(packed),
+               sent(plain), "bytes", two_bit ? "<= 0.0667" : "", 1.0 / 15.0, false});
+        }
+      }
+    }
     return ratios;
+  }
+
+  // The compressed cases and the uncompressed ones beside them: bytes on the wire.
+  void PrintWire() const {
+    std::vector<const Result*> rows;
+    for (const Result& r : ps_results_) {
+      if (r.wire_sent < 0 || r.compression == "none") continue;
+      if (const Result* plain =
+              Find(r.op, r.size, r.workers, r.servers, r.mode, r.transport, "none")) {
+        rows.push_back(plain);
+      }
+      rows.push_back(&r);
+    }
+    if (rows.empty()) return;
+    std::printf(
+        "\nBytes on the wire per iteration and worker (counted by the transport: headers "
+        "and payload frames, both directions)\n");
+    std::printf("%-9s %8s %2s %2s %-10s %-4s %-11s %14s %14s %9s\n", "op", "size", "W", "S", "mode",
+                "net", "compression", "sent", "received", "vs none");
+    for (const Result* r : rows) {
+      const Result* plain =
+          Find(r->op, r->size, r->workers, r->servers, r->mode, r->transport, "none");
+      const double total = r->wire_sent + r->wire_received;
+      const double plain_total = plain ? plain->wire_sent + plain->wire_received : 0;
+      std::printf("%-9s %8s %2d %2d %-10s %-4s %-11s %14.0f %14.0f %9s\n", r->op.c_str(),
+                  SizeName(r->size).c_str(), r->workers, r->servers, r->mode.c_str(),
+                  r->transport.c_str(), r->compression.c_str(), r->wire_sent, r->wire_received,
+                  plain_total > 0 ? Fixed(total / plain_total, 4).c_str() : "-");
+    }
+    std::fflush(stdout);
   }
 
   static void PrintRatios(const std::vector<Ratio>& ratios) {
@@ -936,6 +1054,13 @@ Settings ReadSettings() {
   s.server_prefix = prefix("server_prefix", FLAGS_server_prefix);
   s.worker_prefix = prefix("worker_prefix", FLAGS_worker_prefix);
   s.bin_dir = SelfDirectory();
+  s.compressions = CheckedList("compression", FLAGS_compression, {"none", "2bit", "1bit", "fp16"});
+  s.pull_compression = FLAGS_pull_compression;
+  if (s.pull_compression != "none" && s.pull_compression != "2bit" &&
+      s.pull_compression != "1bit" && s.pull_compression != "fp16") {
+    throw std::invalid_argument("--pull_compression: expected none, 2bit, 1bit or fp16, got '" +
+                                s.pull_compression + "'");
+  }
   return s;
 }
 
@@ -947,7 +1072,7 @@ int main(int argc, char** argv) {
       "ps-bench: measures the parameter server's push, pull and push+pull throughput and latency "
       "next to the raw limits (memcpy, ZeroMQ echo, MPI) in one run.\n"
       "Usage: ps-bench [--quick] [--verify] [--json FILE] [--sizes 4B,16MB] [--workers 1,2] "
-      "[--servers 1,2] [--modes dist_sync] [--ops pushpull]\n"
+      "[--servers 1,2] [--modes dist_sync] [--ops pushpull] [--compression none,2bit]\n"
       "Needs ps-scheduler and ps-server next to it. See docs/performance.md.";
   if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "ps_bench.cc")) return 0;
   using namespace ps::bench;
@@ -967,6 +1092,8 @@ int main(int argc, char** argv) {
     options.calibration.fixed_iterations = FLAGS_iterations;
     options.calibration.warmup = FLAGS_warmup;
     options.verify = FLAGS_verify;
+    options.compression = FLAGS_compression;
+    options.pull_compression = FLAGS_pull_compression;
     return RunWorker(options);
   }
   if (!FLAGS_echo_peer.empty()) return RunEchoPeer(FLAGS_echo_peer);

@@ -29,6 +29,11 @@ struct CaseState {
   int rank = 0;
   int workers = 1;
   long rounds = 0;  // pushes this worker made to the key so far
+  // With gradient compression the values stay exact for 2bit (every gradient here is >= 1, so
+  // each push sends +0.5 everywhere) and fp16 (small integers are halves exactly); not for
+  // 1bit or compressed pulls, which are checked by the KVStore's tests instead.
+  std::string compression = "none";
+  bool checkable = true;
 };
 
 [[noreturn]] void Mismatch(const CaseState& c, const std::string& when, std::size_t i,
@@ -42,9 +47,12 @@ struct CaseState {
 // Every worker pushed `rounds` times (dist_sync after each round; both modes at the end).
 void CheckExact(const CaseState& c, const std::vector<float>& out, long rounds,
                 const std::string& when) {
-  const float sum = static_cast<float>(c.workers * (c.workers + 1) / 2);
+  const bool two_bit = c.compression == "2bit";
+  const float sum = two_bit ? 0.5f * static_cast<float>(c.workers)
+                            : static_cast<float>(c.workers * (c.workers + 1) / 2);
   for (std::size_t i = 0; i < out.size(); ++i) {
-    const float expected = InitValue(i) - static_cast<float>(rounds) * sum * Pattern(i);
+    const float expected =
+        InitValue(i) - static_cast<float>(rounds) * sum * (two_bit ? 1.0f : Pattern(i));
     if (out[i] != expected) Mismatch(c, when, i, expected, out[i]);
   }
 }
@@ -68,6 +76,9 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
              Key key, std::vector<float>& grad, std::vector<float>& out) {
   const std::size_t n = size / sizeof(float);
   CaseState c{op, size, kv.Rank(), kv.NumWorkers(), 0};
+  const bool compressed = options.compression != "none" || options.pull_compression != "none";
+  c.compression = options.compression;
+  c.checkable = options.pull_compression == "none" && options.compression != "1bit";
   const bool pushes = op == "push" || op == "pushpull";
   const bool pulls = op == "pull" || op == "pushpull";
   const bool sync = options.mode == "dist_sync";
@@ -82,7 +93,11 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
   // The case's key and a one-element control key the workers agree on an iteration count with.
   const Key control = key + 1;
   float control_value = 0.0f;
-  kv.Init({key, control}, {out_view, Tensor(&control_value, 1)});
+  if (compressed) {
+    kv.Init(key, out_view);  // the control key would be compressed: see the agreement below
+  } else {
+    kv.Init({key, control}, {out_view, Tensor(&control_value, 1)});
+  }
 
   const auto once = [&] {
     if (op == "push") {
@@ -96,7 +111,7 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
     if (pushes) ++c.rounds;
   };
   const auto check = [&](const std::string& when) {
-    if (!pulls) return;
+    if (!pulls || !c.checkable || (compressed && !sync && op != "pull")) return;
     if (op == "pull") {
       CheckExact(c, out, 0, when);  // nobody pushes this key
     } else if (sync) {
@@ -124,20 +139,33 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
   const int proposal = CalibratedIterations(options.calibration, per_iteration);
 
   // Agree on one count: dist_sync needs every worker to push a key equally often. Each worker
-  // pushes its proposal to the control key; SGD at rate 1 leaves minus their sum there.
+  // pushes its proposal to the control key; SGD at rate 1 leaves minus their sum there. A
+  // compressed push would not carry the number: then rank 0's proposal is the count, stored by
+  // Init (which keeps rank 0's value) and pulled in full (a key's first pull is never a change).
   float proposal_value = static_cast<float>(proposal);
-  kv.Push(control, Tensor(&proposal_value, 1));
-  kv.WaitAll();
-  kv.Barrier();
-  float agreed = 0.0f;
-  kv.Pull(control, Tensor(&agreed, 1));
-  kv.WaitAll();
-  const long iterations = std::max<long>(
-      1, static_cast<long>(std::ceil(-static_cast<double>(agreed) / c.workers - 1e-9)));
+  long iterations = 1;
+  if (compressed) {
+    kv.Init(control, Tensor(&proposal_value, 1));
+    float agreed = 0.0f;
+    kv.Pull(control, Tensor(&agreed, 1));
+    kv.WaitAll();
+    iterations = std::max<long>(1, static_cast<long>(agreed));
+  } else {
+    kv.Push(control, Tensor(&proposal_value, 1));
+    kv.WaitAll();
+    kv.Barrier();
+    float agreed = 0.0f;
+    kv.Pull(control, Tensor(&agreed, 1));
+    kv.WaitAll();
+    iterations = std::max<long>(
+        1, static_cast<long>(std::ceil(-static_cast<double>(agreed) / c.workers - 1e-9)));
+  }
 
   std::vector<std::int64_t> samples_ns;
   samples_ns.reserve(static_cast<std::size_t>(iterations));
   kv.Barrier();  // every worker starts the timed loop together
+  const TrafficStats wire_start = kv.Traffic();
+  const long long loop_start_us = UnixMicros();
   for (long i = 0; i < iterations; ++i) {
     if (options.verify) poison();
     const auto start = Clock::now();
@@ -146,13 +174,17 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
     if (options.verify) check("iteration " + std::to_string(i));
   }
+  const long long loop_end_us = UnixMicros();
+  const TrafficStats wire_end = kv.Traffic();
 
   // Always: once every worker's pushes are in, the value must be exact.
   kv.Barrier();
   std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
   kv.Pull(key, out_view);
   kv.WaitAll();
-  CheckExact(c, out, c.rounds, "final value after " + std::to_string(c.rounds) + " rounds");
+  if (c.checkable) {
+    CheckExact(c, out, c.rounds, "final value after " + std::to_string(c.rounds) + " rounds");
+  }
 
   // Samples first, in lines short enough to be written atomically into the pipe the driver
   // reads (a log line of another thread cannot land inside one), then the result line.
@@ -168,8 +200,13 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
-  std::printf("%s%s workers=%d iterations=%ld warmup=%d\n", kResultPrefix, id.c_str(), c.workers,
-              iterations, warmup);
+  const double per = static_cast<double>(iterations);
+  std::printf(
+      "%s%s workers=%d iterations=%ld warmup=%d start_unix_us=%lld end_unix_us=%lld "
+      "wire_sent=%.1f wire_received=%.1f\n",
+      kResultPrefix, id.c_str(), c.workers, iterations, warmup, loop_start_us, loop_end_us,
+      static_cast<double>(wire_end.bytes_sent - wire_start.bytes_sent) / per,
+      static_cast<double>(wire_end.bytes_received - wire_start.bytes_received) / per);
   std::fflush(stdout);
 }
 
@@ -185,6 +222,10 @@ int RunWorker(const WorkerOptions& options) {
     sgd.name = "sgd";
     sgd.learning_rate = 1.0f;  // keeps integer data integer (see InitValue)
     kv->SetOptimizer(sgd);
+    if (options.compression != "none" || options.pull_compression != "none") {
+      kv->SetGradientCompression(ps::GradientCompression{
+          .type = options.compression, .threshold = 0.5f, .pull_type = options.pull_compression});
+    }
     std::vector<float> grad, out;
     Key key = 0;
     for (std::size_t size : options.sizes) {

@@ -11,7 +11,9 @@ namespace ps::bench {
 
 // What a worker prints per case, parsed by the driver: its latency samples in lines of at
 // most kSamplesPerLine ("ps-bench-samples op=push size=4 rank=0 ns=a,b,..."), then
-// "ps-bench-result op=push size=4 rank=0 workers=1 iterations=N warmup=K".
+// "ps-bench-result op=push size=4 rank=0 workers=1 iterations=N warmup=K start_unix_us=T0
+// end_unix_us=T1 wire_sent=B wire_received=B" (T0, T1: the timed loop's wall-clock bounds; B:
+// bytes this worker's transport sent / received per timed iteration).
 inline constexpr const char* kSamplesPrefix = "ps-bench-samples ";
 inline constexpr const char* kResultPrefix = "ps-bench-result ";
 inline constexpr std::size_t kSamplesPerLine = 200;
@@ -22,6 +24,9 @@ struct WorkerOptions {
   std::vector<std::string> ops;  // push, pull, pushpull
   Calibration calibration;
   bool verify = false;  // check every pulled value (the final value is always checked)
+  // KVStore::SetGradientCompression's type and pull_type (threshold 0.5); "none": off.
+  std::string compression = "none";
+  std::string pull_compression = "none";
 };
 
 // Runs every (size, op) case, in that order, as one worker of the job the DMLC_* environment

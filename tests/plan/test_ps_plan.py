@@ -1,0 +1,322 @@
+"""Unit tests of tools/ps-plan.py, the capacity model: cases worked out by hand.
+
+Most cases use efficiency 1, no latency and a flow-sharing share of 1, so that a link of
+100 Mbit/s carries exactly 12.5e6 payload bytes per second each way and the expected times are
+plain arithmetic, written out next to each assertion. Standard library only; no root.
+"""
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+_spec = importlib.util.spec_from_file_location("ps_plan", os.path.join(REPO, "tools",
+                                                                       "ps-plan.py"))
+plan = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plan)
+
+MiB = 1 << 20
+M16 = 16 * MiB                 # 16777216 bytes
+C = 12.5e6                     # 100 Mbit/s, efficiency 1: bytes per second each way
+IDEAL = dict(rate=100e6, efficiency=1.0, latency=0.0, ps_share=1.0)
+
+
+def job(**kw):
+    args = dict(IDEAL)
+    args.update(kw)
+    return plan.Job(**args)
+
+
+def run_cli(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = plan.main(list(argv))
+        except SystemExit as e:  # argparse
+            code = e.code
+    return code, out.getvalue(), err.getvalue()
+
+
+class Units(unittest.TestCase):
+
+    def test_sizes_rates_times(self):
+        self.assertEqual(plan.parse_size("16MB"), M16)
+        self.assertEqual(plan.parse_size("64KB"), 65536)
+        self.assertEqual(plan.parse_size("1000"), 1000)
+        self.assertEqual(plan.parse_rate("100mbit"), 100e6)
+        self.assertEqual(plan.parse_rate("25gbit"), 25e9)
+        self.assertAlmostEqual(plan.parse_time("25us"), 25e-6)
+        self.assertAlmostEqual(plan.parse_time("0.5ms"), 5e-4)
+        self.assertEqual(plan.parse_time("2"), 2.0)
+        for bad in ("16 parsecs", "-1MB", ""):
+            with self.assertRaises(plan.PlanError):
+                plan.parse_size(bad)
+        with self.assertRaises(plan.PlanError):
+            plan.parse_rate("100")
+        with self.assertRaises(plan.PlanError):
+            plan.parse_time("soon")
+
+
+class RingAllReduce(unittest.TestCase):
+
+    def test_four_hosts(self):
+        # 2 (N-1)/N x M / C = 1.5 x 16777216 / 12.5e6 = 2.01326592 s
+        p = job(layers=[M16], worker_hosts=4, layout="beside").predict()
+        self.assertAlmostEqual(p["allreduce"]["iteration_s"], 2.01326592, places=6)
+
+    def test_latency_per_step_and_bucket(self):
+        # 2 (N-1) steps x 1 ms per bucket; 100 MiB in 64 MiB buckets = 2 buckets:
+        # 1.5 x 104857600 / 12.5e6 + 6 x 0.001 x 2 = 12.582912 + 0.012
+        p = job(layers=[100 * MiB], worker_hosts=4, latency=1e-3).predict()
+        self.assertAlmostEqual(p["allreduce"]["comm_s"], 12.594912, places=6)
+
+    def test_slowest_link_sets_the_pace(self):
+        # one link at a quarter: every step waits for it, 4 x 2.01326592
+        p = job(layers=[M16], worker_hosts=4, slow={3: 0.25}).predict()
+        self.assertAlmostEqual(p["allreduce"]["iteration_s"], 8.05306368, places=6)
+
+    def test_one_host_uses_no_link(self):
+        self.assertEqual(job(layers=[M16], worker_hosts=1).predict()["allreduce"]["comm_s"], 0)
+
+    def test_compression(self):
+        # fp16 all-reduce: half the bytes
+        p = job(layers=[M16], worker_hosts=4, allreduce_ratio=0.5).predict()
+        self.assertAlmostEqual(p["allreduce"]["iteration_s"], 1.00663296, places=6)
+
+
+class ParameterServer(unittest.TestCase):
+
+    def test_link_totals_match_per_worker_bytes(self):
+        for layout in ("own", "beside"):
+            j = job(layers=[M16, 1000, 3000], worker_hosts=3, layout=layout, server_hosts=2,
+                    chunk=MiB, push_ratio=0.25)
+            per = {k: sum(v) for k, v in j.link_bytes().items()}
+            tot = j.link_totals()
+            self.assertEqual(set(per), set(tot))
+            for k in per:
+                self.assertAlmostEqual(per[k], tot[k], places=3, msg=(layout, k))
+
+    def test_beside_same_bytes_as_ring(self):
+        # each host sends its worker's 3 remote slices (3 x 4 MiB) and its server's replies to
+        # 3 remote workers (3 x 4 MiB): 24 MiB = 25165824 B / 12.5e6 = 2.01326592 s, plus the
+        # drain: 3 replies of the last 64 KiB message, 196608 / 12.5e6 = 0.01572864 s
+        p = job(layers=[M16], worker_hosts=4, layout="beside", chunk=64 * 1024).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 2.01326592, places=6)
+        self.assertAlmostEqual(p["ps"]["drain_s"], 0.01572864, places=6)
+        self.assertAlmostEqual(p["ps"]["iteration_s"], 2.02899456, places=6)
+
+    def test_own_hosts_carry_the_model_once(self):
+        # a worker sends 16 MiB and receives 16 MiB; a server receives 4 x 4 MiB and sends the
+        # same: 1.34217728 s, plus 4 replies of 64 KiB: 262144 / 12.5e6 = 0.02097152 s
+        p = job(layers=[M16], worker_hosts=4, layout="own", server_hosts=4,
+                chunk=64 * 1024).predict()
+        self.assertAlmostEqual(p["ps"]["iteration_s"], 1.36314880, places=6)
+        self.assertAlmostEqual(p["ps_over_allreduce"], 1.3631488 / 2.01326592, places=6)
+
+    def test_one_message_per_server_cannot_overlap(self):
+        # chunk 4 MiB: each server's share is one message; its replies (4 x 4 MiB) leave only
+        # after every push is in: push 1.34217728 s + pull 1.34217728 s
+        p = job(layers=[M16], worker_hosts=4, layout="own", chunk=4 * MiB).predict()
+        self.assertAlmostEqual(p["ps"]["iteration_s"], 2.68435456, places=6)
+
+    def test_fewer_server_hosts(self):
+        # 2 server hosts: each receives 4 workers x 8 MiB = 32 MiB: 2.68435456 s
+        p = job(layers=[M16], worker_hosts=4, layout="own", server_hosts=2,
+                chunk=64 * 1024).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 2.68435456, places=6)
+
+    def test_faster_server_links(self):
+        # 1 server host at 400 Mbit/s: 64 MiB in at 50e6 B/s = 1.34217728 s, as the workers'
+        p = job(layers=[M16], worker_hosts=4, layout="own", server_hosts=1,
+                server_rate=400e6, chunk=64 * 1024).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 1.34217728, places=6)
+
+    def test_push_compression(self):
+        # 2-bit pushes (1/16): the pulls (16 MiB in) set the time
+        p = job(layers=[M16], worker_hosts=4, layout="own", chunk=64 * 1024,
+                push_ratio=1 / 16).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 1.34217728, places=6)
+        p = job(layers=[M16], worker_hosts=4, layout="own", chunk=64 * 1024,
+                push_ratio=1 / 16, pull_ratio=1 / 16).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 1.34217728 / 16, places=6)
+
+    def test_share_and_latency(self):
+        # share 0.5 doubles the link time; latency adds a round trip
+        p = job(layers=[M16], worker_hosts=4, layout="own", chunk=64 * 1024, ps_share=0.5,
+                latency=0.001).predict()
+        self.assertAlmostEqual(p["ps"]["iteration_s"], 2 * 1.34217728 + 0.02097152 + 0.002,
+                               places=6)
+
+    def test_one_host_beside_is_local(self):
+        self.assertEqual(job(layers=[M16], worker_hosts=1, layout="beside").predict()["ps"][
+            "iteration_s"], 0)
+
+    def test_placement(self):
+        # a big key is sliced evenly; small keys (< 1e6 elements) go whole, round-robin here
+        j = job(layers=[M16], worker_hosts=2, layout="own", server_hosts=4, chunk=MiB)
+        self.assertEqual(j.server_bytes(), [4 * MiB] * 4)
+        self.assertEqual(j.messages_per_server(), [4] * 4)
+        j = job(layers=[1000] * 8, worker_hosts=2, layout="own", server_hosts=4)
+        self.assertEqual(j.server_bytes(), [2000] * 4)
+
+    def test_sync_straggler_holds_everyone(self):
+        # own layout, worker 3 at 1/4: its 16 MiB each way take 4 x 1.34217728 s; in
+        # dist_sync every worker waits for it
+        p = job(layers=[M16], worker_hosts=4, layout="own", chunk=64 * 1024,
+                slow={3: 0.25}).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 5.36870912, places=6)
+        self.assertEqual(len(set(round(x, 9) for x in p["ps"]["per_worker_s"])), 1)
+
+    def test_async_straggler_own_hosts(self):
+        # max-min fair: worker 3 gets C/4 for its 16 MiB; the servers' links then carry
+        # 3 x 4 MiB x x + 4 MiB x x/4 < C, so the others keep 1.34217728 s per iteration
+        p = job(layers=[M16], worker_hosts=4, layout="own", chunk=64 * 1024, mode="async",
+                slow={3: 0.25}).predict()
+        bw = [t - 0.02097152 for t in p["ps"]["per_worker_s"]]
+        for w in range(3):
+            self.assertAlmostEqual(bw[w], 1.34217728, places=6)
+        self.assertAlmostEqual(bw[3], 5.36870912, places=5)
+
+    def test_async_straggler_beside_slows_everyone(self):
+        # server 3 sits on the slow host: its link (C/4) carries, per iteration of each worker,
+        # the three remote pushes into server 3 (4 MiB each) and worker 3's pulls (3 x 4 MiB):
+        # 24 MiB x x <= C/4, so every worker runs at 96 MiB / C = 8.05306368 s
+        p = job(layers=[M16], worker_hosts=4, layout="beside", chunk=64 * 1024, mode="async",
+                slow={3: 0.25}).predict()
+        self.assertAlmostEqual(p["ps"]["bandwidth_s"], 8.05306368, places=5)
+
+    def test_share_only_where_every_link_is_busy(self):
+        self.assertTrue(job(layers=[M16], worker_hosts=4, layout="own").balanced())
+        self.assertTrue(job(layers=[M16], worker_hosts=4, layout="beside").balanced())
+        self.assertFalse(job(layers=[M16], worker_hosts=4, layout="own",
+                             slow={3: 0.25}).balanced())
+        # share 0.5 doubles the link time of a balanced dist_sync job only
+        for kw, factor in ((dict(), 2.0), (dict(slow={3: 0.25}), 1.0),
+                           (dict(mode="async"), 1.0)):
+            a = job(layers=[M16], worker_hosts=4, chunk=64 * 1024, **kw).predict()["ps"]
+            b = job(layers=[M16], worker_hosts=4, chunk=64 * 1024, ps_share=0.5,
+                    **kw).predict()["ps"]
+            self.assertAlmostEqual(b["comm_s"] - b["drain_s"],
+                                   factor * (a["comm_s"] - a["drain_s"]), places=6, msg=kw)
+
+    def test_compute_overlap_and_efficiency(self):
+        j = job(layers=[M16], worker_hosts=4, compute=1.0, overlap=0.5)
+        self.assertEqual(j.iteration(2.0), 2.5)   # 1 + (2 - 0.5)
+        self.assertEqual(j.iteration(0.3), 1.0)   # hidden entirely
+        p = j.predict()
+        ar = p["allreduce"]
+        self.assertAlmostEqual(ar["efficiency"], 1.0 / ar["iteration_s"])
+
+    def test_min_server_hosts(self):
+        # ring: 1.5 M/C. own with S hosts: max(1, 4/S) M/C + 4 x 64 KiB / C (= M/64 / C):
+        # S = 3 gives 1.349 M/C <= 1.5; S = 2 gives 2.016 M/C
+        base = dict(IDEAL, layers=[M16], worker_hosts=4, chunk=64 * 1024)
+        self.assertEqual(plan.min_server_hosts_to_beat(base), 3)
+
+    def test_bad_jobs(self):
+        for kw in (dict(worker_hosts=0), dict(layout="mesh"), dict(mode="eventual"),
+                   dict(efficiency=1.5), dict(slow={7: 0.5}), dict(overlap=2)):
+            args = dict(layers=[M16], worker_hosts=4)
+            args.update(kw)
+            with self.assertRaises(plan.PlanError, msg=kw):
+                job(**args)
+
+
+class Check(unittest.TestCase):
+
+    def doc(self):
+        case = dict(system="ps", layout="own", mode="dist_sync", size=M16, workers=4,
+                    server_hosts=4, chunk_bytes=64 * 1024)
+        return {"meta": {"rate_bit": 100e6, "workers": 4, "chunk_bytes": 65536,
+                         "date": "2026-11-23"},
+                "reference": {"goodput_fraction": 1.0},
+                "cases": [
+                    dict(case, label="ps_own_sync_16MB", iteration_s=1.36314880),
+                    dict(case, label="ps_own_sync_16MB_off", iteration_s=2.0),
+                    dict(label="mpi_ring_16MB", system="mpi", algorithm="ring", size=M16,
+                         workers=4, iteration_s=2.01326592),
+                    dict(label="mpi_default_16MB", system="mpi", algorithm="default",
+                         size=M16, workers=4, iteration_s=4.0),
+                    dict(label="tcp_reference", system="tcp")]}
+
+    def test_rows(self):
+        rows = plan.check_rows(self.doc(), ps_share=1.0)
+        by = {r["label"]: r for r in rows}
+        self.assertEqual(set(by), {"ps_own_sync_16MB", "ps_own_sync_16MB_off", "mpi_ring_16MB",
+                                   "mpi_default_16MB"})
+        # latency 50 us in the check: a round trip of 100 us on top
+        self.assertAlmostEqual(by["ps_own_sync_16MB"]["error"], 1e-4 / 1.3631488, places=6)
+        self.assertTrue(by["ps_own_sync_16MB"]["within"])
+        self.assertFalse(by["ps_own_sync_16MB_off"]["within"])
+        self.assertTrue(by["mpi_ring_16MB"]["within"])
+        self.assertIsNone(by["mpi_default_16MB"]["predicted"])
+
+    def test_cli(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "run.json")
+            with open(path, "w") as f:
+                json.dump(self.doc(), f)
+            code, out, _ = run_cli("check", path, "--ps-share", "1")
+            self.assertEqual(code, 0)
+            self.assertIn("2 of 3 modelled cases within 15%", out)
+            code, out, _ = run_cli("check", path, "--ps-share", "1", "--strict")
+            self.assertEqual(code, 1)
+            code, out, _ = run_cli("check", path, "--ps-share", "1", "--markdown")
+            self.assertIn("| ps_own_sync_16MB | 100mbit |", out)
+
+
+class Cli(unittest.TestCase):
+
+    def test_predict(self):
+        code, out, _ = run_cli("predict", "--model", "16MB", "--workers", "4", "--layout", "own",
+                               "--rate", "100mbit", "--efficiency", "1", "--latency", "0",
+                               "--ps-share", "1", "--chunk", "4MB")
+        self.assertEqual(code, 0, out)
+        self.assertIn("PS:              iteration 2.6844 s", out)
+        self.assertIn("ring all-reduce: iteration 2.0133 s", out)
+        code, out, _ = run_cli("predict", "--layers", "8MB,8MB", "--workers", "4", "--rate",
+                               "100mbit", "--json", "--slow", "3=0.25", "--mode", "async")
+        self.assertEqual(code, 0)
+        p = json.loads(out)
+        self.assertEqual(p["model_bytes"], M16)
+        self.assertEqual(len(p["ps"]["per_worker_s"]), 4)
+
+    def test_advise(self):
+        with tempfile.TemporaryDirectory() as d:
+            code, out, _ = run_cli("advise", "--gpus", "8,64,1024", "--json")
+            self.assertEqual(code, 0)
+            doc = json.loads(out)
+            self.assertEqual([r["gpus"] for r in doc[0]["rows"]], [8, 64, 1024] * 2)
+            one_host = doc[0]["rows"][0]
+            self.assertEqual(one_host["allreduce"]["comm_s"], 0)  # 8 GPUs: one host
+            code, out, _ = run_cli("advise", "--model", "100MB", "--compute", "0.1",
+                                   "--rates", "25gbit", "--gpus", "16,128", "--markdown")
+            self.assertEqual(code, 0)
+            self.assertIn("| 25gbit | 128 | 16 |", out)
+            png = os.path.join(d, "advise.png")
+            code, out, err = run_cli("advise", "--model", "100MB", "--gpus", "16,32",
+                                     "--plot", png)
+            if code == 2 and "matplotlib" in err:
+                self.skipTest("no matplotlib for the plot")
+            self.assertEqual(code, 0, err)
+            self.assertGreater(os.path.getsize(png), 1000)
+
+    def test_errors(self):
+        code, _, err = run_cli("predict", "--workers", "4", "--rate", "1gbit")
+        self.assertEqual(code, 2)
+        self.assertIn("give --model or --layers", err)
+        code, _, err = run_cli("predict", "--model", "lots", "--workers", "4", "--rate", "1gbit")
+        self.assertEqual(code, 2)
+        self.assertIn("want a size such as 16MB", err)
+        code, _, _ = run_cli("--help")
+        self.assertEqual(code, 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
