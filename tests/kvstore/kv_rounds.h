@@ -96,4 +96,20 @@ inline void SyncSumRounds(ps::KVStore& kv, const std::vector<std::size_t>& sizes
   }
 }
 
+// Whether `text` contains `part` (for Expect in worker threads).
+inline bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The message of the ps::Error `call` throws, or "(no error)" when it throws none.
+template <class Call>
+std::string ErrorOf(Call call) {
+  try {
+    call();
+  } catch (const ps::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 }  // namespace ps::test

@@ -23,20 +23,8 @@ using ps::test::AllOk;
 using ps::test::Expect;
 using ps::test::KVCluster;
 
-bool Has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Runs `call`, which must throw ps::Error; returns its message.
-template <class Call>
-std::string ErrorOf(Call call) {
-  try {
-    call();
-  } catch (const ps::Error& e) {
-    return e.what();
-  }
-  throw std::runtime_error("the call did not fail");
-}
+using ps::test::ErrorOf;
+using ps::test::Has;
 
 }  // namespace
 

@@ -24,19 +24,8 @@ using ps::test::Expect;
 using ps::test::KVCluster;
 namespace reference = ps::test::reference;
 
-bool Has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-template <class Call>
-std::string ErrorOf(Call call) {
-  try {
-    call();
-  } catch (const ps::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using ps::test::ErrorOf;
+using ps::test::Has;
 
 // A key of 3000 floats is cut into 3 slices of 1000 over the 2 servers (compressed one by one);
 // a key of 5 lives whole on one server.
