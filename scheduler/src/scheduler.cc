@@ -216,19 +216,21 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
                          "whole job",
                      false};
     }
-    if (!mine.workers_only) {
+    if (!mine.data_nodes_only) {
       if (*theirs == mine.value) continue;
       return Refusal{who + " was started with " + name + "=" + *theirs + ", the scheduler with " +
                          name + "=" + mine.value + ": start every node of the job with the same " +
                          name,
                      true};
     }
-    if (node.role != Role::kWorker || first_worker_settings_.empty()) continue;
-    const auto first = first_worker_settings_.find(name);
-    if (first == first_worker_settings_.end() || first->second == *theirs) continue;
-    return Refusal{who + " was started with " + name + "=" + *theirs + ", the first worker (" +
-                       first_worker_ + ") with " + name + "=" + first->second +
-                       ": every worker must slice keys alike, so start them with the same " + name,
+    if (first_data_node_settings_.empty()) continue;
+    const auto first = first_data_node_settings_.find(name);
+    if (first == first_data_node_settings_.end() || first->second == *theirs) continue;
+    return Refusal{who + " was started with " + name + "=" + *theirs + ", the first node (" +
+                       first_data_node_ + ") with " + name + "=" + first->second +
+                       ": servers and workers must slice keys alike, so start them with the "
+                       "same " +
+                       name,
                    true};
   }
   return std::nullopt;
@@ -355,11 +357,11 @@ void Scheduler::OnRegister(Message&& msg) {
                  << ": " << e.what();
     return;
   }
-  if (node.role == Role::kWorker && first_worker_settings_.empty()) {
-    first_worker_ = node.host + ":" + std::to_string(node.port);
+  if (first_data_node_.empty()) {
+    first_data_node_ = RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
     for (auto& [name, value] : ParseSharedSettings(msg.meta.body)
                                    .value_or(std::vector<std::pair<std::string, std::string>>{})) {
-      first_worker_settings_.emplace(std::move(name), std::move(value));
+      first_data_node_settings_.emplace(std::move(name), std::move(value));
     }
   }
   requested_rank_.push_back(node.rank);

@@ -490,6 +490,22 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
   for (const std::string& outcome : {plain.Join()[0], odd_layout.Join()[0]}) {
     CHECK_THAT(outcome, Catch::Matches(".*BOUND=1000[,:] .*") &&
                             Catch::Contains("MXNET_KVSTORE_BIGARRAY_BOUND=1000000") &&
-                            Catch::Contains("the first worker"));
+                            Catch::Contains("the first node"));
+  }
+
+  // A server sizes the largest frame it accepts from the same layout: it is compared too.
+  ps::ClusterConfig one_worker = SchedulerConfig(1, 1);
+  one_worker.register_timeout = 3s;
+  ps::Scheduler third_job(one_worker);
+  ps::ClusterConfig small_chunks = third_job.NodeConfig(ps::Role::kServer);
+  small_chunks.chunk_bytes = 8192;
+  NodeThreads server(small_chunks, 1, [&](ps::Runtime&, int) { return std::string("registered"); });
+  NodeThreads worker(third_job.NodeConfig(ps::Role::kWorker), 1,
+                     [&](ps::Runtime&, int) { return std::string("registered"); });
+  CHECK(third_job.Run() == 1);
+  for (const std::string& outcome : {server.Join()[0], worker.Join()[0]}) {
+    CHECK_THAT(outcome, Catch::Contains("PS_CHUNK_BYTES=8192") &&
+                            Catch::Contains("PS_CHUNK_BYTES=" + std::to_string(4 << 20)) &&
+                            Catch::Contains("servers and workers must slice keys alike"));
   }
 }

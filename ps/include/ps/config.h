@@ -71,9 +71,10 @@ struct ClusterConfig {
   struct SharedSetting {
     std::string_view name;
     std::string value;
-    // Only the workers must agree on it (how a key is sliced): compared with the first
-    // worker's, not with the scheduler's, which does not use it.
-    bool workers_only = false;
+    // Only servers and workers must agree on it (how a key is sliced, hence the largest frame
+    // a server accepts): compared with the first of them to register, not with the
+    // scheduler's, which does not use it.
+    bool data_nodes_only = false;
   };
   std::vector<SharedSetting> SharedSettings() const;
 };

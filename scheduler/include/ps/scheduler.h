@@ -107,10 +107,11 @@ class Scheduler {
   std::vector<NodeInfo> nodes_;               // GUARDED_BY(mu_): index = id; [0] is us
   std::vector<Clock::time_point> last_seen_;  // GUARDED_BY(mu_): index = id
   std::vector<int> requested_rank_;           // GUARDED_BY(mu_): index = id; -1: none
-  // GUARDED_BY(mu_): the first registered worker's address and shared settings, which the
-  // later workers must match (ClusterConfig::SharedSetting::workers_only).
-  std::string first_worker_;
-  std::map<std::string, std::string> first_worker_settings_;
+  // GUARDED_BY(mu_): the first registered server or worker ("server at HOST:PORT") and its
+  // shared settings, which the later ones must match
+  // (ClusterConfig::SharedSetting::data_nodes_only).
+  std::string first_data_node_;
+  std::map<std::string, std::string> first_data_node_settings_;
   std::string registration_failure_;  // GUARDED_BY(mu_): why the job cannot start ("" if it can)
   int told_of_failure_ = 0;           // GUARDED_BY(mu_): nodes told registration_failure_
   bool complete_ = false;             // GUARDED_BY(mu_): the table was sent
