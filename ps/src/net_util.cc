@@ -1,18 +1,26 @@
 #include "net_util.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include "ps/error.h"
+#include "text.h"
 
 namespace ps::net {
 namespace {
@@ -49,21 +57,96 @@ IfAddrsList ListInterfaces() {
   return IfAddrsList(list);
 }
 
-}  // namespace
+// getaddrinfo's answer for `host`: the dotted address, or rc != 0.
+struct Resolved {
+  int rc = 0;
+  std::string ip;
+};
 
-std::string ResolveIPv4(const std::string& host, const std::string& what) {
+Resolved Lookup(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
-  if (rc != 0 || found == nullptr) {
-    throw Error("cannot resolve " + what + "='" + host + "': " + gai_strerror(rc) +
-                ": set it to a host name this machine can resolve or to an IP address");
-  }
+  if (rc != 0 || found == nullptr) return {rc != 0 ? rc : EAI_NONAME, ""};
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> owner(found, &freeaddrinfo);
-  const auto* addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr);
-  return ToString(addr->sin_addr);
+  return {0, ToString(reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr)};
+}
+
+[[noreturn]] void ThrowUnresolved(const std::string& host, const std::string& what, int rc,
+                                  const std::string& waited) {
+  throw Error("cannot resolve " + what + "='" + host + "'" + waited + ": " + gai_strerror(rc) +
+              ": set it to a host name this machine can resolve or to an IP address");
+}
+
+}  // namespace
+
+std::string ResolveIPv4(const std::string& host, const std::string& what) {
+  const Resolved resolved = Lookup(host);
+  if (resolved.rc != 0) ThrowUnresolved(host, what, resolved.rc, "");
+  return resolved.ip;
+}
+
+std::string ResolveIPv4Until(const std::string& host, const std::string& what,
+                             std::chrono::steady_clock::time_point deadline,
+                             std::chrono::milliseconds report_every,
+                             const std::function<void(const std::string& why)>& waiting) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kRetryEvery = std::chrono::milliseconds(250);
+  const auto start = Clock::now();
+  auto next_report = start + report_every;
+  while (true) {
+    const Resolved resolved = Lookup(host);
+    if (resolved.rc == 0) return resolved.ip;
+    // Only "no such name (yet)" and "the resolver did not answer" can change by waiting.
+    const bool may_appear = resolved.rc == EAI_NONAME || resolved.rc == EAI_AGAIN ||
+                            resolved.rc == EAI_FAIL || resolved.rc == EAI_NODATA;
+    const auto now = Clock::now();
+    if (!may_appear || now >= deadline) {
+      ThrowUnresolved(
+          host, what, resolved.rc,
+          may_appear
+              ? " within " + FormatSeconds(
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(now - start))
+              : "");
+    }
+    if (now >= next_report) {
+      waiting(gai_strerror(resolved.rc));
+      next_report = now + report_every;
+    }
+    // Polling an outside service (DNS) that cannot notify us; bounded by the deadline.
+    std::this_thread::sleep_for(std::min<Clock::duration>(kRetryEvery, deadline - Clock::now()));
+  }
+}
+
+std::string ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout) {
+  const Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  sockaddr_in target{};
+  target.sin_family = AF_INET;
+  target.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (fd.get() < 0) return std::string("cannot open a socket: ") + strerror(errno);
+  if (inet_pton(AF_INET, ip.c_str(), &target.sin_addr) != 1) return "'" + ip + "' is no address";
+  int error = 0;
+  if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&target), sizeof(target)) != 0) {
+    if (errno != EINPROGRESS) {
+      error = errno;
+    } else {
+      pollfd wait_for{fd.get(), POLLOUT, 0};
+      const int ready = poll(&wait_for, 1, static_cast<int>(timeout.count()));
+      if (ready == 0) return "no answer within " + FormatSeconds(timeout);
+      socklen_t length = sizeof(error);
+      if (ready < 0) {
+        error = errno;
+      } else {
+        getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &length);
+      }
+    }
+  }
+  if (error == 0) return "";
+  std::string why = strerror(error);
+  if (!why.empty()) why[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(why[0])));
+  return why;
 }
 
 std::string InterfaceAddress(const std::string& interface) {

@@ -1,6 +1,8 @@
 #pragma once
 // Address helpers for the one question every node answers at start: where is the scheduler,
 // and which address of mine do I tell the others?
+#include <chrono>
+#include <functional>
 #include <string>
 
 namespace ps::net {
@@ -8,6 +10,20 @@ namespace ps::net {
 // Resolves a host name or dotted IPv4 address to a dotted IPv4 address; throws ps::Error
 // naming `what` (e.g. "DMLC_PS_ROOT_URI") when it cannot.
 std::string ResolveIPv4(const std::string& host, const std::string& what);
+
+// ResolveIPv4 that keeps trying while the name does not resolve yet, until `deadline`: a
+// Kubernetes pod's DNS record appears only some time after the pod starts. Calls
+// `waiting(why)` about every `report_every` while it waits (why: the resolver's answer). At
+// the deadline, or on an error that waiting cannot cure, throws as ResolveIPv4 does.
+std::string ResolveIPv4Until(const std::string& host, const std::string& what,
+                             std::chrono::steady_clock::time_point deadline,
+                             std::chrono::milliseconds report_every,
+                             const std::function<void(const std::string& why)>& waiting);
+
+// Opens a TCP connection to ip:port and closes it at once: "" when it was accepted, else what
+// went wrong ("connection refused", "no answer within 1 s", ...). Tells a wrong port from a
+// scheduler that is merely slow, while a node waits for it.
+std::string ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout);
 
 // The IPv4 address of a network interface; throws ps::Error listing the interfaces there are.
 std::string InterfaceAddress(const std::string& interface);

@@ -18,12 +18,34 @@
 namespace ps {
 namespace {
 
+using SteadyClock = std::chrono::steady_clock;
+
+// While a node waits to register it says what it waits for this often, so that a pod whose
+// scheduler is not up yet, or a wrong port, shows in its log long before PS_REGISTER_TIMEOUT.
+constexpr std::chrono::milliseconds kWaitReportEvery{3000};
+
+std::string TimeLeft(SteadyClock::time_point deadline) {
+  const auto left = std::max(SteadyClock::duration::zero(), deadline - SteadyClock::now());
+  return FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(left)) +
+         " left of PS_REGISTER_TIMEOUT";
+}
+
+// Resolves `host` (the value of variable `what`) until `deadline`, logging the wait.
+std::string ResolveWaiting(const std::string& host, const std::string& what,
+                           SteadyClock::time_point deadline) {
+  return net::ResolveIPv4Until(host, what, deadline, kWaitReportEvery, [&](const std::string& why) {
+    PS_LOG(WARNING) << "waiting for " << what << "='" << host << "' to resolve (" << why << "); "
+                    << TimeLeft(deadline);
+  });
+}
+
 // The address this node tells the others: DMLC_NODE_HOST, else DMLC_INTERFACE's address, else
 // the local end of the route to the scheduler.
-std::string AdvertisedHost(const ClusterConfig& config, const std::string& scheduler_ip) {
+std::string AdvertisedHost(const ClusterConfig& config, const std::string& scheduler_ip,
+                           SteadyClock::time_point deadline) {
   if (!config.node_host.empty()) {
     // Peers will connect to this name: a typo fails here, with the variable named.
-    net::ResolveIPv4(config.node_host, "DMLC_NODE_HOST");
+    ResolveWaiting(config.node_host, "DMLC_NODE_HOST", deadline);
     return config.node_host;
   }
   if (!config.interface.empty()) return net::InterfaceAddress(config.interface);
@@ -51,9 +73,11 @@ Runtime::~Runtime() {
 }
 
 void Runtime::Register() {
-  scheduler_ip_ = net::ResolveIPv4(config_.root_uri, "DMLC_PS_ROOT_URI");
+  // Every wait of registration, name resolution included, ends at one deadline.
+  const auto deadline = SteadyClock::now() + config_.register_timeout;
+  scheduler_ip_ = ResolveWaiting(config_.root_uri, "DMLC_PS_ROOT_URI", deadline);
   self_.role = config_.role;
-  self_.host = AdvertisedHost(config_, scheduler_ip_);
+  self_.host = AdvertisedHost(config_, scheduler_ip_, deadline);
   transport_ = std::make_unique<ZmqTransport>(TransportOptionsFor(config_, config_.role));
   // Listen on the advertised address when it is ours; behind NAT (a name or a foreign
   // address) listen everywhere.
@@ -86,8 +110,23 @@ void Runtime::Register() {
   }
 
   std::unique_lock lock(mu_);
-  const bool done = changed_.wait_for(lock, config_.register_timeout,
-                                      [this] { return registered_ || !register_error_.empty(); });
+  const auto answered = [this] { return registered_ || !register_error_.empty(); };
+  bool done = false;
+  while (!(done = changed_.wait_until(
+               lock, std::min(deadline, SteadyClock::now() + kWaitReportEvery), answered)) &&
+         SteadyClock::now() < deadline) {
+    const bool acknowledged = acknowledged_;
+    lock.unlock();
+    if (acknowledged) {
+      PS_LOG(WARNING) << "registered with the scheduler at " << config_.SchedulerAddress()
+                      << "; waiting for the job to fill up (DMLC_NUM_SERVER=" << config_.num_servers
+                      << ", DMLC_NUM_WORKER=" << config_.num_workers << "); " << TimeLeft(deadline);
+    } else {
+      PS_LOG(WARNING) << "waiting for the scheduler at " << config_.SchedulerAddress() << ": "
+                      << SchedulerProbe() << "; " << TimeLeft(deadline);
+    }
+    lock.lock();
+  }
   if (!register_error_.empty()) throw Error(register_error_);
   if (!done) {
     if (acknowledged_) {
@@ -99,9 +138,10 @@ void Runtime::Register() {
                   " workers; start the missing ones or fix the counts (PS_REGISTER_TIMEOUT sets "
                   "this wait)");
     }
+    lock.unlock();
     throw Error("cannot reach the scheduler at " + config_.SchedulerAddress() + " within " +
-                FormatSeconds(config_.register_timeout) +
-                ": check that ps-scheduler is running there, that DMLC_PS_ROOT_URI and "
+                FormatSeconds(config_.register_timeout) + ": " + SchedulerProbe() +
+                "; check that ps-scheduler is running there, that DMLC_PS_ROOT_URI and "
                 "DMLC_PS_ROOT_PORT point to it, and that it can resolve this node's address '" +
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
@@ -127,6 +167,21 @@ void Runtime::Register() {
   const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
                                                              : std::chrono::milliseconds(500);
   timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
+}
+
+std::string Runtime::SchedulerProbe() const {
+  // ZeroMQ retries its connection silently: a separate probe tells why no answer came.
+  const std::string probe =
+      net::ProbeTcp(scheduler_ip_, config_.root_port, std::chrono::milliseconds(1000));
+  if (probe.empty()) {
+    return "the port accepts connections but no registration reply came (is it a "
+           "ps-scheduler's port? DMLC_PS_ROOT_PORT)";
+  }
+  if (probe == "connection refused") {
+    return "connection refused, nothing listens on port " + std::to_string(config_.root_port) +
+           " there (not started yet, or DMLC_PS_ROOT_PORT is wrong)";
+  }
+  return probe;
 }
 
 int Runtime::ServerId(int rank) const {

@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 #include <zmq.hpp>
@@ -179,6 +182,46 @@ TEST_CASE("processes: an unreachable scheduler fails registration within the tim
   CHECK_THAT(server->Output(),
              Catch::Contains("cannot reach the scheduler at 127.0.0.1:" + std::to_string(port)) &&
                  Catch::Contains("DMLC_PS_ROOT_PORT"));
+}
+
+// A Kubernetes pod may start before its scheduler has a DNS record or listens: the node waits
+// (until PS_REGISTER_TIMEOUT), saying each few seconds what it waits for. The name is made to
+// appear later in a private /etc/hosts, which needs a mount namespace (root, unshare(1)).
+TEST_CASE("processes: a node waits for the scheduler's name to resolve and its port to open",
+          "[processes][fault]") {
+  if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/unshare")) {
+    WARN("skipped: needs root and unshare(1) for a private /etc/hosts");
+    return;
+  }
+  char pattern[] = "/tmp/ps-hosts-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const std::string hosts = pattern;
+  std::ofstream(hosts) << "127.0.0.1 localhost\n";
+  const int port = ps::test::FindFreePort();
+  Env env = JobEnv(1, 1, port);
+  env["DMLC_PS_ROOT_URI"] = "ps-scheduler.test";
+  env["DMLC_ROLE"] = "server";
+  // mount(8) in a namespace of its own: the machine's /etc/hosts is untouched.
+  auto server = std::make_unique<ChildProcess>(
+      std::vector<std::string>{
+          "/usr/bin/unshare", "--mount", "--propagation", "private", "sh", "-c",
+          "mount --bind " + hosts + " /etc/hosts && exec " + ps::test::BinPath("ps-server")},
+      env);
+  CHECK(server->WaitForOutput("waiting for DMLC_PS_ROOT_URI='ps-scheduler.test' to resolve", 15s));
+  std::ofstream(hosts, std::ios::app) << "127.0.0.1 ps-scheduler.test\n";
+  CHECK(server->WaitForOutput("connection refused, nothing listens on port " + std::to_string(port),
+                              15s));
+  CHECK_THAT(server->Output(), Catch::Contains("left of PS_REGISTER_TIMEOUT"));
+
+  Env scheduler_env = JobEnv(1, 1, port);
+  auto scheduler = Start("ps-scheduler", scheduler_env);
+  auto worker = Start("ps-test-node", JobEnv(1, 1, port), {"--barriers", "3"});
+  CHECK(worker->Wait(30s) == 0);
+  CHECK(server->Wait(30s) == 0);
+  CHECK(scheduler->Wait(30s) == 0);
+  std::filesystem::remove(hosts);
 }
 
 TEST_CASE("processes: a worker killed with SIGKILL is reported dead and nothing hangs",

@@ -129,6 +129,9 @@ class Runtime {
 
  private:
   void Register();
+  // Why the scheduler has not answered yet, in a sentence: what a TCP probe of its port finds
+  // (nothing listens, no answer, or a port that accepts but does not reply).
+  std::string SchedulerProbe() const;
   // Barrier / Agree: "" when released cleanly, else why not.
   std::string VotedBarrier(int groups, const std::string& vote, const std::string& failure,
                            std::optional<std::chrono::milliseconds> timeout);
