@@ -22,6 +22,7 @@ import ipaddress
 import os
 import queue
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -44,6 +45,9 @@ DEAD_NODE_RE = re.compile(r"\b(worker|server) (\d+) \(node \d+ at (\S+):\d+\) (?
 LAUNCHER_OWNED = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_NODE_HOST")
 # Variables that must be equal in every process: settable by --env (all roles) only.
 JOB_WIDE = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+# The job secret (docs/launcher.md, "Job secret"): never on a command line or in --env; the
+# launcher hands it to every process over the wrapper's standard input.
+SECRET_VARS = ("PS_JOB_SECRET", "PS_JOB_SECRET_FILE")
 # Forwarded from the launcher's environment to remote processes when set (MXNet forwards a
 # similar list; credentials are deliberately not forwarded).
 FORWARDED = ("PS_VERBOSE", "DMLC_INTERFACE", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
@@ -54,6 +58,8 @@ PORT_ATTEMPTS = 3  # scheduler starts when the launcher picks the root port itse
 SSH_STARTS_PER_HOST = 8  # ssh connections to one host in their handshake at once
 
 # The wrapper every process runs under: sh -c WRAPPER ps-launch WORKDIR CMD [ARGS...]
+#  - read the job secret, the first line of stdin, into PS_JOB_SECRET (sh reads a pipe a
+#    byte at a time, so nothing past that line is consumed);
 #  - cd WORKDIR; start CMD in a new session (setsid does not fork: a background job of a
 #    non-interactive shell is not a group leader), so its pid is its process-group id; CMD's
 #    first output line is the marker "@@ps-launch pid=PGID";
@@ -63,6 +69,8 @@ SSH_STARTS_PER_HOST = 8  # ssh connections to one host in their handshake at onc
 #  - wait for CMD; then kill the watcher, and whatever CMD left behind in its group (TERM, and
 #    KILL 1 s later); exit with CMD's status (128+N when a signal N ended it).
 WRAPPER = (
+    'if IFS= read -r s && [ -n "$s" ]; then PS_JOB_SECRET=$s; export PS_JOB_SECRET; fi; '
+    'unset s; '
     'd=$1; shift; '
     'cd "$d" || { echo "ps-launch: cannot cd to $d on $(uname -n)" >&2; exit 126; }; '
     'exec 3<&0; '
@@ -236,6 +244,10 @@ def parse_env_items(items, flag, environ):
             value = environ[key]
         if not ENV_NAME_RE.match(key):
             raise UsageError(f"{flag} {item}: '{key}' is not a valid variable name (want K=V)")
+        if key in SECRET_VARS:
+            raise UsageError(f"{flag} {item}: the job secret is not given on the command line; "
+                             f"set {key} in the launcher's environment, and the launcher hands "
+                             "it to every process over its standard input")
         if key in LAUNCHER_OWNED:
             raise UsageError(f"{flag} {item}: {key} is set by the launcher "
                              "(use -n/-s for the counts; the hostfile for the hosts)")
@@ -244,6 +256,27 @@ def parse_env_items(items, flag, environ):
                              "give it with --env")
         out[key] = value
     return out
+
+
+def job_secret(environ):
+    """PS_JOB_SECRET, else the first line of PS_JOB_SECRET_FILE, else a new random one: only
+    the job's own processes can then join it or talk to its nodes."""
+    secret, path = environ.get("PS_JOB_SECRET"), environ.get("PS_JOB_SECRET_FILE")
+    if secret is not None and path is not None:
+        raise UsageError("both PS_JOB_SECRET and PS_JOB_SECRET_FILE are set: set one of them")
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                secret = f.readline().rstrip("\n")
+        except OSError as e:
+            raise UsageError(f"PS_JOB_SECRET_FILE={path}: {e.strerror}") from None
+        if not secret:
+            raise UsageError(f"PS_JOB_SECRET_FILE={path}: its first line is empty")
+    if secret is None:
+        return secrets.token_hex(16)
+    if not secret or "\n" in secret or len(secret.encode()) > 255:
+        raise UsageError("PS_JOB_SECRET: want one line of 1 to 255 bytes")
+    return secret
 
 
 def build_parser():
@@ -453,6 +486,7 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         raise UsageError(f"DMLC_PS_ROOT_PORT={port}: want a port number 1-65535")
     c.user_root_port = int(port) if port else None
     c.user_root_uri = c.env_all.pop("DMLC_PS_ROOT_URI", None) or environ.get("DMLC_PS_ROOT_URI")
+    c.job_secret = job_secret(environ)
 
     # commands
     c.worker_cmd = command
@@ -613,7 +647,7 @@ class Launch:
     def base_env(self, spec):
         """The environment of the wrapper: all of the launcher's (local) or a forwarded few."""
         if spec.host is None:
-            env = dict(self.c.environ)
+            env = {k: v for k, v in self.c.environ.items() if k not in SECRET_VARS}
         else:
             env = {k: self.c.environ[k] for k in FORWARDED if k in self.c.environ}
         env.update(spec.env)
@@ -646,7 +680,8 @@ class Launch:
         env = self.base_env(spec)
         assigns = [f"{k}={v}" for k, v in env.items()]
         remote = "exec env " + shlex.join(assigns + wrapped)
-        return self.ssh_base(spec.host) + [spec.host.target, remote], dict(self.c.environ)
+        ssh_env = {k: v for k, v in self.c.environ.items() if k not in SECRET_VARS}
+        return self.ssh_base(spec.host) + [spec.host.target, remote], ssh_env
 
     def rsync_argv(self, host):
         c = self.c
@@ -707,6 +742,11 @@ class Launch:
         argv, env = self.argv_for(spec)
         popen = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
+        try:  # the wrapper's first line of stdin; the pipe stays open for its watcher
+            popen.stdin.write((self.c.job_secret + "\n").encode())
+            popen.stdin.flush()
+        except OSError:
+            pass  # the process is already gone: its exit is reported like any other
         p = Proc(spec, popen)
         self.procs.append(p)
         t = threading.Thread(target=p.read_output, args=(self.events,), daemon=True)

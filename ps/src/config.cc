@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <utility>
 
 #include "ps/error.h"
@@ -58,6 +59,38 @@ bool ReadBool(const SettingLookup& lookup, std::string_view name) {
   if (!raw || raw->empty() || *raw == "0" || *raw == "false") return false;
   if (*raw == "1" || *raw == "true") return true;
   Invalid(name, *raw, "expected 0, 1, true or false");
+}
+
+// PS_JOB_SECRET, or the first line of PS_JOB_SECRET_FILE (a file keeps the secret out of the
+// environment other processes of the same user can read, and out of command lines).
+std::string ReadJobSecret(const SettingLookup& lookup) {
+  const auto secret = lookup("PS_JOB_SECRET");
+  const auto file = lookup("PS_JOB_SECRET_FILE");
+  if (secret && file) {
+    throw Error("both PS_JOB_SECRET and PS_JOB_SECRET_FILE are set: set one of them");
+  }
+  std::string text;
+  if (file) {
+    std::ifstream in(*file);
+    if (!in || !std::getline(in, text)) {
+      throw Error("PS_JOB_SECRET_FILE='" + *file +
+                  "' cannot be read: point it to a readable file whose first line is the job "
+                  "secret");
+    }
+    if (text.empty()) Invalid("PS_JOB_SECRET_FILE", *file, "its first line is empty");
+  } else if (secret) {
+    text = *secret;
+    if (text.empty())
+      Invalid("PS_JOB_SECRET", "", "expected a non-empty secret, or leave it unset");
+  }
+  // ZeroMQ's PLAIN mechanism carries at most 255 bytes of password.
+  constexpr std::size_t kMaxSecretBytes = 255;
+  if (text.size() > kMaxSecretBytes) {
+    throw Error("the job secret (PS_JOB_SECRET or PS_JOB_SECRET_FILE) has " +
+                std::to_string(text.size()) + " bytes, at most " + std::to_string(kMaxSecretBytes) +
+                " are allowed");
+  }
+  return text;
 }
 
 }  // namespace
@@ -118,6 +151,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
       ReadSeconds(lookup, "PS_HEARTBEAT_TIMEOUT", 0.1, config.heartbeat_timeout);
   config.register_timeout =
       ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
+  config.job_secret = ReadJobSecret(lookup);
   config.big_array_bound = static_cast<std::size_t>(
       ReadInt(lookup, "MXNET_KVSTORE_BIGARRAY_BOUND", 1, 2147483647, 1000000));
   if (config.heartbeat_interval.count() > 0 &&

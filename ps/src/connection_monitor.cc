@@ -4,7 +4,6 @@
 #include <glog/logging.h>
 #include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_received (glibc's lacks it)
 #include <netinet/in.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -110,12 +109,7 @@ ino_t SocketInode(int fd) {
 
 ConnectionMonitor::ConnectionMonitor(zmq::context_t& context, int verbose,
                                      const ConnectionLimits& limits)
-    : context_(context), verbose_(verbose), limits_(limits) {
-  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (wake_fd_ < 0) {
-    throw Error(std::string("cannot create the connection monitor's eventfd: ") +
-                std::strerror(errno) + " (raise the descriptor limit, ulimit -n)");
-  }
+    : context_(context), verbose_(verbose), limits_(limits), wake_("the connection monitor") {
   thread_ = std::jthread([this](std::stop_token stop) { RunOnMonitorThread(stop); });
 }
 
@@ -123,7 +117,6 @@ ConnectionMonitor::~ConnectionMonitor() {
   thread_.request_stop();
   Wake();
   if (thread_.joinable()) thread_.join();
-  close(wake_fd_);
   // The PAIR sockets close with the members, before the context (the owner's) ends.
 }
 
@@ -201,11 +194,7 @@ void ConnectionMonitor::SetPeerWatcher(PeerWatcher watcher) {
   watching_peers_ = set;
 }
 
-void ConnectionMonitor::Wake() {
-  const std::uint64_t one = 1;
-  // Fails only when the counter is saturated, which wakes the thread just as well.
-  [[maybe_unused]] const auto written = write(wake_fd_, &one, sizeof(one));
-}
+void ConnectionMonitor::Wake() { wake_.Wake(); }
 
 void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
   std::vector<zmq_pollitem_t> items;
@@ -216,7 +205,7 @@ void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
     AdoptChangesOnMonitorThread();
     items.clear();
     polled.clear();
-    items.push_back(zmq_pollitem_t{nullptr, wake_fd_, ZMQ_POLLIN, 0});
+    items.push_back(zmq_pollitem_t{nullptr, wake_.fd(), ZMQ_POLLIN, 0});
     if (receiver_events_) {
       items.push_back(zmq_pollitem_t{receiver_events_.handle(), 0, ZMQ_POLLIN, 0});
     }
@@ -234,10 +223,7 @@ void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
       }
       continue;
     }
-    if (items[0].revents & ZMQ_POLLIN) {
-      std::uint64_t count = 0;
-      [[maybe_unused]] const auto read_bytes = read(wake_fd_, &count, sizeof(count));
-    }
+    if (items[0].revents & ZMQ_POLLIN) wake_.Drain();
     if (receiver_events_ && (items[1].revents & ZMQ_POLLIN)) {
       for (int n = 0; n < kMaxEventsPerPass && ReadEventOnMonitorThread(receiver_events_, event);
            ++n) {

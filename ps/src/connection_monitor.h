@@ -48,6 +48,8 @@
 
 #include <zmq.hpp>
 
+#include "wake_fd.h"
+
 namespace ps {
 
 struct ConnectionLimits {
@@ -138,7 +140,7 @@ class ConnectionMonitor {
   const ConnectionLimits limits_;
   std::atomic<std::uint64_t> next_endpoint_{0};  // numbers the inproc monitor endpoints
   std::atomic<std::uint64_t> dropped_{0};
-  int wake_fd_ = -1;  // an eventfd: wakes the monitor thread for changes and for stopping
+  WakeFd wake_;  // wakes the monitor thread for changes and for stopping
 
   std::mutex mu_;                                 // guards the hand-over below
   std::vector<zmq::socket_t> new_receiver_;       // GUARDED_BY(mu_): at most one

@@ -78,7 +78,9 @@ void Runtime::Register() {
   scheduler_ip_ = ResolveWaiting(config_.root_uri, "DMLC_PS_ROOT_URI", deadline);
   self_.role = config_.role;
   self_.host = AdvertisedHost(config_, scheduler_ip_, deadline);
-  transport_ = std::make_unique<ZmqTransport>(TransportOptionsFor(config_, config_.role));
+  const TransportOptions options = TransportOptionsFor(config_, config_.role);
+  self_.connection_key = options.connection_key;
+  transport_ = std::make_unique<ZmqTransport>(options);
   // Listen on the advertised address when it is ours; behind NAT (a name or a foreign
   // address) listen everywhere.
   const bool local = net::IsLocalAddress(self_.host);
@@ -110,7 +112,7 @@ void Runtime::Register() {
   }
 
   std::unique_lock lock(mu_);
-  const auto answered = [this] { return registered_ || !register_error_.empty(); };
+  const auto answered = [this] { return registered_ || !register_error_.empty() || terminated_; };
   bool done = false;
   while (!(done = changed_.wait_until(
                lock, std::min(deadline, SteadyClock::now() + kWaitReportEvery), answered)) &&
@@ -128,6 +130,11 @@ void Runtime::Register() {
     lock.lock();
   }
   if (!register_error_.empty()) throw Error(register_error_);
+  if (terminated_ && !registered_) {
+    throw Error("the scheduler at " + config_.SchedulerAddress() +
+                " ended the job before it started" +
+                (failure_.empty() ? std::string() : ": " + failure_));
+  }
   if (!done) {
     if (acknowledged_) {
       throw Error("the scheduler at " + config_.SchedulerAddress() + " accepted this " +
@@ -174,8 +181,9 @@ std::string Runtime::SchedulerProbe() const {
   const std::string probe =
       net::ProbeTcp(scheduler_ip_, config_.root_port, std::chrono::milliseconds(1000));
   if (probe.empty()) {
-    return "the port accepts connections but no registration reply came (is it a "
-           "ps-scheduler's port? DMLC_PS_ROOT_PORT)";
+    return "the port accepts connections but no registration reply came: is it a "
+           "ps-scheduler's port (DMLC_PS_ROOT_PORT), and was this node given the job's "
+           "PS_JOB_SECRET (the scheduler logs each connection it refuses for want of it)?";
   }
   if (probe == "connection refused") {
     return "connection refused, nothing listens on port " + std::to_string(config_.root_port) +
@@ -217,14 +225,23 @@ void Runtime::OnMessage(Message&& msg) {
       held_until_registered_.push_back(std::move(msg));
       return;
     }
-    // Until the table arrives only the scheduler may speak; after, only known nodes, to us.
-    const bool known = from_scheduler || (registered_ && meta.sender > 0 &&
-                                          static_cast<std::size_t>(meta.sender) < nodes_.size() &&
-                                          meta.recipient == self_.id);
+    // Until the table arrives only the scheduler may speak, with a register reply or a
+    // terminate that echoes this node's connection key (nobody else knows it); after, only
+    // known nodes, to us, each on the connection that authenticated with its key.
+    const bool early_from_scheduler =
+        from_scheduler && meta.body == self_.connection_key &&
+        (meta.control == Control::kRegisterReply || meta.control == Control::kTerminate);
+    const bool known = registered_ ? meta.sender >= 0 &&
+                                         static_cast<std::size_t>(meta.sender) < nodes_.size() &&
+                                         (from_scheduler || meta.recipient == self_.id) &&
+                                         msg.connection_key == nodes_[meta.sender].connection_key
+                                   : early_from_scheduler;
     if (!known) {
       if (const auto count = ++dropped_; LogOccurrence(count)) {
-        PS_LOG(WARNING) << "dropped a message (#" << count << ") from unknown node " << meta.sender
-                        << " to " << meta.recipient << ": " << msg.DebugString();
+        PS_LOG(WARNING) << "dropped a message (#" << count << ") from node " << meta.sender
+                        << " to " << meta.recipient
+                        << " that is not known, or did not come on that node's own connection: "
+                        << msg.DebugString();
       }
       return;
     }
@@ -547,6 +564,8 @@ bool Runtime::terminated() const {
 std::string Runtime::EndpointOf(int node_id) const { return transport_->EndpointOf(node_id); }
 
 bool Runtime::SameHost(int node_id) const { return EndpointOf(node_id).starts_with("ipc://"); }
+
+std::size_t Runtime::refused_connections() const { return transport_->refused_connections(); }
 
 std::size_t Runtime::dropped_messages() const {
   return transport_->dropped_messages() + dropped_.load();

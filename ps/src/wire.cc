@@ -54,6 +54,7 @@ const std::string& HeaderEncoder::Encode(const Meta& meta, const std::vector<Blo
     info->set_rank(node.rank);
     info->set_host_id(node.host_id);
     info->set_ipc_endpoint(node.ipc_endpoint);
+    info->set_connection_key(node.connection_key);
   }
   header.SerializeToString(&out_);
   return out_;
@@ -105,7 +106,8 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
     decoded.data.push_back(DataDesc{dtype, desc.count()});
   }
   for (const auto& node : header.nodes()) {
-    if (!ValidName(node.host()) || !ValidName(node.host_id()) || !ValidName(node.ipc_endpoint())) {
+    if (!ValidName(node.host()) || !ValidName(node.host_id()) || !ValidName(node.ipc_endpoint()) ||
+        !ValidName(node.connection_key())) {
       return "node entry with a malformed host name, host id or ipc endpoint";
     }
     if (!ValidRole(node.role()) || node.port() < 0 || node.port() > 65535 || node.id() < kNoNode ||
@@ -117,7 +119,7 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
     }
     decoded.meta.nodes.push_back(NodeInfo{node.id(), static_cast<Role>(node.role()), node.host(),
                                           node.port(), node.rank(), node.host_id(),
-                                          node.ipc_endpoint()});
+                                          node.ipc_endpoint(), node.connection_key()});
   }
   Meta& meta = decoded.meta;
   meta.sender = header.sender();

@@ -149,6 +149,8 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
       kHeaderBaseBytes + kHeaderBytesPerNode * static_cast<std::uint64_t>(options.job_nodes);
   options.max_header_bytes = static_cast<std::size_t>(header);
   options.linger_ms = role == Role::kScheduler ? kSchedulerLingerMs : kNodeLingerMs;
+  options.job_secret = config.job_secret;
+  options.connection_key = NewConnectionKey();
   if (role == Role::kScheduler) {
     options.max_frame_bytes = kSchedulerMaxFrameBytes;
     options.receive_hwm = kSchedulerReceiveHwm;
@@ -170,6 +172,7 @@ ZmqTransport::ZmqTransport(const TransportOptions& options)
                          ? ((std::uint64_t{1} << options.io_threads) - 1) & ~std::uint64_t{1}
                          : 0),
       context_(options.io_threads),
+      authenticator_(context_, options.job_secret, options.verbose),
       monitor_(context_, options.verbose, LimitsFor(options)) {}
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
@@ -186,6 +189,10 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   receiver_.set(zmq::sockopt::affinity, receive_affinity_);
   receiver_.set(zmq::sockopt::handshake_ivl, static_cast<int>(monitor_.limits().handshake.count()));
   receiver_.set(zmq::sockopt::backlog, kListenBacklog);
+  // Every connection authenticates (PLAIN, checked by authenticator_) and its messages carry
+  // the sender's connection key.
+  receiver_.set(zmq::sockopt::plain_server, 1);
+  receiver_.set(zmq::sockopt::zap_domain, "ps");
   monitor_.WatchReceiver(receiver_);  // before the first connection can arrive
   const std::string endpoint =
       "tcp://" + ip + ":" + (port == 0 ? std::string("*") : std::to_string(port));
@@ -243,6 +250,9 @@ void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   peer->socket.set(zmq::sockopt::linger, options_.linger_ms);
   peer->socket.set(zmq::sockopt::sndhwm, 0);
   peer->socket.set(zmq::sockopt::affinity, send_affinity_);
+  peer->socket.set(zmq::sockopt::plain_username, options_.connection_key);
+  peer->socket.set(zmq::sockopt::plain_password,
+                   options_.job_secret.empty() ? std::string(kNoJobSecret) : options_.job_secret);
   peer->endpoint = endpoint;
   peer->watch = monitor_.WatchPeer(node_id, peer->socket);  // 0 without a watcher
   try {
@@ -362,6 +372,9 @@ bool ZmqTransport::Recv(Message& msg) {
       continue;
     }
     msg.meta = std::move(decoded_.meta);
+    // Set by the authenticator for this connection; absent only on a socket without one.
+    const char* key = zmq_msg_gets(frames_[0].handle(), "User-Id");
+    msg.connection_key.assign(key != nullptr ? key : "");
     msg.data.clear();
     msg.data.reserve(frames_.size() - 1);
     for (std::size_t i = 1; i < frames_.size(); ++i) {

@@ -25,6 +25,7 @@
 
 #include "block_pool.h"
 #include "connection_monitor.h"
+#include "job_authenticator.h"
 #include "ps/config.h"
 #include "ps/message.h"
 #include "wire.h"
@@ -47,6 +48,10 @@ struct TransportOptions {
   int job_nodes = 1;
   // ZMQ_LINGER of the send sockets: how long closing one may wait to flush what is queued.
   int linger_ms = 2000;
+  // PS_JOB_SECRET: the password every connection must give ("" : the job has none); and this
+  // node's connection key, the user name its send sockets give (job_authenticator.h).
+  std::string job_secret;
+  std::string connection_key;
 };
 
 // The options of a `role` node of `config`'s job. The scheduler receives small control
@@ -114,6 +119,8 @@ class ZmqTransport {
   std::uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   // Accepted connections closed to keep within the connection caps.
   std::uint64_t dropped_connections() const { return monitor_.dropped_connections(); }
+  // Connections turned away for a wrong or missing PS_JOB_SECRET.
+  std::uint64_t refused_connections() const { return authenticator_.refused(); }
   const ConnectionLimits& connection_limits() const { return monitor_.limits(); }
 
  private:
@@ -133,8 +140,10 @@ class ZmqTransport {
   const std::uint64_t receive_affinity_;
   const std::uint64_t send_affinity_;
   zmq::context_t context_;
-  ConnectionMonitor monitor_;  // after the context: its sockets close before the context ends
-  zmq::socket_t receiver_;     // receive thread only, after Bind()
+  // After the context, so that their sockets close before the context ends.
+  JobAuthenticator authenticator_;
+  ConnectionMonitor monitor_;
+  zmq::socket_t receiver_;  // receive thread only, after Bind()
   // Receive thread only: reused for every message, so receiving allocates nothing once warm.
   std::vector<zmq::message_t> frames_;
   std::vector<std::size_t> frame_sizes_;

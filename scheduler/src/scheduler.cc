@@ -40,7 +40,8 @@ int RoleBit(Role role) {
 Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Clock::now()) {
   const std::string ip =
       config.use_kubernetes ? "0.0.0.0" : net::ResolveIPv4(config.root_uri, "DMLC_PS_ROOT_URI");
-  transport_ = std::make_unique<ZmqTransport>(TransportOptionsFor(config, Role::kScheduler));
+  const TransportOptions options = TransportOptionsFor(config, Role::kScheduler);
+  transport_ = std::make_unique<ZmqTransport>(options);
   try {
     port_ = transport_->Bind(ip, config.root_port);
   } catch (const Error& e) {
@@ -56,6 +57,7 @@ Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Cl
   self.host = config.root_uri;
   self.port = port_;
   self.rank = 0;
+  self.connection_key = options.connection_key;
   nodes_.push_back(self);
   last_seen_.push_back(started_);
   requested_rank_.push_back(0);
@@ -123,15 +125,26 @@ void Scheduler::OnMessage(Message&& msg) {
   if (finished_) return;
   const Meta& meta = msg.meta;
   if (meta.control == Control::kRegister) {
-    OnRegister(std::move(msg));
+    // The connection key a node registers with must be the one its connection gave: the
+    // others will accept its messages only from connections with that key.
+    if (meta.nodes.size() == 1 && !msg.connection_key.empty() &&
+        meta.nodes[0].connection_key == msg.connection_key) {
+      OnRegister(std::move(msg));
+    } else if (LogOccurrence(++dropped_)) {
+      LOG(WARNING) << "dropped a register message (#" << dropped_
+                   << ") whose connection key is not its connection's: " << msg.DebugString();
+    }
     return;
   }
   const bool known = complete_ && meta.sender > 0 &&
                      static_cast<std::size_t>(meta.sender) < nodes_.size() &&
                      meta.recipient == kSchedulerId;
-  if (!known) {
+  // A message counts as the node's only when it came on that node's own connection.
+  if (!known || msg.connection_key != nodes_[meta.sender].connection_key) {
     if (LogOccurrence(++dropped_)) {
-      LOG(WARNING) << "dropped a message (#" << dropped_ << ") from unregistered node "
+      LOG(WARNING) << "dropped a message (#" << dropped_ << ") "
+                   << (known ? "that did not come from the connection of node "
+                             : "from unregistered node ")
                    << meta.sender << ": " << msg.DebugString();
     }
     return;
@@ -284,6 +297,7 @@ void Scheduler::Refuse(const NodeInfo& node, const std::string& why) {
   reply.meta.control = Control::kRegisterReply;
   reply.meta.recipient = socket_id;
   reply.meta.error = why;
+  reply.meta.body = node.connection_key;  // how the node knows the reply is ours
   Send(std::move(reply));
   transport_->Disconnect(socket_id);  // still flushes the reply
 }
@@ -298,6 +312,7 @@ void Scheduler::FailRegistration(const std::string& why) {
     reply.meta.control = Control::kRegisterReply;
     reply.meta.recipient = static_cast<int>(id);
     reply.meta.error = why;
+    reply.meta.body = nodes_[id].connection_key;
     Send(std::move(reply));
     ++told_of_failure_;
   }
@@ -371,6 +386,7 @@ void Scheduler::OnRegister(Message&& msg) {
   Message ack;
   ack.meta.control = Control::kRegisterReply;
   ack.meta.recipient = node.id;
+  ack.meta.body = node.connection_key;
   Send(std::move(ack));
   if (config_.verbose >= 1) {
     LOG(INFO) << RoleName(node.role) << " at " << node.host << ":" << node.port << " registered ("
@@ -406,6 +422,7 @@ void Scheduler::CompleteRegistration() {
     table.meta.control = Control::kRegisterReply;
     table.meta.recipient = static_cast<int>(id);
     table.meta.nodes = nodes_;
+    table.meta.body = nodes_[id].connection_key;
     Send(std::move(table));
   }
   LOG(INFO) << "all " << config_.num_servers << " server(s) and " << config_.num_workers
@@ -627,6 +644,8 @@ void Scheduler::Finish(int status, const std::string& why) {
     terminate.meta.control = Control::kTerminate;
     terminate.meta.recipient = static_cast<int>(id);
     terminate.meta.error = why;
+    // A node still waiting for the table knows the scheduler by its echoed key (Runtime).
+    terminate.meta.body = nodes_[id].connection_key;
     Send(std::move(terminate));
   }
   finished_ = true;

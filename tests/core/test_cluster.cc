@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include "child_process.h"
+#include "job_authenticator.h"
 #include "ps.pb.h"
 #include "ps/error.h"
 #include "ps/runtime.h"
@@ -78,6 +79,18 @@ class NodeThreads {
 };
 
 std::string ServeUntilTerminated(ps::Runtime& runtime, int) { return runtime.WaitForTermination(); }
+
+// A socket of a process outside the job that speaks ZeroMQ's PLAIN mechanism as nodes do,
+// with connection key `key` and password `secret` (a job without a secret takes any process
+// that knows the convention: the point is what it can do then).
+zmq::socket_t OutsiderSocket(zmq::context_t& context, const std::string& key = "outsider",
+                             const std::string& secret = ps::kNoJobSecret) {
+  zmq::socket_t socket(context, zmq::socket_type::push);
+  socket.set(zmq::sockopt::linger, 1000);
+  socket.set(zmq::sockopt::plain_username, key);
+  socket.set(zmq::sockopt::plain_password, secret);
+  return socket;
+}
 
 }  // namespace
 
@@ -269,8 +282,7 @@ TEST_CASE(
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(target_port.load());
   {
     zmq::context_t context;
-    zmq::socket_t attacker(context, zmq::socket_type::push);
-    attacker.set(zmq::sockopt::linger, 1000);
+    zmq::socket_t attacker = OutsiderSocket(context);
     attacker.connect(endpoint);
     // 1. plain garbage
     attacker.send(zmq::str_buffer("\xde\xad\xbe\xef not a header"));
@@ -321,8 +333,7 @@ TEST_CASE("cluster: bogus registrations are refused or dropped and the job still
   ps::Scheduler scheduler(SchedulerConfig(1, 1));
   {
     zmq::context_t context;
-    zmq::socket_t attacker(context, zmq::socket_type::push);
-    attacker.set(zmq::sockopt::linger, 1000);
+    zmq::socket_t attacker = OutsiderSocket(context, "bogus");
     attacker.connect("tcp://127.0.0.1:" + std::to_string(scheduler.port()));
     const auto send_register = [&](std::vector<ps::NodeInfo> nodes) {
       ps::Meta meta;
@@ -333,7 +344,7 @@ TEST_CASE("cluster: bogus registrations are refused or dropped and the job still
       attacker.send(zmq::buffer(ps::wire::EncodeHeader(meta, {})));
     };
     const auto node = [](ps::Role role, std::string host, int port) {
-      return ps::NodeInfo{ps::kNoNode, role, std::move(host), port, -1, "", ""};
+      return ps::NodeInfo{ps::kNoNode, role, std::move(host), port, -1, "", "", "bogus"};
     };
     send_register({});  // no entry
     send_register({node(ps::Role::kWorker, "127.0.0.1", 1),
@@ -511,4 +522,102 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
                             Catch::Contains("PS_CHUNK_BYTES=" + std::to_string(4 << 20)) &&
                             Catch::Contains("servers and workers must slice keys alike"));
   }
+}
+
+// A job of one server and one worker, attacked while it runs: the worker waits until the
+// attack is over, then runs barriers and finishes; the job must end cleanly.
+class JobUnderAttack {
+ public:
+  explicit JobUnderAttack(ps::Scheduler& scheduler)
+      : scheduler_(scheduler),
+        server_(scheduler.NodeConfig(ps::Role::kServer), 1,
+                [this](ps::Runtime& runtime, int) {
+                  server_runtime_ = &runtime;
+                  return runtime.WaitForTermination();
+                }),
+        worker_(scheduler.NodeConfig(ps::Role::kWorker), 1,
+                [this](ps::Runtime& runtime, int) -> std::string {
+                  if (!Eventually([&] { return attack_over_.load(); }, 30s)) return "no attack";
+                  for (int b = 0; b < 3; ++b) runtime.Barrier(ps::kWorkerGroup);
+                  runtime.FinishWorker();
+                  return "";
+                }) {}
+
+  // The server's runtime, once it runs (the attack's target).
+  ps::Runtime& Target() {
+    REQUIRE(Eventually([&] { return server_runtime_.load() != nullptr; }));
+    return *server_runtime_.load();
+  }
+  // Sends `meta` to the target from an outsider's connection (key, secret).
+  void SendToTarget(const ps::Meta& meta, const std::string& key, const std::string& secret) {
+    ps::Runtime& target = Target();
+    zmq::context_t context;
+    zmq::socket_t outsider = OutsiderSocket(context, key, secret);
+    outsider.connect("tcp://127.0.0.1:" + std::to_string(target.nodes()[target.id()].port));
+    outsider.send(zmq::buffer(ps::wire::EncodeHeader(meta, {})), zmq::send_flags::dontwait);
+  }
+  void CheckEndsCleanly() {
+    attack_over_ = true;
+    CHECK(scheduler_.Run() == 0);
+    CHECK(worker_.Join()[0] == "");
+    CHECK(server_.Join()[0] == "");
+  }
+
+ private:
+  ps::Scheduler& scheduler_;
+  std::atomic<ps::Runtime*> server_runtime_{nullptr};
+  std::atomic<bool> attack_over_{false};
+  NodeThreads server_;  // after the atomics its threads use
+  NodeThreads worker_;
+};
+
+// "terminate" from the scheduler, to the target: it would end the server in mid-job.
+ps::Meta ForgedTerminate(const ps::Runtime& target) {
+  ps::Meta meta;
+  meta.sender = ps::kSchedulerId;
+  meta.recipient = target.id();
+  meta.control = ps::Control::kTerminate;
+  return meta;
+}
+
+TEST_CASE("cluster: a message forged as the scheduler's is dropped, secret or not",
+          "[cluster][fault][security]") {
+  for (const std::string secret : {"", "the-secret-of-this-job"}) {
+    INFO("PS_JOB_SECRET='" << secret << "'");
+    ps::ClusterConfig config = SchedulerConfig(1, 1);
+    config.job_secret = secret;
+    ps::Scheduler scheduler(config);
+    JobUnderAttack job(scheduler);
+    ps::Runtime& target = job.Target();
+    const auto dropped_before = target.dropped_messages();
+    // Even with the job's secret, a connection that did not authenticate as the scheduler
+    // cannot speak for it.
+    job.SendToTarget(ForgedTerminate(target), "forger", secret.empty() ? ps::kNoJobSecret : secret);
+    CHECK(Eventually([&] { return target.dropped_messages() > dropped_before; }));
+    job.CheckEndsCleanly();
+  }
+}
+
+TEST_CASE("cluster: with PS_JOB_SECRET a node with a wrong or no secret cannot join, read or write",
+          "[cluster][fault][security]") {
+  ps::ClusterConfig config = SchedulerConfig(1, 1);
+  config.job_secret = "the-secret-of-this-job";
+  ps::Scheduler scheduler(config);
+  for (const std::string wrong : {"", "a-wrong-secret"}) {
+    INFO("intruder's secret: '" << wrong << "'");
+    ps::ClusterConfig intruder = scheduler.NodeConfig(ps::Role::kWorker);
+    intruder.job_secret = wrong;
+    intruder.register_timeout = 2s;
+    CHECK_THROWS_WITH(ps::Runtime::Start(intruder), Catch::Contains("cannot reach the scheduler") &&
+                                                        Catch::Contains("PS_JOB_SECRET"));
+  }
+  JobUnderAttack job(scheduler);
+  ps::Runtime& target = job.Target();
+  // A process without the secret cannot complete a connection to a node: its message does
+  // not even reach the node to be dropped there.
+  const auto dropped_before = target.dropped_messages();
+  job.SendToTarget(ForgedTerminate(target), "intruder", "a-wrong-secret");
+  CHECK(Eventually([&] { return target.refused_connections() >= 1; }));
+  CHECK(target.dropped_messages() == dropped_before);
+  job.CheckEndsCleanly();
 }

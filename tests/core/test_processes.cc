@@ -12,6 +12,7 @@
 #include <zmq.hpp>
 
 #include "child_process.h"
+#include "job_authenticator.h"
 
 namespace {
 
@@ -281,6 +282,9 @@ TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the 
     zmq::context_t context;
     zmq::socket_t attacker(context, zmq::socket_type::push);
     attacker.set(zmq::sockopt::linger, 1000);
+    // A job without PS_JOB_SECRET admits whoever speaks PLAIN with the no-secret password.
+    attacker.set(zmq::sockopt::plain_username, "outsider");
+    attacker.set(zmq::sockopt::plain_password, ps::kNoJobSecret);
     attacker.connect("tcp://127.0.0.1:" + std::to_string(port));
     for (int i = 0; i < 50; ++i) attacker.send(zmq::str_buffer("\x01\x02garbage"));
   }

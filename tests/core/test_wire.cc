@@ -19,10 +19,10 @@ ps::Meta FullMeta() {
   meta.timestamp = 0x1234567890ULL;
   meta.head = 42;
   meta.body = std::string("body\0bytes", 10);
-  meta.nodes = {
-      {0, ps::Role::kScheduler, "sched.example", 9000, 0, "", ""},
-      {1, ps::Role::kServer, "10.0.0.2", 4001, 0, "", ""},
-      {2, ps::Role::kWorker, "10.0.0.3", 4002, 1, "boot/4026531992", "ipc://@ps-12-4002"}};
+  meta.nodes = {{0, ps::Role::kScheduler, "sched.example", 9000, 0, "", "", "0123456789abcdef"},
+                {1, ps::Role::kServer, "10.0.0.2", 4001, 0, "", "", ""},
+                {2, ps::Role::kWorker, "10.0.0.3", 4002, 1, "boot/4026531992", "ipc://@ps-12-4002",
+                 "fedcba9876543210"}};
   meta.barrier_group = ps::kWorkerGroup | ps::kServerGroup;
   meta.error = "something failed";
   meta.priority = -5;

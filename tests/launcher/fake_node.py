@@ -36,6 +36,15 @@ def start_time(pid):
         return int(f.read().rsplit(")", 1)[1].split()[19])
 
 
+def parent_cmdline():
+    """The command line of the process that started this one (the launcher's wrapper)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def record(role, rank, extra=None):
     d = os.environ.get("FAKE_RECORD_DIR")
     if not d:
@@ -44,6 +53,7 @@ def record(role, rank, extra=None):
         "pid": os.getpid(), "start": start_time(os.getpid()), "ppid": os.getppid(),
         "pgid": os.getpgid(0), "sid": os.getsid(0),
         "role": role, "rank": rank, "cwd": os.getcwd(), "argv": sys.argv,
+        "parent_cmdline": parent_cmdline(),
         "env": {k: v for k, v in os.environ.items()
                 if k.startswith(("DMLC_", "PS_", "T_")) or k == "FAKE_RECORD_DIR"},
     }

@@ -115,7 +115,9 @@ class EnvItems(unittest.TestCase):
                 (["DMLC_ROLE=server"], "--env", "set by the launcher"),
                 (["DMLC_NUM_WORKER=3"], "--env-worker", "set by the launcher"),
                 (["DMLC_NODE_HOST=h"], "--env", "set by the launcher"),
-                (["DMLC_PS_ROOT_PORT=9000"], "--env-server", "give it with --env")]:
+                (["DMLC_PS_ROOT_PORT=9000"], "--env-server", "give it with --env"),
+                (["PS_JOB_SECRET=s"], "--env", "not given on the command line"),
+                (["PS_JOB_SECRET_FILE=/f"], "--env-worker", "over its standard input")]:
             with self.subTest(items=items, flag=flag):
                 with self.assertRaises(launch.UsageError) as cm:
                     self.parse(items, flag)
@@ -128,6 +130,24 @@ class Args(LauncherTest):
         env = {"PATH": "/nonexistent", "PS_BIN_DIR": self.fake_bin_dir()}
         env.update(environ)
         return launch.parse_args(argv, environ=env, cwd=self.tmp, launcher_dir="/nonexistent/t")
+
+    def test_job_secret(self):
+        first, second = self.parse(["-n", "1", "prog"]), self.parse(["-n", "1", "prog"])
+        self.assertRegex(first.job_secret, r"^[0-9a-f]{32}$")
+        self.assertNotEqual(first.job_secret, second.job_secret)  # one per job
+        self.assertEqual(self.parse(["-n", "1", "prog"], PS_JOB_SECRET="mine").job_secret, "mine")
+        path = os.path.join(self.tmp, "secret")
+        with open(path, "w") as f:
+            f.write("from a file\nsecond line\n")
+        self.assertEqual(self.parse(["-n", "1", "prog"], PS_JOB_SECRET_FILE=path).job_secret,
+                         "from a file")
+        for environ, want in [({"PS_JOB_SECRET": "a", "PS_JOB_SECRET_FILE": path}, "set one"),
+                              ({"PS_JOB_SECRET_FILE": path + ".missing"}, "No such file"),
+                              ({"PS_JOB_SECRET": ""}, "1 to 255 bytes")]:
+            with self.subTest(environ=environ):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(["-n", "1", "prog"], **environ)
+                self.assertIn(want, str(cm.exception))
 
     def test_defaults_follow_mxnet(self):
         c = self.parse(["-n", "3", "prog", "--flag"])
@@ -370,7 +390,7 @@ class RemoteCommand(LauncherTest):
                         "--env", "T_ODD=" + " ".join(self.ODD), "--env-worker", "T_W=it's"]
                        + [PY, "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], "
                                     "{k: v for k, v in os.environ.items() "
-                                    "if k.startswith(('T_', 'DMLC_'))}]))"]
+                                    "if k.startswith(('T_', 'DMLC_', 'PS_JOB'))}]))"]
                        + self.ODD)
         la = launch.Launch(c)
         spec, = la.make_specs("10.0.0.1", 9999)
@@ -384,6 +404,8 @@ class RemoteCommand(LauncherTest):
         timer = threading.Timer(30, proc.kill)  # bounded, whatever happens
         timer.start()
         try:
+            proc.stdin.write(c.job_secret + "\n")  # as Launch.start does, through ssh
+            proc.stdin.flush()
             stdout = proc.stdout.read()
             self.assertEqual(proc.wait(timeout=30), 0, stdout)
         finally:
@@ -402,6 +424,8 @@ class RemoteCommand(LauncherTest):
         self.assertEqual(env["DMLC_NODE_HOST"], "h1")
         self.assertEqual(env["DMLC_PS_ROOT_URI"], "10.0.0.1")
         self.assertEqual(env["DMLC_PS_ROOT_PORT"], "9999")
+        self.assertEqual(env["PS_JOB_SECRET"], c.job_secret)
+        self.assertNotIn(c.job_secret, " ".join(argv))
 
     parse = Args.parse
 

@@ -104,6 +104,16 @@ class LocalJob(LauncherTest):
             self.assertEqual(env.get("T_SERVER_ONLY"), "mxnet-form" if role == "server" else None)
             self.assertEqual(env["DMLC_INTERFACE"], "lo")
 
+    def test_job_secret_reaches_every_process_but_no_command_line(self):
+        r = self.run_launcher(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
+                              + self.fake_cmd(), env=self.env(PS_JOB_SECRET="s3cret value"))
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(len(self.records()), 4)
+        for rec in self.records():
+            self.assertEqual(rec["env"].get("PS_JOB_SECRET"), "s3cret value")
+            self.assertNotIn("s3cret", " ".join(rec["argv"]) + rec["parent_cmdline"])
+            self.assertIn("ps-launch", rec["parent_cmdline"])  # the wrapper was looked at
+
     def test_quiet_shows_only_workers(self):
         r = self.run_launcher(["-q", "-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
                               + self.fake_cmd("--lines", "2"))

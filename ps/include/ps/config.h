@@ -53,6 +53,10 @@ struct ClusterConfig {
   // previous wait was that short (0: never polls). Sleeping and being woken costs tens of
   // microseconds; a small push round-trips in about as long.
   std::chrono::microseconds wait_spin{200};
+  // PS_JOB_SECRET, or the first line of the file PS_JOB_SECRET_FILE: the password every
+  // connection of the job must give. A process without it cannot register, nor read or write
+  // any node ("": the job has none, and any process that reaches a port may join).
+  std::string job_secret;
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those

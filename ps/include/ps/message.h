@@ -47,6 +47,9 @@ struct NodeInfo {
   int rank = -1;
   std::string host_id;       // same value: same kernel and network namespace
   std::string ipc_endpoint;  // "" when the node does not listen on ipc
+  // The user name this node's connections authenticate with: a message that names this node
+  // as its sender is accepted only from a connection that gave this key.
+  std::string connection_key;
 
   std::string Describe() const;  // "worker 1 (node 5 at 127.0.0.1:4321)"
   friend bool operator==(const NodeInfo&, const NodeInfo&) = default;
@@ -112,6 +115,9 @@ struct Meta {
 struct Message {
   Meta meta;
   std::vector<Blob> data;
+  // Receive side only, not on the wire: the connection key the connection this message came
+  // on authenticated with (NodeInfo::connection_key of its true sender).
+  std::string connection_key;
 
   std::string DebugString() const;  // one line, for PS_VERBOSE=2 and errors
 };

@@ -1,0 +1,129 @@
+#include "job_authenticator.h"
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "glog_or_stderr.h"
+#include "ps/error.h"
+#include "text.h"
+
+namespace ps {
+namespace {
+
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+
+// Compares in time independent of where the texts differ: a peer must not learn the secret
+// a byte at a time from how fast it is refused.
+bool SameText(const std::string& a, const std::string& b) {
+  unsigned char difference = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    difference |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return difference == 0;
+}
+
+}  // namespace
+
+std::string NewConnectionKey() {
+  std::random_device device;  // the kernel's random source
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string key;
+  for (int word = 0; word < 4; ++word) {
+    std::uint32_t bits = device();
+    for (int digit = 0; digit < 8; ++digit, bits >>= 4) key += kHex[bits & 0xF];
+  }
+  return key;
+}
+
+JobAuthenticator::JobAuthenticator(zmq::context_t& context, const std::string& secret, int verbose)
+    : password_(secret.empty() ? kNoJobSecret : secret),
+      verbose_(verbose),
+      wake_("the connection authenticator") {
+  try {
+    socket_ = zmq::socket_t(context, zmq::socket_type::rep);
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind(kZapEndpoint);
+  } catch (const zmq::error_t& e) {
+    throw Error(std::string("cannot start the connection authenticator: ") + e.what());
+  }
+  thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
+}
+
+JobAuthenticator::~JobAuthenticator() {
+  thread_.request_stop();
+  wake_.Wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+void JobAuthenticator::Run(std::stop_token stop) {
+  while (!stop.stop_requested()) {
+    std::array<zmq_pollitem_t, 2> items{zmq_pollitem_t{nullptr, wake_.fd(), ZMQ_POLLIN, 0},
+                                        zmq_pollitem_t{socket_.handle(), 0, ZMQ_POLLIN, 0}};
+    if (zmq_poll(items.data(), static_cast<int>(items.size()), -1) < 0) {
+      if (zmq_errno() == ETERM) return;  // the context is ending
+      if (zmq_errno() == EINTR) continue;
+      PS_LOG(WARNING) << "the connection authenticator's poll failed: "
+                      << zmq_strerror(zmq_errno());
+      return;
+    }
+    if ((items[1].revents & ZMQ_POLLIN) != 0) {
+      try {
+        Answer();
+      } catch (const zmq::error_t& e) {
+        if (e.num() == ETERM) return;
+        PS_LOG(WARNING) << "the connection authenticator failed: " << e.what();
+      }
+    }
+  }
+}
+
+void JobAuthenticator::Answer() {
+  // Request: version, request id, domain, address, routing id, mechanism, credentials...
+  std::vector<zmq::message_t> request;
+  do {
+    zmq::message_t frame;
+    if (!socket_.recv(frame)) return;
+    request.push_back(std::move(frame));
+  } while (socket_.get(zmq::sockopt::rcvmore));
+  std::string status = "400";
+  std::string status_text = "wrong or missing PS_JOB_SECRET";
+  std::string user;
+  if (request.size() >= 6) {
+    const std::string mechanism = request[5].to_string();
+    if (mechanism == "PLAIN" && request.size() == 8) {
+      user = request[6].to_string();
+      if (SameText(request[7].to_string(), password_)) {
+        status = "200";
+        status_text = "OK";
+      }
+    } else {
+      status_text = "mechanism " + mechanism + " is not this job's (PLAIN)";
+    }
+  }
+  if (status != "200") {
+    user.clear();
+    if (const auto count = ++refused_; LogOccurrence(count)) {
+      const std::string address = request.size() >= 4 ? request[3].to_string() : "?";
+      PS_LOG(WARNING) << "refused a connection from "
+                      << (address.empty() ? "a local peer" : address) << " (#" << count
+                      << "): " << status_text
+                      << "; every node of a job must be given its PS_JOB_SECRET";
+    }
+  } else if (verbose_ >= 2) {
+    PS_LOG(INFO) << "admitted a connection with key " << user;
+  }
+  // Reply: version, request id, status code, status text, user id, metadata.
+  const std::string version = request.empty() ? "1.0" : request[0].to_string();
+  const std::string request_id = request.size() >= 2 ? request[1].to_string() : "";
+  socket_.send(zmq::buffer(version), zmq::send_flags::sndmore);
+  socket_.send(zmq::buffer(request_id), zmq::send_flags::sndmore);
+  socket_.send(zmq::buffer(status), zmq::send_flags::sndmore);
+  socket_.send(zmq::buffer(status_text), zmq::send_flags::sndmore);
+  socket_.send(zmq::buffer(user), zmq::send_flags::sndmore);
+  socket_.send(zmq::message_t(), zmq::send_flags::none);
+}
+
+}  // namespace ps
