@@ -450,190 +450,166 @@ void DistKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tensor
   Issue(kv::kPushPull, keys, grads, outs, priority);
 }
 
+DistKVStore::DraftsTaken::~DraftsTaken() {
+  for (Draft* draft : taken_) {
+    draft->msg.data.clear();
+    pool_.Give(*draft);
+  }
+}
+
+DistKVStore::Draft& DistKVStore::DraftsTaken::Take() {
+  Draft& draft = pool_.Take();
+  taken_.push_back(&draft);
+  draft.request.slices.clear();  // its frames were cleared when it was given back
+  draft.request.shm.clear();
+  draft.request.pulls.clear();
+  return draft;
+}
+
+void DistKVStore::ReleaseUnsent(Plan& plan, std::size_t from_wave) {
+  for (auto& [server, queue] : plan) {
+    for (std::size_t w = from_wave; w < queue.size(); ++w) {
+      for (ShmSlot* slot : queue[w].slots) slot->Release();
+    }
+  }
+}
+
 void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
                         std::span<const Tensor> sends, std::span<const Tensor> outs, int priority) {
-  const std::string op = kv::CommandName(command);
-  const bool sending = command != kv::kPull;
-  const bool receiving = command == kv::kPull || command == kv::kPushPull;
-
-  // A pushed slice that goes through a shared-memory slot: copied in just before its message
-  // is sent, so the server already works on one message while the next is copied.
-  struct SlotCopy {
-    ShmSlot* slot;
-    const std::byte* source;  // host memory (a GPU tensor is copied while the call is built)
-  };
-  // A pushed slice to encode with gradient compression into its (placeholder) frame.
-  struct Encode {
-    std::size_t frame;
-    SliceCompression* state;
-    const float* grad;  // in the memory of `device`
-    Device device;
-    Key key;
-  };
-  // Per server, the messages being built: each carries at most chunk_bytes of values (a
-  // big key's slices travel separately, so servers and this worker work on one while the
-  // next is in flight), its frames, and where its pulled slices go.
-  struct Outgoing {
-    Outgoing(std::pmr::memory_resource* arena, Draft& taken)
-        : request(taken.request),
-          frames(taken.msg.data),
-          draft(&taken),
-          destinations(arena),
-          copies(arena),
-          slots(arena),
-          encodes(arena) {}
-    kv::Request& request;       // the draft's
-    std::vector<Blob>& frames;  // the draft's message's data
-    Draft* draft;
-    std::pmr::vector<Destination> destinations;
-    std::pmr::vector<SlotCopy> copies;
-    std::pmr::vector<ShmSlot*> slots;  // owned by this message until its reply
-    std::pmr::vector<Encode> encodes;
-    std::size_t bytes = 0;
-  };
+  const Call call{command,
+                  keys,
+                  sends,
+                  outs,
+                  priority,
+                  kv::CommandName(command),
+                  command != kv::kPull,
+                  command == kv::kPull || command == kv::kPushPull};
   // The call's own bookkeeping lives in a buffer on this stack; only calls too big for it
   // (hundreds of keys) reach the heap. What outlives the call (frames, destinations) does not.
   alignas(std::max_align_t) std::byte scratch[kIssueScratchBytes];
   std::pmr::monotonic_buffer_resource arena(scratch, sizeof(scratch));
-  std::pmr::map<int, std::pmr::vector<Outgoing>> per_server(&arena);
-  // The checks "local" runs too (kvstore/checks.h), key by key in the loop below. An Init's
-  // keys were checked by InitImpl on every worker and declared since: they pass as a push.
+  Plan plan(&arena);
+  // The checks "local" runs too (kvstore/checks.h), key by key below. An Init's keys were
+  // checked by InitImpl on every worker and declared since: they pass as a push.
   checks::Operation check(kStore,
                           command == kv::kPull       ? checks::Op::kPull
                           : command == kv::kPushPull ? checks::Op::kPushPull
                                                      : checks::Op::kPush,
                           keys, sends, outs, optimizer_set_ && command != kv::kInit, &arena);
-  if (sending && command != kv::kInit && !sync_ && !optimizer_set_) {
-    throw Error(checks::Where(kStore, op, keys.empty() ? 0 : keys[0]) +
+  if (call.sending && command != kv::kInit && !sync_ && !optimizer_set_) {
+    throw Error(checks::Where(kStore, call.op, keys.empty() ? 0 : keys[0]) +
                 "dist_async applies every push at once, so it needs an optimizer: call "
                 "SetOptimizer before the first Push");
   }
-  // Every draft this call takes goes back to the pool when it returns (or throws), emptied of
-  // the frames that reference the caller's memory.
-  struct DraftsTaken {
-    ObjectPool<Draft>& pool;
-    std::pmr::vector<Draft*> taken;
-    ~DraftsTaken() {
-      for (Draft* draft : taken) {
-        draft->msg.data.clear();
-        pool.Give(*draft);
-      }
-    }
-  } drafts{drafts_, std::pmr::vector<Draft*>(&arena)};
-  const auto new_draft = [&]() -> Draft& {
-    Draft& draft = drafts_.Take();
-    drafts.taken.push_back(&draft);
-    draft.request.slices.clear();  // its frames were cleared when it was given back
-    draft.request.shm.clear();
-    draft.request.pulls.clear();
-    return draft;
-  };
-  // Slots acquired for messages not sent yet go back when anything below throws.
-  const auto release_unsent = [&per_server](std::size_t from_wave) {
-    for (auto& [server, queue] : per_server) {
-      for (std::size_t w = from_wave; w < queue.size(); ++w) {
-        for (ShmSlot* slot : queue[w].slots) slot->Release();
-      }
-    }
-  };
-  const std::size_t chunk_bytes = layout_.chunk_bytes();
+  DraftsTaken drafts(drafts_, &arena);
   try {
     std::shared_lock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      const Key key = keys[i];
-      const auto it = keys_.find(key);
+      const auto it = keys_.find(keys[i]);
       // Throws for an unknown key: `it` is valid below.
       check.CheckKey(i, checks::DeclaredBy(it == keys_.end() ? nullptr : &it->second));
-      const KeyInfo& info = it->second;
-      const std::size_t element = DTypeSize(info.dtype);
-      const auto* user_send = sending ? static_cast<const std::byte*>(sends[i].data()) : nullptr;
-      // What frames point into: the caller's memory, or a host copy of a GPU tensor (made
-      // only when some slice of it travels as a frame).
-      const std::byte* send_base = user_send;
-      std::shared_ptr<const void> send_owner = borrowed_;
-      bool staged = false;
-      for (std::size_t j = 0; j < info.slices.size(); ++j) {
-        const KeySlice& slice = info.slices[j];
-        std::pmr::vector<Outgoing>& queue = per_server[slice.server_rank];
-        const std::size_t slice_bytes = slice.length * element;
-        if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
-            (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {
-          queue.emplace_back(&arena, new_draft());
-        }
-        Outgoing& target = queue.back();
-        // Compressed slices travel as frames: the point is what crosses the link.
-        const bool compressed = command != kv::kInit && !info.compression.empty();
-        ShmSlot* slot =
-            command != kv::kInit && !compressed && !info.slots.empty() ? info.slots[j] : nullptr;
-        if (slot != nullptr && !slot->TryAcquire()) slot = nullptr;  // in use: frames
-        if (slot != nullptr) {
-          target.slots.push_back(slot);
-          target.request.shm.push_back(
-              kv::ShmRef{static_cast<std::uint32_t>(target.request.slices.size()), slot->segment(),
-                         slot->offset(), slot->bytes()});
-        }
-        target.bytes += slice_bytes;
-        target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
-        kv::PullState pull;
-        if (receiving && compression_.pull != compression::Codec::kNone) {
-          // Every slice of the message gets a state; 0 pulls an uncompressed key in full.
-          if (compressed) pull = info.compression[j]->NextPull();
-          target.request.pulls.push_back(pull);
-        }
-        if (sending && compressed && compression_.push != compression::Codec::kNone) {
-          // Encoded once every key of the call passed its checks (in the wave loop below).
-          target.encodes.push_back({target.frames.size(), info.compression[j].get(),
-                                    reinterpret_cast<const float*>(user_send) + slice.offset,
-                                    sends[i].device(), key});
-          target.frames.emplace_back();
-        } else if (sending && slot != nullptr) {
-          target.frames.emplace_back(nullptr, nullptr, 0, info.dtype);  // the value is in shm
-          const std::byte* source = user_send + slice.offset * element;
-          if (sends[i].device().is_cuda()) {
-            // A GPU copy can fail: do it now, before any message of this call is sent.
-            checks::NamingKey(kStore, op, key, [&] {
-              CopyFromDevice(slot->data(), source, slot->bytes(), sends[i].device());
-            });
-          } else {
-            target.copies.push_back({slot, source});
-          }
-        } else if (sending) {
-          if (sends[i].device().is_cuda() && !staged) {
-            auto host = std::make_shared<std::vector<std::byte>>(sends[i].bytes());
-            checks::NamingKey(kStore, op, key, [&] {
-              CopyFromDevice(host->data(), sends[i].data(), sends[i].bytes(), sends[i].device());
-            });
-            send_base = host->data();
-            send_owner = std::move(host);
-            staged = true;
-          }
-          target.frames.emplace_back(send_owner, send_base + slice.offset * element,
-                                     slice.length * element, info.dtype);
-        }
-        if (receiving) {
-          auto* base = static_cast<std::byte*>(outs[i].data());
-          target.destinations.push_back(
-              {base + slice.offset * element, slice.length * element, outs[i].device(), slot,
-               pull.next != 0 ? info.compression[j].get() : nullptr, pull});
-        }
-      }
+      PlanKey(call, i, it->second, plan, drafts);
     }
-    if (sending && command != kv::kInit) pushed_.store(true);
+    if (call.sending && command != kv::kInit) pushed_.store(true);
   } catch (...) {
-    release_unsent(0);
+    ReleaseUnsent(plan, 0);
     throw;
   }
-  // Wave w holds every server's w-th message: one request, at most one message per server.
+  SendPlan(call, plan);
+}
+
+void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, Plan& plan,
+                          DraftsTaken& drafts) {
+  const Key key = call.keys[i];
+  const std::size_t element = DTypeSize(info.dtype);
+  const std::size_t chunk_bytes = layout_.chunk_bytes();
+  const Tensor* send = call.sending ? &call.sends[i] : nullptr;
+  const auto* user_send = send != nullptr ? static_cast<const std::byte*>(send->data()) : nullptr;
+  // What frames point into: the caller's memory, or a host copy of a GPU tensor (made only
+  // when some slice of it travels as a frame).
+  const std::byte* send_base = user_send;
+  std::shared_ptr<const void> send_owner = borrowed_;
+  bool staged = false;
+  // Compressed slices travel as frames: the point is what crosses the link.
+  const bool compressed = call.command != kv::kInit && !info.compression.empty();
+  for (std::size_t j = 0; j < info.slices.size(); ++j) {
+    const KeySlice& slice = info.slices[j];
+    std::pmr::vector<Outgoing>& queue = plan[slice.server_rank];
+    const std::size_t slice_bytes = slice.length * element;
+    if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
+        (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {
+      queue.emplace_back(plan.get_allocator().resource(), drafts.Take());
+    }
+    Outgoing& target = queue.back();
+    ShmSlot* slot =
+        call.command != kv::kInit && !compressed && !info.slots.empty() ? info.slots[j] : nullptr;
+    if (slot != nullptr && !slot->TryAcquire()) slot = nullptr;  // in use: frames
+    if (slot != nullptr) {
+      target.slots.push_back(slot);
+      target.request.shm.push_back(
+          kv::ShmRef{static_cast<std::uint32_t>(target.request.slices.size()), slot->segment(),
+                     slot->offset(), slot->bytes()});
+    }
+    target.bytes += slice_bytes;
+    target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
+    kv::PullState pull;
+    if (call.receiving && compression_.pull != compression::Codec::kNone) {
+      // Every slice of the message gets a state; 0 pulls an uncompressed key in full.
+      if (compressed) pull = info.compression[j]->NextPull();
+      target.request.pulls.push_back(pull);
+    }
+    if (send == nullptr) {
+      // A pull: nothing to send.
+    } else if (compressed && compression_.push != compression::Codec::kNone) {
+      target.encodes.push_back({target.frames.size(), info.compression[j].get(),
+                                reinterpret_cast<const float*>(user_send) + slice.offset,
+                                send->device(), key});
+      target.frames.emplace_back();  // filled by SendPlan
+    } else if (slot != nullptr) {
+      target.frames.emplace_back(nullptr, nullptr, 0, info.dtype);  // the value is in shm
+      const std::byte* source = user_send + slice.offset * element;
+      if (send->device().is_cuda()) {
+        // A GPU copy can fail: do it now, before any message of this call is sent.
+        checks::NamingKey(kStore, call.op, key, [&] {
+          CopyFromDevice(slot->data(), source, slot->bytes(), send->device());
+        });
+      } else {
+        target.copies.push_back({slot, source});
+      }
+    } else {
+      if (send->device().is_cuda() && !staged) {
+        auto host = std::make_shared<std::vector<std::byte>>(send->bytes());
+        checks::NamingKey(kStore, call.op, key, [&] {
+          CopyFromDevice(host->data(), send->data(), send->bytes(), send->device());
+        });
+        send_base = host->data();
+        send_owner = std::move(host);
+        staged = true;
+      }
+      target.frames.emplace_back(send_owner, send_base + slice.offset * element, slice_bytes,
+                                 info.dtype);
+    }
+    if (call.receiving) {
+      auto* base = static_cast<std::byte*>(call.outs[i].data());
+      target.destinations.push_back({base + slice.offset * element, slice_bytes,
+                                     call.outs[i].device(), slot,
+                                     pull.next != 0 ? info.compression[j].get() : nullptr, pull});
+    }
+  }
+}
+
+void DistKVStore::SendPlan(const Call& call, Plan& plan) {
+  std::pmr::memory_resource* arena = plan.get_allocator().resource();
   std::size_t waves = 0;
-  for (const auto& [server, queue] : per_server) waves = std::max(waves, queue.size());
-  std::pmr::vector<Message> messages(&arena);
-  std::pmr::vector<Draft*> sent(&arena);  // per message of the wave: its draft
+  for (const auto& [server, queue] : plan) waves = std::max(waves, queue.size());
+  std::pmr::vector<Message> messages(arena);
+  std::pmr::vector<Draft*> sent(arena);  // per message of the wave: its draft
   for (std::size_t wave = 0; wave < waves; ++wave) {
     messages.clear();
     sent.clear();
-    Inflight& inflight = NewInflight(per_server.size());
+    Inflight& inflight = NewInflight(plan.size());
     try {
-      for (auto& [server, queue] : per_server) {
+      for (auto& [server, queue] : plan) {
         if (wave >= queue.size()) continue;
         Outgoing& target = queue[wave];
         for (const SlotCopy& copy : target.copies) {
@@ -643,15 +619,15 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
         // just before its message goes, while the servers work on the previous wave (a GPU
         // gradient on its GPU; only the codes are copied).
         for (const Encode& encode : target.encodes) {
-          checks::NamingKey(kStore, op, encode.key, [&] {
+          checks::NamingKey(kStore, call.op, encode.key, [&] {
             target.frames[encode.frame] = encode.state->EncodePush(encode.grad, encode.device);
           });
         }
-        target.request.command = command;
+        target.request.command = call.command;
         target.request.sync = sync_;
         Message& msg = target.draft->msg;
         kv::FillRequestMessage(target.request, runtime_->ServerId(server), msg);
-        msg.meta.priority = priority;
+        msg.meta.priority = call.priority;
         inflight.destinations[messages.size()].assign(target.destinations.begin(),
                                                       target.destinations.end());
         inflight.slots.insert(inflight.slots.end(), target.slots.begin(), target.slots.end());
@@ -661,7 +637,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
       }
     } catch (...) {
       inflights_.Give(inflight);
-      release_unsent(wave);
+      ReleaseUnsent(plan, wave);
       throw;
     }
     Track(messages, inflight);

@@ -14,7 +14,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <shared_mutex>
 #include <span>
@@ -81,15 +83,90 @@ class DistKVStore final : public KVStore {
     kv::PullState pull;                      // the state the reply brings it to
   };
 
-  // Checks the call, then sends one request per server; `sends` / `outs` may be empty.
+  // Checks the call, then sends one request per server; `sends` / `outs` may be empty. Two
+  // steps: PlanKey lays every key's slices out into per-server messages (checking each key
+  // first, so a bad call throws before anything is sent), SendPlan sends them wave by wave.
   void Issue(kv::Command command, std::span<const Key> keys, std::span<const Tensor> sends,
              std::span<const Tensor> outs, int priority);
+
+  // One Issue call.
+  struct Call {
+    kv::Command command;
+    std::span<const Key> keys;
+    std::span<const Tensor> sends;  // per key: the pushed value (empty for a pull)
+    std::span<const Tensor> outs;   // per key: where the pulled value goes (empty for a push)
+    int priority;
+    std::string op;  // the command's name, for messages
+    bool sending;    // push, push+pull or init
+    bool receiving;  // pull or push+pull
+  };
   // A message Issue builds, with the request it encodes. Pooled: taken for one Issue call and
   // given back when it returns, so the memory of its lists serves the next call.
   struct Draft {
     kv::Request request;
     Message msg;
   };
+  // The drafts one Issue call took: given back to the pool when the call returns or throws,
+  // emptied of the frames that reference the caller's memory.
+  class DraftsTaken {
+   public:
+    DraftsTaken(ObjectPool<Draft>& pool, std::pmr::memory_resource* arena)
+        : pool_(pool), taken_(arena) {}
+    ~DraftsTaken();
+    DraftsTaken(const DraftsTaken&) = delete;
+    DraftsTaken& operator=(const DraftsTaken&) = delete;
+    Draft& Take();  // an empty draft
+
+   private:
+    ObjectPool<Draft>& pool_;
+    std::pmr::vector<Draft*> taken_;
+  };
+  // A pushed slice that goes through a shared-memory slot: copied in just before its message
+  // is sent, so the server already works on one message while the next is copied.
+  struct SlotCopy {
+    ShmSlot* slot;
+    const std::byte* source;  // host memory (a GPU tensor is copied while the call is planned)
+  };
+  // A pushed slice to encode with gradient compression into its (placeholder) frame, once
+  // every key of the call passed its checks.
+  struct Encode {
+    std::size_t frame;
+    SliceCompression* state;
+    const float* grad;  // in the memory of `device`
+    Device device;
+    Key key;
+  };
+  // A message being planned for one server: at most chunk_bytes of values (a big key's slices
+  // travel separately, so servers and this worker work on one while the next is in flight),
+  // its frames, and where its pulled slices go. Its lists live in the call's arena.
+  struct Outgoing {
+    Outgoing(std::pmr::memory_resource* arena, Draft& taken)
+        : request(taken.request),
+          frames(taken.msg.data),
+          draft(&taken),
+          destinations(arena),
+          copies(arena),
+          slots(arena),
+          encodes(arena) {}
+    kv::Request& request;       // the draft's
+    std::vector<Blob>& frames;  // the draft's message's data
+    Draft* draft;
+    std::pmr::vector<Destination> destinations;
+    std::pmr::vector<SlotCopy> copies;
+    std::pmr::vector<ShmSlot*> slots;  // owned by this message until its reply
+    std::pmr::vector<Encode> encodes;
+    std::size_t bytes = 0;
+  };
+  // Per server rank, the messages planned for it in sending order: wave w of a call is every
+  // server's w-th message.
+  using Plan = std::pmr::map<int, std::pmr::vector<Outgoing>>;
+  // Issue's planning step for key `i` of `call` (declared as `info`; keys_mu_ held shared).
+  void PlanKey(const Call& call, std::size_t i, const KeyInfo& info, Plan& plan,
+               DraftsTaken& drafts);
+  // Issue's sending step: each wave's slot copies and encodings, then its messages.
+  void SendPlan(const Call& call, Plan& plan);
+  // Gives back the slots of the messages of waves from `from_wave` on: not sent (a throw).
+  static void ReleaseUnsent(Plan& plan, std::size_t from_wave);
   // What an in-flight request needs when its replies arrive. Pooled: a request takes one and
   // gives it back with the memory of its lists, so tracking allocates nothing once warm.
   struct Inflight {
