@@ -5,7 +5,8 @@ Top row: throughput against tensor size (1 MB and up, where throughput means som
 pull and push+pull (1 worker, 1 server; each mode and transport), with the raw ZeroMQ echo
 measured in the same run.
 Bottom row: p50 latency against size (push+pull and the echo round trip), the 16 MB push+pull
-aggregate throughput of every job size, and the issue's target ratios.
+aggregate throughput of every job size, and the named targets (each a ratio of two numbers of
+the run: measured / target, >= 1 means met).
 
 usage: tools/plot_bench.py BENCH.json [-o OUT.png] [--title TEXT]
        tools/plot_bench.py --summary RUN1.json RUN2.json ...
@@ -20,7 +21,7 @@ import sys
 
 MB16 = 16 << 20
 MODE_STYLE = {"dist_sync": "-", "dist_async": "--"}
-TRANSPORT_COLOR = {"ipc": "tab:blue", "tcp": "tab:orange"}
+TRANSPORT_COLOR = {"shm": "tab:green", "ipc": "tab:blue", "tcp": "tab:orange"}
 ECHO_COLOR = {"zmq_echo_ipc": "tab:cyan", "zmq_echo_tcp": "tab:red"}
 
 
@@ -109,7 +110,10 @@ def main():
     transports = sorted({c.get("transport", "") for c in ps if c.get("transport")})
     modes = [m for m in ("dist_sync", "dist_async") if any(c["mode"] == m for c in ps)]
 
-    fig, axes = plt.subplots(2, 3, figsize=(18, 11))
+    # The targets panel (bottom right) has two lines of text per target: past 14 targets the
+    # figure grows so that they stay legible.
+    ratios = [r for r in doc.get("ratios", []) if r.get("ratio") is not None and r.get("target")]
+    fig, axes = plt.subplots(2, 3, figsize=(18, 11 + 0.4 * max(0, len(ratios) - 14)))
     title = args.title or "ps-bench %s, %s hardware threads, load average %s" % (
         doc.get("date_utc", "")[:10],
         doc.get("hardware_threads", "?"),
@@ -204,14 +208,13 @@ def main():
 
     # Bottom right: the target ratios (value / target: >= 1 means met).
     ax = axes[1][2]
-    ratios = [r for r in doc.get("ratios", []) if r.get("ratio") is not None and r.get("target")]
     labels, scores, colors = [], [], []
     for r in ratios:
         bound = float(r["target"].split()[1])
         at_least = r["target"].startswith(">=")
         score = r["ratio"] / bound if at_least else bound / r["ratio"]
         short = r.get("label") or r["what"].split(":")[0]
-        labels.append("(%s) %s\n%.2fx, target %sx" % (r["id"], short[:48], r["ratio"], r["target"]))
+        labels.append("%s: %.2fx, target %sx\n%s" % (r["id"], r["ratio"], r["target"], short[:48]))
         scores.append(score)
         colors.append("tab:green" if r.get("met") else "tab:red")
     if not ratios:

@@ -30,7 +30,7 @@ smoke)
   grep -q "^Raw limits measured in this run" "$log" || fail "no raw-limits table"
   grep -qE "^pushpull +4 KB +2 +2 dist_async +tcp +[0-9]+" "$log" || fail "no 2x2 dist_async row"
   grep -qE "^zmq_echo_ipc +4 B " "$log" || fail "no ipc echo row"
-  grep -q "^Targets (issue 6)" "$log" || fail "no targets section"
+  grep -q "^Targets, each from numbers measured in this run" "$log" || fail "no targets section"
   grep -q "every value verified" "$log" || fail "the run was not verified"
   python3 - "$json" <<'PY' || fail "bad JSON"
 import json, sys
@@ -50,13 +50,13 @@ ops = {c["op"] for c in cases}
 for raw in ("memcpy", "zmq_echo_tcp", "zmq_echo_ipc", "server_agg_sgd"):
     assert raw in ops, raw
 assert doc["failures"] == [], doc["failures"]
-assert any(r["id"] == "b" and r["ratio"] is not None for r in doc["ratios"])
+assert any(r["id"] == "latency_4B_vs_echo" and r["ratio"] is not None for r in doc["ratios"])
 print("bench_test smoke: JSON ok: %d cases, %d ratios" % (len(cases), len(doc["ratios"])))
 PY
   ;;
 shm)
   # Sizes that take the same-host shared-memory path, every value verified, both modes, with
-  # the target (f) ratio against TCP in the same run.
+  # the target shm_vs_tcp against TCP in the same run.
   log=$out/bench_shm.log
   timeout 100 "$tool" --raw=false --verify --full --sizes=256KB,2MB --workers=1,2 --servers=1,2 \
     --transports=shm,tcp --target_seconds=0.02 >"$log" 2>&1
@@ -149,8 +149,8 @@ plot)
   # --summary needs no matplotlib.
   summary=$(python3 "$tool" --summary "$json" "$json") || fail "plot_bench.py --summary failed"
   echo "$summary"
-  row="^\| b <= 1.15x \| 4 B push, 1 worker 1 server, dist_sync over ipc.* \| 2 \| "
-  grep -qE "$row" <<<"$summary" || fail "--summary has no row for target (b) over 2 runs"
+  row="^\| latency_4B_vs_echo <= 1.15x \| 4 B push, 1 worker 1 server, dist_sync over ipc.* \| 2 \| "
+  grep -qE "$row" <<<"$summary" || fail "--summary has no row for latency_4B_vs_echo over 2 runs"
   # PATH's python3 may be a private one (pyenv, venv) without Debian's python3-matplotlib.
   python=""
   for candidate in python3 /usr/bin/python3; do

@@ -79,6 +79,12 @@ std::string SizeFlag(std::size_t bytes) {
   return std::to_string(bytes) + units[unit];
 }
 
+std::string Fixed(double value, int precision) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", precision, value);
+  return text;
+}
+
 std::string SizeName(std::size_t bytes) {
   const char* units[] = {"B", "KB", "MB", "GB"};
   double value = static_cast<double>(bytes);

@@ -38,6 +38,8 @@ std::string Join(const std::vector<std::string>& items);
 std::string SizeName(std::size_t bytes);
 // "4B", "4KB", "16MB": the same, without the space (flags, JSON-friendly labels).
 std::string SizeFlag(std::size_t bytes);
+// `value` with `precision` digits after the point ("0.500" for 0.5, 3).
+std::string Fixed(double value, int precision);
 
 struct Latency {
   std::size_t count = 0;

@@ -1,7 +1,8 @@
 // ps-bench: push, pull and push+pull throughput and latency of the parameter server, measured
 // through the public ps::KVStore API, next to the raw limits measured in the same run
 // (single-thread memcpy, a ZeroMQ echo over TCP loopback and ipc://, the server's aggregation
-// and optimizer kernels, MPI_Allreduce when MPI is installed), with the issue's target ratios.
+// and optimizer kernels, MPI_Allreduce when MPI is installed), with its named target ratios
+// (report.h).
 //
 // ps-bench is the driver: for each job (workers, servers, mode, transport) it starts ps-scheduler,
 // the ps-servers and the workers, which are ps-bench itself re-executed with --worker_mode; every
@@ -11,8 +12,6 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +27,7 @@
 #include "child.h"
 #include "cli.h"
 #include "raw.h"
+#include "report.h"
 #include "worker.h"
 
 DEFINE_string(sizes, "4B,4KB,1MB,16MB,100MB", "Tensor sizes (binary units: 4B, 4KB, 16MB)");
@@ -90,9 +90,6 @@ using process::SelfPath;
 
 namespace {
 
-constexpr std::size_t k4B = 4;
-constexpr std::size_t k16MB = std::size_t{16} << 20;
-
 struct Settings {
   std::vector<std::size_t> sizes;
   std::vector<int> workers;
@@ -139,51 +136,6 @@ struct Job {
                 : ", compression " + CompressionLabel());
   }
 };
-
-struct Ratio {
-  std::string id;
-  std::string what;
-  std::string label;  // a short form of `what`, for plots
-  std::optional<double> numerator, denominator;
-  std::string unit;    // of numerator and denominator
-  std::string target;  // ">= 0.9", "<= 1.15", "" (information)
-  double bound = 0;
-  bool at_least = true;
-
-  std::optional<double> Value() const {
-    if (!numerator || !denominator || *denominator == 0) return std::nullopt;
-    return *numerator / *denominator;
-  }
-  std::optional<bool> Met() const {
-    const auto value = Value();
-    if (!value || target.empty()) return std::nullopt;
-    return at_least ? *value >= bound : *value <= bound;
-  }
-};
-
-std::string Fixed(double value, int precision) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.*f", precision, value);
-  return text;
-}
-
-// The first three fields of /proc/loadavg ("1.02 0.80 0.71"): benchmarks on a shared machine
-// are only as good as its load while they ran.
-std::string LoadAverage() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  if (!(in >> one >> five >> fifteen)) return "unknown";
-  return one + " " + five + " " + fifteen;
-}
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 // "key=value" tokens of one line.
 std::map<std::string, std::string> Fields(const std::string& line) {
@@ -236,18 +188,21 @@ class Driver {
     PrintTable(
         "Parameter server (through ps::KVStore; latency per iteration = op + WaitAll; GB/s "
         "= tensor bytes per iteration, summed over workers)",
-        ps_results_);
-    PrintWire();
-    PrintTable("Raw limits measured in this run", raw_results_);
-    const std::vector<Ratio> ratios = Ratios();
+        results_.ps);
+    PrintWire(results_);
+    PrintTable("Raw limits measured in this run", results_.raw);
+    const std::vector<Ratio> ratios = ComputeRatios(results_, ToSelection());
     PrintRatios(ratios);
     load_end_ = LoadAverage();
     std::printf(
         "\nps-bench: %u hardware threads; load average (1, 5, 15 min) %s at the start, %s "
         "at the end: other load on the machine skews every number above\n",
         std::thread::hardware_concurrency(), load_start_.c_str(), load_end_.c_str());
-    if (!s_.json.empty()) WriteJson(ratios);
-    std::printf("\nps-bench: %zu case(s) in %.1f s%s\n", ps_results_.size() + raw_results_.size(),
+    if (!s_.json.empty()) {
+      WriteJson(s_.json, results_, ratios, failures_,
+                {load_start_, load_end_, s_.calibration, s_.verify, s_.quick});
+    }
+    std::printf("\nps-bench: %zu case(s) in %.1f s%s\n", results_.ps.size() + results_.raw.size(),
                 SecondsSince(start),
                 s_.verify && failures_.empty() ? ", every value verified" : "");
     for (const std::string& failure : failures_)
@@ -269,7 +224,7 @@ class Driver {
           for (int s : s_.servers) {
             Job job{w, s, mode, transport, s_.sizes, s_.ops};
             const bool smallest = w == s_.workers.front() && s == s_.servers.front();
-            // Other transports: the smallest job, and 2x2 for target (e).
+            // Other transports: the smallest job, and 2x2 for pushpull_2x2_vs_allreduce.
             const bool two_by_two = w == 2 && s == 2;
             if (!s_.full && !smallest && !two_by_two && transport != s_.transports.front()) {
               continue;
@@ -326,11 +281,11 @@ class Driver {
     std::fprintf(stderr, "ps-bench: raw limits: memcpy, ZeroMQ echo (tcp, ipc), server kernels%s\n",
                  s_.mpi == "off" ? "" : ", MPI");
     try {
-      // 16 MB always: target (d) compares with it.
+      // 16 MB always: server_merge_vs_memcpy compares with it.
       std::set<std::size_t> sizes(s_.sizes.begin(), s_.sizes.end());
       sizes.insert(k16MB);
       for (std::size_t size : sizes) {
-        raw_results_.push_back(MeasureMemcpy(size, s_.calibration, s_.verify));
+        results_.raw.push_back(MeasureMemcpy(size, s_.calibration, s_.verify));
       }
     } catch (const std::exception& e) {
       Fail(std::string("memcpy: ") + e.what(), nullptr);
@@ -338,11 +293,12 @@ class Driver {
     RunEcho("tcp");
     RunEcho("ipc");
     try {
-      // Target (d): a server merging 4 workers' 16 MB pushes and applying SGD with momentum.
+      // server_merge_vs_memcpy: a server merging 4 workers' 16 MB pushes and applying SGD with
+      // momentum.
       Calibration calibration = s_.calibration;
       calibration.warmup = std::min(calibration.warmup < 0 ? 3 : calibration.warmup, 3);
-      raw_results_.push_back(MeasureServerAggregation(k16MB, 4, 0, calibration, s_.verify));
-      raw_results_.push_back(MeasureServerAggregation(k16MB, 4, 1, calibration, s_.verify));
+      results_.raw.push_back(MeasureServerAggregation(k16MB, 4, 0, calibration, s_.verify));
+      results_.raw.push_back(MeasureServerAggregation(k16MB, 4, 1, calibration, s_.verify));
     } catch (const std::exception& e) {
       Fail(std::string("server aggregation: ") + e.what(), nullptr);
     }
@@ -373,7 +329,7 @@ class Driver {
       const std::string in = match[1], out = match[2];
       try {
         for (Result& r : MeasureEcho(op, in, out, s_.sizes, s_.calibration, s_.verify)) {
-          raw_results_.push_back(std::move(r));
+          results_.raw.push_back(std::move(r));
         }
       } catch (const std::exception& e) {
         Fail(e.what(), &peer);
@@ -456,7 +412,7 @@ class Driver {
           r.gbps = std::stod(f.at("algbw_gbps"));
           r.note = "MPI_Allreduce sum, 2 ranks, btl " + variant.mca[5] +
                    "; GB/s = size / time (algorithm bandwidth)";
-          raw_results_.push_back(r);
+          results_.raw.push_back(r);
           found = true;
         }
         if (!found) Fail(variant.op + ": no result line from ps-bench-mpi-allreduce", &run);
@@ -697,261 +653,21 @@ class Driver {
                       nullptr);
         }
         r.latency = Summarize(std::move(all));
-        ps_results_.push_back(r);
+        results_.ps.push_back(r);
         std::fprintf(stderr, "ps-bench:   %-8s %7s  %ld iterations  p50 %.1f us  %.3f GB/s\n",
                      op.c_str(), SizeName(size).c_str(), r.iterations, r.latency.p50_us, r.gbps);
       }
     }
   }
 
-  // ---- the issue's targets ----
-
-  // transport: "shm", "ipc" or "tcp" for ps cases, "" for raw limits.
-  const Result* Find(const std::string& op, std::size_t size, int workers, int servers,
-                     const std::string& mode, const std::string& transport = "",
-                     const std::string& compression = "none") const {
-    for (const auto* list : {&ps_results_, &raw_results_}) {
-      for (const Result& r : *list) {
-        if (r.op == op && r.size == size && r.workers == workers && r.servers == servers &&
-            r.mode == mode && r.transport == transport && r.compression == compression) {
-          return &r;
-        }
-      }
-    }
-    return nullptr;
-  }
-
-  std::vector<Ratio> Ratios() const {
-    std::vector<Ratio> ratios;
-    const auto gbps = [](const Result* r) {
-      return r ? std::optional<double>(r->gbps) : std::nullopt;
-    };
-    const auto p50 = [](const Result* r) {
-      return r ? std::optional<double>(r->latency.p50_us) : std::nullopt;
-    };
-    const std::vector<std::string> modes = {"dist_sync", "dist_async"};
-    // (a) and (b): ps over a transport against the raw ZeroMQ echo over the same socket
-    // transport (shm's control travels over ipc).
-    const auto echo = [](const std::string& t) { return "zmq_echo_" + (t == "tcp" ? t : "ipc"); };
-    for (const std::string& t : s_.transports) {
-      const Result* echo16 = Find(echo(t), k16MB, 0, 0, "raw");
-      for (const std::string& mode : modes) {
-        ratios.push_back({"a",
-                          "16 MB push+pull, 1 worker 1 server, " + mode + " over " + t +
-                              ": throughput vs ZeroMQ " + echo(t).substr(9) + " echo of 16 MB",
-                          "16MB pushpull 1w1s " + mode + " " + t + " / echo",
-                          gbps(Find("pushpull", k16MB, 1, 1, mode, t)), gbps(echo16), "GB/s",
-                          ">= 0.9", 0.9, true});
-      }
-    }
-    for (const std::string& t : s_.transports) {
-      const Result* echo4 = Find(echo(t), k4B, 0, 0, "raw");
-      for (const std::string& mode : modes) {
-        for (const std::string op : {"push", "pull"}) {
-          ratios.push_back({"b",
-                            "4 B " + op + ", 1 worker 1 server, " + mode + " over " + t +
-                                ": p50 latency vs ZeroMQ " + echo(t).substr(9) + " echo round trip",
-                            "4B " + op + " 1w1s " + mode + " " + t + " / echo",
-                            p50(Find(op, k4B, 1, 1, mode, t)), p50(echo4), "us", "<= 1.15", 1.15,
-                            false});
-        }
-      }
-    }
-    // (c) on the first transport, the one the full matrix ran on.
-    const std::string t = s_.transports.front();
-    ratios.push_back({"c",
-                      "16 MB push+pull dist_async over " + t +
-                          ": 2 workers 2 servers vs 1+1, aggregate throughput",
-                      "16MB pushpull dist_async " + t + " 2w2s / 1w1s",
-                      gbps(Find("pushpull", k16MB, 2, 2, "dist_async", t)),
-                      gbps(Find("pushpull", k16MB, 1, 1, "dist_async", t)), "GB/s", ">= 1.5", 1.5,
-                      true});
-    ratios.push_back({"c (info)", "the same in dist_sync",
-                      "16MB pushpull dist_sync " + t + " 2w2s / 1w1s",
-                      gbps(Find("pushpull", k16MB, 2, 2, "dist_sync", t)),
-                      gbps(Find("pushpull", k16MB, 1, 1, "dist_sync", t)), "GB/s", "", 0, true});
-    const Result* memcpy16 = Find("memcpy", k16MB, 0, 0, "raw");
-    ratios.push_back({"d",
-                      "server merge of 4 x 16 MB pushes + SGD momentum (the server's "
-                      "default threads) vs 1-thread memcpy",
-                      "merge 4x16MB + SGD momentum / memcpy",
-                      gbps(Find("server_agg_sgd", k16MB, 4, 0, "raw")), gbps(memcpy16), "GB/s",
-                      ">= 0.5", 0.5, true});
-    ratios.push_back({"d (info)", "the same on 1 thread vs 1-thread memcpy",
-                      "merge + SGD, 1 thread / memcpy",
-                      gbps(Find("server_agg_sgd_1thread", k16MB, 4, 0, "raw")), gbps(memcpy16),
-                      "GB/s", "", 0, true});
-    // (e): the 2x2 iteration against MPI_Allreduce, each over its kind of path.
-    ratios.push_back({"e",
-                      "16 MB push+pull iteration, 2 workers 2 servers dist_sync over tcp, p50, "
-                      "vs MPI_Allreduce of 16 MB, 2 ranks over TCP loopback",
-                      "16MB pushpull 2w2s tcp / MPI_Allreduce tcp",
-                      p50(Find("pushpull", k16MB, 2, 2, "dist_sync", "tcp")),
-                      p50(Find("mpi_allreduce_tcp", k16MB, 2, 0, "raw")), "us", "<= 1.0", 1.0,
-                      false});
-    ratios.push_back({"e",
-                      "the same over the same-host path (shm) vs MPI_Allreduce 2 ranks over "
-                      "shared memory (vader)",
-                      "16MB pushpull 2w2s shm / MPI_Allreduce shm",
-                      p50(Find("pushpull", k16MB, 2, 2, "dist_sync", "shm")),
-                      p50(Find("mpi_allreduce_shm", k16MB, 2, 0, "raw")), "us", "<= 1.5", 1.5,
-                      false});
-    // (f): the same-host path against TCP loopback.
-    for (const std::string& mode : modes) {
-      ratios.push_back({"f",
-                        "16 MB push+pull, 1 worker 1 server, " + mode +
-                            ": same-host path (shm) vs TCP loopback, throughput",
-                        "16MB pushpull 1w1s " + mode + " shm / tcp",
-                        gbps(Find("pushpull", k16MB, 1, 1, mode, "shm")),
-                        gbps(Find("pushpull", k16MB, 1, 1, mode, "tcp")), "GB/s", ">= 2", 2.0,
-                        true});
-    }
-    // (g): bytes on the wire of a compressed push against an uncompressed one, at the largest
-    // size both ran (issue 15: 2bit at most 1/15).
-    for (const std::string& compression : s_.compressions) {
-      if (compression == "none") continue;
-      const std::string label =
-          s_.pull_compression == "none" ? compression : compression + "/" + s_.pull_compression;
-      for (const std::string& transport : s_.transports) {
-        if (transport == "shm") continue;
-        for (const std::string& mode : s_.modes) {
-          const int w = s_.workers.front(), sv = s_.servers.front();
-          const Result* packed = nullptr;
-          const Result* plain = nullptr;
-          std::size_t size = 0;
-          for (const std::size_t candidate : s_.sizes) {
-            const Result* a = Find("push", candidate, w, sv, mode, transport, label);
-            const Result* b = Find("push", candidate, w, sv, mode, transport, "none");
-            if (a && b && a->wire_sent >= 0 && b->wire_sent >= 0 && candidate >= size) {
-              packed = a;
-              plain = b;
-              size = candidate;
-            }
-          }
-          const auto sent = [](const Result* r) {
-            return r ? std::optional<double>(r->wire_sent) : std::nullopt;
-          };
-          const bool two_bit = compression == "2bit";
-          ratios.push_back(
-              {"g",
-               (size ? SizeName(size) : std::string("largest")) + " push, " + std::to_string(w) +
-                   " worker(s) " + std::to_string(sv) + " server(s), " + mode + " over " +
-                   transport + ": bytes on the wire with " + label +
-                   " compression vs none (issue 15)",
-               "push bytes " + label + " / none " + mode + " " + transport, sent(packed),
-               sent(plain), "bytes", two_bit ? "<= 0.0667" : "", 1.0 / 15.0, false});
-        }
-      }
-    }
-    return ratios;
-  }
-
-  // The compressed cases and the uncompressed ones beside them: bytes on the wire.
-  void PrintWire() const {
-    std::vector<const Result*> rows;
-    for (const Result& r : ps_results_) {
-      if (r.wire_sent < 0 || r.compression == "none") continue;
-      if (const Result* plain =
-              Find(r.op, r.size, r.workers, r.servers, r.mode, r.transport, "none")) {
-        rows.push_back(plain);
-      }
-      rows.push_back(&r);
-    }
-    if (rows.empty()) return;
-    std::printf(
-        "\nBytes on the wire per iteration and worker (counted by the transport: headers "
-        "and payload frames, both directions)\n");
-    std::printf("%-9s %8s %2s %2s %-10s %-4s %-11s %14s %14s %9s\n", "op", "size", "W", "S", "mode",
-                "net", "compression", "sent", "received", "vs none");
-    for (const Result* r : rows) {
-      const Result* plain =
-          Find(r->op, r->size, r->workers, r->servers, r->mode, r->transport, "none");
-      const double total = r->wire_sent + r->wire_received;
-      const double plain_total = plain ? plain->wire_sent + plain->wire_received : 0;
-      std::printf("%-9s %8s %2d %2d %-10s %-4s %-11s %14.0f %14.0f %9s\n", r->op.c_str(),
-                  SizeName(r->size).c_str(), r->workers, r->servers, r->mode.c_str(),
-                  r->transport.c_str(), r->compression.c_str(), r->wire_sent, r->wire_received,
-                  plain_total > 0 ? Fixed(total / plain_total, 4).c_str() : "-");
-    }
-    std::fflush(stdout);
-  }
-
-  static void PrintRatios(const std::vector<Ratio>& ratios) {
-    if (std::none_of(ratios.begin(), ratios.end(), [](const Ratio& r) { return r.Value(); })) {
-      std::printf("\nTargets (issue 6): none computable from the cases of this run\n");
-      return;
-    }
-    std::printf("\nTargets (issue 6), each from numbers measured in this run\n");
-    for (const Ratio& ratio : ratios) {
-      std::printf("(%s) %s:\n    ", ratio.id.c_str(), ratio.what.c_str());
-      const auto value = ratio.Value();
-      if (!value) {
-        std::printf("n/a: a case it needs was not run in this run (or failed)\n");
-        continue;
-      }
-      std::printf("%.3f / %.3f %s = %.3fx", *ratio.numerator, *ratio.denominator,
-                  ratio.unit.c_str(), *value);
-      if (const auto met = ratio.Met()) {
-        std::printf("   target %sx: %s\n", ratio.target.c_str(), *met ? "MET" : "NOT MET");
-      } else {
-        std::printf("   (information)\n");
-      }
-    }
-    std::fflush(stdout);
-  }
-
-  void WriteJson(const std::vector<Ratio>& ratios) const {
-    std::ofstream out(s_.json);
-    if (!out) {
-      std::fprintf(stderr, "ps-bench: cannot write %s\n", s_.json.c_str());
-      return;
-    }
-    out << "{\n  \"tool\": \"ps-bench\",\n  \"date_utc\": " << JsonString(UtcNow())
-        << ",\n  \"hardware_threads\": " << std::thread::hardware_concurrency()
-        << ",\n  \"load_average_start\": " << JsonString(load_start_)
-        << ",\n  \"load_average_end\": " << JsonString(load_end_) << ",\n  \"throughput_unit\": "
-        << JsonString(
-               "GB/s = 1e9 bytes/s; ps ops: tensor bytes per iteration summed over workers; "
-               "echo: message bytes per round trip; memcpy: bytes copied")
-        << ",\n  \"settings\": {\"target_seconds\": " << s_.calibration.target_seconds
-        << ", \"min_iterations\": " << s_.calibration.min_iterations
-        << ", \"max_iterations\": " << s_.calibration.max_iterations
-        << ", \"fixed_iterations\": " << s_.calibration.fixed_iterations
-        << ", \"verify\": " << (s_.verify ? "true" : "false")
-        << ", \"quick\": " << (s_.quick ? "true" : "false") << "},\n  \"cases\": [\n";
-    bool first = true;
-    for (const auto* list : {&ps_results_, &raw_results_}) {
-      for (const Result& r : *list) {
-        out << (first ? "" : ",\n") << "    " << ToJson(r);
-        first = false;
-      }
-    }
-    out << "\n  ],\n  \"ratios\": [\n";
-    for (std::size_t i = 0; i < ratios.size(); ++i) {
-      const Ratio& ratio = ratios[i];
-      const auto number = [](std::optional<double> v) { return v ? Fixed(*v, 6) : "null"; };
-      const auto met = ratio.Met();
-      out << "    {\"id\": " << JsonString(ratio.id) << ", \"what\": " << JsonString(ratio.what)
-          << ", \"label\": " << JsonString(ratio.label)
-          << ", \"numerator\": " << number(ratio.numerator)
-          << ", \"denominator\": " << number(ratio.denominator)
-          << ", \"unit\": " << JsonString(ratio.unit) << ", \"ratio\": " << number(ratio.Value())
-          << ", \"target\": " << JsonString(ratio.target)
-          << ", \"met\": " << (met ? (*met ? "true" : "false") : "null") << "}"
-          << (i + 1 < ratios.size() ? ",\n" : "\n");
-    }
-    out << "  ],\n  \"failures\": [";
-    for (std::size_t i = 0; i < failures_.size(); ++i) {
-      out << (i ? ", " : "") << JsonString(failures_[i]);
-    }
-    out << "]\n}\n";
-    std::fprintf(stderr, "ps-bench: wrote %s\n", s_.json.c_str());
+  Selection ToSelection() const {
+    return {s_.sizes,      s_.workers,      s_.servers,         s_.modes,
+            s_.transports, s_.compressions, s_.pull_compression};
   }
 
   Settings s_;
   std::string load_start_, load_end_;
-  std::vector<Result> ps_results_;
-  std::vector<Result> raw_results_;
+  RunResults results_;
   std::vector<std::string> failures_;
 };
 
