@@ -16,8 +16,7 @@ namespace {
 
 int RunScheduler(const ClusterConfig& config) {
   Scheduler scheduler(config);
-  std::cout << "ps-scheduler: listening on " << config.root_uri << ":" << scheduler.port()
-            << std::endl;
+  scheduler.PrintListeningLine();
   const int status = scheduler.Run();
   if (status != 0) std::cerr << "ps-scheduler: error: " << scheduler.failure() << std::endl;
   return status;

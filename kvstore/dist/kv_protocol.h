@@ -14,7 +14,7 @@
 #include "shared_segment.h"
 
 namespace ps::pb {
-class KVBody;  // generated from proto/kv.proto
+class KVBody;  // generated from kvstore/proto/kv.proto
 }  // namespace ps::pb
 
 namespace ps::kv {

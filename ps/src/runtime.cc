@@ -264,40 +264,9 @@ void Runtime::OnMessage(Message&& msg) {
 void Runtime::OnControl(Message&& msg) {
   const Meta& meta = msg.meta;
   switch (meta.control) {
-    case Control::kRegisterReply: {
-      std::vector<Message> held;
-      {
-        std::lock_guard lock(mu_);
-        if (registered_) break;
-        if (!meta.error.empty()) {
-          register_error_ = "the scheduler at " + config_.SchedulerAddress() +
-                            " refused this node: " + meta.error;
-        } else if (meta.nodes.empty()) {
-          acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
-        } else {
-          // The table: ids are dense from 0 (the scheduler); find ourselves by host and port.
-          std::vector<NodeInfo> table(meta.nodes.size());
-          bool valid = true;
-          for (const NodeInfo& node : meta.nodes) {
-            if (node.id < 0 || static_cast<std::size_t>(node.id) >= table.size()) valid = false;
-            if (valid) table[node.id] = node;
-            if (node.host == self_.host && node.port == self_.port && node.role == self_.role) {
-              self_ = node;
-            }
-          }
-          if (!valid || self_.id <= 0) {
-            register_error_ = "the scheduler sent a node table without this node";
-          } else {
-            nodes_ = std::move(table);
-            registered_ = true;
-          }
-        }
-        changed_.notify_all();
-        held.swap(held_until_registered_);
-      }
-      for (Message& early : held) OnMessage(std::move(early));
+    case Control::kRegisterReply:
+      OnRegisterReply(meta);
       break;
-    }
     case Control::kBarrierRelease: {
       std::lock_guard lock(mu_);
       barrier_released_.insert(meta.barrier_group);
@@ -339,6 +308,41 @@ void Runtime::OnControl(Message&& msg) {
                         << "): " << msg.DebugString();
       }
   }
+}
+
+void Runtime::OnRegisterReply(const Meta& meta) {
+  std::vector<Message> held;
+  {
+    std::lock_guard lock(mu_);
+    if (registered_) return;
+    if (!meta.error.empty()) {
+      register_error_ =
+          "the scheduler at " + config_.SchedulerAddress() + " refused this node: " + meta.error;
+    } else if (meta.nodes.empty()) {
+      acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
+    } else {
+      // The table: ids are dense from 0 (the scheduler); find ourselves by host and port.
+      std::vector<NodeInfo> table(meta.nodes.size());
+      bool valid = true;
+      for (const NodeInfo& node : meta.nodes) {
+        if (node.id < 0 || static_cast<std::size_t>(node.id) >= table.size()) valid = false;
+        if (valid) table[node.id] = node;
+        if (node.host == self_.host && node.port == self_.port && node.role == self_.role) {
+          self_ = node;
+        }
+      }
+      if (!valid || self_.id <= 0) {
+        register_error_ = "the scheduler sent a node table without this node";
+      } else {
+        nodes_ = std::move(table);
+        registered_ = true;
+      }
+    }
+    changed_.notify_all();
+    held.swap(held_until_registered_);
+  }
+  // The peers' messages held so far: delivered now if the table came, else held again.
+  for (Message& early : held) OnMessage(std::move(early));
 }
 
 void Runtime::OnNodeDead(const NodeInfo& dead) {

@@ -3,13 +3,11 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <iostream>
 #include <tuple>
 
-#include "background.h"
-#include "net_util.h"
+#include "internal.h"
 #include "ps/error.h"
-#include "text.h"
-#include "zmq_transport.h"
 
 namespace ps {
 namespace {
@@ -33,6 +31,16 @@ int RoleBit(Role role) {
       return kSchedulerGroup;
   }
   return 0;
+}
+
+// A REGISTER_REPLY to `recipient` (an acknowledgement; the caller adds a refusal's error or the
+// node table). It echoes the node's connection key: how the node knows the reply is ours.
+Message RegisterReply(int recipient, const std::string& connection_key) {
+  Message reply;
+  reply.meta.control = Control::kRegisterReply;
+  reply.meta.recipient = recipient;
+  reply.meta.body = connection_key;
+  return reply;
 }
 
 }  // namespace
@@ -71,6 +79,10 @@ Scheduler::~Scheduler() {
   transport_->Shutdown();
   receiver_.reset();
   timer_.reset();
+}
+
+void Scheduler::PrintListeningLine() const {
+  std::cout << "ps-scheduler: listening on " << config_.root_uri << ":" << port_ << std::endl;
 }
 
 ClusterConfig Scheduler::NodeConfig(Role role) const {
@@ -249,72 +261,96 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
   return std::nullopt;
 }
 
-std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const NodeInfo& node,
-                                                                 std::string_view settings) const {
+std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Meta& meta) const {
+  using Answer = Refusal::Answer;
+  if (meta.nodes.size() != 1) {
+    return Refusal{"with " + std::to_string(meta.nodes.size()) + " node entries", false,
+                   Answer::kDrop};
+  }
+  const NodeInfo& node = meta.nodes[0];
+  if (node.host.empty() || node.port <= 0 || node.port > 65535) {
+    return Refusal{
+        "without an address: host '" + node.host + "', port " + std::to_string(node.port), false,
+        Answer::kDrop};
+  }
+  if (!registration_failure_.empty()) {
+    return Refusal{"the job cannot start: " + registration_failure_, true};
+  }
   if (node.role == Role::kScheduler) {
-    return Refusal{"a second scheduler cannot join: set DMLC_ROLE to server or worker", false};
+    return Refusal{"a second scheduler cannot join: set DMLC_ROLE to server or worker"};
   }
   if (complete_) {
     return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
-                       std::to_string(config_.num_servers) +
-                       ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")",
-                   false};
+                   std::to_string(config_.num_servers) +
+                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")"};
   }
   // A node that sees the job differently would size rounds, heartbeats or key slices its own
   // way and hang the others: the job cannot run as launched.
-  if (auto refusal = SettingsRefusal(node, settings)) return refusal;
+  if (auto refusal = SettingsRefusal(node, meta.body)) return refusal;
   int same_role = 0;
   for (const NodeInfo& other : nodes_) {
     if (other.host == node.host && other.port == node.port) {
-      return Refusal{
-          "a node at " + node.host + ":" + std::to_string(node.port) + " is already registered",
-          false};
+      return Refusal{"a node at " + node.host + ":" + std::to_string(node.port) +
+                     " is already registered"};
     }
     if (other.role == node.role) ++same_role;
   }
   const int wanted = node.role == Role::kServer ? config_.num_servers : config_.num_workers;
   if (same_role >= wanted) {
     return Refusal{"the job already has its " + std::to_string(wanted) + " " + RoleName(node.role) +
-                       "(s): set " +
-                       (node.role == Role::kServer ? "DMLC_NUM_SERVER" : "DMLC_NUM_WORKER") +
-                       " to the number you start",
-                   false};
+                   "(s): set " +
+                   (node.role == Role::kServer ? "DMLC_NUM_SERVER" : "DMLC_NUM_WORKER") +
+                   " to the number you start"};
+  }
+  // Every peer will connect to the advertised address: a name the scheduler cannot resolve
+  // (a typo in DMLC_NODE_HOST, a resolver that differs) is turned away now, not found out as
+  // requests that never arrive. No reply can reach that address: the node's registration
+  // times out, and its message points here.
+  try {
+    net::ResolveIPv4(node.host,
+                     "the host name this " + RoleName(node.role) + " advertises (DMLC_NODE_HOST)");
+  } catch (const Error& e) {
+    return Refusal{e.what(), false, Answer::kNoReply};
   }
   return std::nullopt;
 }
 
-void Scheduler::Refuse(const NodeInfo& node, const std::string& why) {
+void Scheduler::Refuse(const NodeInfo& node, const Refusal& refusal) {
   ++refused_;
+  if (refusal.answer == Refusal::Answer::kNoReply) {
+    LOG(WARNING) << "turned away " << RoleName(node.role) << " at " << node.host << ":" << node.port
+                 << ": " << refusal.why;
+    return;
+  }
   LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
-               << ": " << why;
+               << ": " << refusal.why;
   const int socket_id = next_reject_id_++;
   try {
     transport_->Connect(socket_id, node.host, node.port);
+    Message reply = RegisterReply(socket_id, node.connection_key);
+    reply.meta.error = refusal.why;
+    Send(std::move(reply));
+    transport_->Disconnect(socket_id);  // still flushes the reply
   } catch (const Error&) {
-    return;  // an address ZeroMQ cannot even parse: nobody to tell
+    // An address ZeroMQ cannot even parse: nobody to tell.
   }
-  Message reply;
-  reply.meta.control = Control::kRegisterReply;
-  reply.meta.recipient = socket_id;
-  reply.meta.error = why;
-  reply.meta.body = node.connection_key;  // how the node knows the reply is ours
-  Send(std::move(reply));
-  transport_->Disconnect(socket_id);  // still flushes the reply
+  if (refusal.ends_job) {
+    ++told_of_failure_;
+    FailRegistration(refusal.why);
+  }
 }
 
 void Scheduler::FailRegistration(const std::string& why) {
-  if (!registration_failure_.empty()) return;
-  registration_failure_ = why;
-  // Not logged: the refusal that caused it was (Refuse), and the job's failure is the caller's
-  // to report (failure()); ps-scheduler prints it once.
-  for (std::size_t id = 1; id < nodes_.size(); ++id) {
-    Message reply;
-    reply.meta.control = Control::kRegisterReply;
-    reply.meta.recipient = static_cast<int>(id);
-    reply.meta.error = why;
-    reply.meta.body = nodes_[id].connection_key;
-    Send(std::move(reply));
-    ++told_of_failure_;
+  if (registration_failure_.empty()) {
+    registration_failure_ = why;
+    // Not logged: the refusal that caused it was (Refuse), and the job's failure is the
+    // caller's to report (failure()); ps-scheduler prints it once.
+    for (std::size_t id = 1; id < nodes_.size(); ++id) {
+      Message reply = RegisterReply(static_cast<int>(id), nodes_[id].connection_key);
+      reply.meta.error = registration_failure_;
+      Send(std::move(reply));
+      ++told_of_failure_;
+    }
   }
   EndFailedRegistrationOnceAllTold();
 }
@@ -328,54 +364,30 @@ void Scheduler::EndFailedRegistrationOnceAllTold() {
 }
 
 void Scheduler::OnRegister(Message&& msg) {
-  if (msg.meta.nodes.size() != 1) {
+  const auto refusal = RegistrationRefusal(msg.meta);
+  if (!refusal) {
+    Admit(msg.meta.nodes[0], msg.meta.body);
+  } else if (refusal->answer == Refusal::Answer::kDrop) {
     if (LogOccurrence(++dropped_)) {
-      LOG(WARNING) << "dropped a register message (#" << dropped_ << ") with "
-                   << msg.meta.nodes.size() << " node entries";
+      LOG(WARNING) << "dropped a register message (#" << dropped_ << ") " << refusal->why;
     }
-    return;
+  } else {
+    Refuse(msg.meta.nodes[0], *refusal);
   }
-  NodeInfo node = msg.meta.nodes[0];
-  if (node.host.empty() || node.port <= 0 || node.port > 65535) {
-    if (LogOccurrence(++dropped_)) {
-      LOG(WARNING) << "dropped a register message (#" << dropped_ << ") without an address: host '"
-                   << node.host << "', port " << node.port;
-    }
-    return;
-  }
-  if (!registration_failure_.empty()) {
-    Refuse(node, "the job cannot start: " + registration_failure_);
-    ++told_of_failure_;
-    EndFailedRegistrationOnceAllTold();
-    return;
-  }
-  if (const auto refusal = RegistrationRefusal(node, msg.meta.body)) {
-    Refuse(node, refusal->why);
-    if (refusal->ends_job) {
-      ++told_of_failure_;
-      FailRegistration(refusal->why);
-    }
-    return;
-  }
+}
+
+void Scheduler::Admit(NodeInfo node, std::string_view settings) {
   node.id = static_cast<int>(nodes_.size());
-  // Every peer will connect to the advertised address: a name the scheduler cannot resolve
-  // (a typo in DMLC_NODE_HOST, a resolver that differs) is turned away now, not found out as
-  // requests that never arrive. No reply can reach that address: the node's registration
-  // times out, and its message points here.
   try {
-    net::ResolveIPv4(node.host,
-                     "the host name this " + RoleName(node.role) + " advertises (DMLC_NODE_HOST)");
     transport_->Connect(node.id, node.host, node.port);
   } catch (const Error& e) {
-    ++refused_;
-    LOG(WARNING) << "turned away " << RoleName(node.role) << " at " << node.host << ":" << node.port
-                 << ": " << e.what();
+    Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
     return;
   }
   if (first_data_node_.empty()) {
     first_data_node_ = RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
-    for (auto& [name, value] : ParseSharedSettings(msg.meta.body)
-                                   .value_or(std::vector<std::pair<std::string, std::string>>{})) {
+    for (auto& [name, value] : ParseSharedSettings(settings).value_or(
+             std::vector<std::pair<std::string, std::string>>{})) {
       first_data_node_settings_.emplace(std::move(name), std::move(value));
     }
   }
@@ -383,11 +395,7 @@ void Scheduler::OnRegister(Message&& msg) {
   node.rank = -1;
   nodes_.push_back(node);
   last_seen_.push_back(Clock::now());
-  Message ack;
-  ack.meta.control = Control::kRegisterReply;
-  ack.meta.recipient = node.id;
-  ack.meta.body = node.connection_key;
-  Send(std::move(ack));
+  Send(RegisterReply(node.id, node.connection_key));
   if (config_.verbose >= 1) {
     LOG(INFO) << RoleName(node.role) << " at " << node.host << ":" << node.port << " registered ("
               << nodes_.size() - 1 << " of " << config_.num_servers + config_.num_workers << ")";
@@ -418,11 +426,8 @@ void Scheduler::CompleteRegistration() {
   const auto now = Clock::now();
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     last_seen_[id] = now;
-    Message table;
-    table.meta.control = Control::kRegisterReply;
-    table.meta.recipient = static_cast<int>(id);
+    Message table = RegisterReply(static_cast<int>(id), nodes_[id].connection_key);
     table.meta.nodes = nodes_;
-    table.meta.body = nodes_[id].connection_key;
     Send(std::move(table));
   }
   LOG(INFO) << "all " << config_.num_servers << " server(s) and " << config_.num_workers

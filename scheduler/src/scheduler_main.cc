@@ -1,6 +1,5 @@
 // ps-scheduler: runs the scheduler of one job and exits with the job's status.
 #include <cstdio>
-#include <iostream>
 #include <mutex>
 #include <string>
 
@@ -38,9 +37,7 @@ int main(int argc, char** argv) {
       std::lock_guard lock(mu);
       running = &scheduler;
     }
-    // The launcher reads this line to learn the port when DMLC_PS_ROOT_PORT=0.
-    std::cout << "ps-scheduler: listening on " << config.root_uri << ":" << scheduler.port()
-              << std::endl;
+    scheduler.PrintListeningLine();  // the launcher learns the port from it
     const int status = scheduler.Run();
     {
       std::lock_guard lock(mu);

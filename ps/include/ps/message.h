@@ -23,7 +23,7 @@ constexpr int kWorkerGroup = 2;
 constexpr int kSchedulerGroup = 4;
 constexpr int kAllGroups = kServerGroup | kWorkerGroup | kSchedulerGroup;
 
-// Same numbers as ps.wire.Control.
+// Same numbers as ps.pb.Control (proto/ps.proto).
 enum class Control {
   kNone = 0,
   kRegister = 1,

@@ -139,6 +139,7 @@ class Runtime {
                            std::optional<std::chrono::milliseconds> timeout);
   void OnMessage(Message&& msg);                           // receive thread
   void OnControl(Message&& msg);                           // receive thread
+  void OnRegisterReply(const Meta& meta);                  // receive thread: Register's answer
   void OnNodeDead(const NodeInfo& dead);                   // receive thread
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
   void OnTick();                                           // timer thread

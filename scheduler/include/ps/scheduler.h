@@ -40,6 +40,10 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   int port() const { return port_; }
+  // Prints "ps-scheduler: listening on HOST:PORT" (DMLC_PS_ROOT_URI, port()) to stdout and
+  // flushes it. tools/launch.py reads this line to learn the port when DMLC_PS_ROOT_PORT=0:
+  // the text is a contract, printed by every program that runs the scheduler role.
+  void PrintListeningLine() const;
   // A config for a node of this job: this scheduler's address and the job's counts.
   ClusterConfig NodeConfig(Role role) const;
 
@@ -60,22 +64,37 @@ class Scheduler {
 
  private:
   using Clock = std::chrono::steady_clock;
-  void OnMessage(Message&& msg);   // receive thread
+  void OnMessage(Message&& msg);  // receive thread
+  // Validates a register message (RegistrationRefusal), then refuses or admits its node.
   void OnRegister(Message&& msg);  // receive thread, mu_ held
-  // Why a registering node is turned away, if it is; `ends_job` when the job cannot run as
-  // launched (the node disagrees on a shared setting). mu_ held.
+  // Why a register message is not admitted, and what its sender is told.
   struct Refusal {
+    enum class Answer {
+      kDrop,     // malformed: dropped unanswered (dropped_messages)
+      kReply,    // the node is told `why` (refused_registrations)
+      kNoReply,  // no reply can reach the node's address: only logged (refused_registrations)
+    };
     std::string why;
+    // The job cannot run as launched (the node disagrees on a shared setting, or the job
+    // already failed to start): every node is told why (answer kReply).
     bool ends_job = false;
+    Answer answer = Answer::kReply;
   };
-  std::optional<Refusal> RegistrationRefusal(const NodeInfo& node, std::string_view settings) const;
+  // Every check of a register message, in one place: why it is not admitted, if it is not.
+  // mu_ held.
+  std::optional<Refusal> RegistrationRefusal(const Meta& meta) const;
   // Why the node's shared settings (ClusterConfig::SharedSettings) do not fit the job, if
   // they do not. mu_ held.
   std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const;
-  void Refuse(const NodeInfo& node, const std::string& why);  // mu_ held
-  // Tells every registered node why the job cannot start; the job ends once every expected
-  // node has been told (later registrations are refused with the reason) or at the
-  // registration deadline. mu_ held.
+  // Counts and logs why `node` is turned away, tells it when a reply can reach it (kReply),
+  // and fails the registration when the refusal ends the job. mu_ held.
+  void Refuse(const NodeInfo& node, const Refusal& refusal);
+  // Gives a validated node its id, connects to it and acknowledges it; sends the table once
+  // the job is full. mu_ held.
+  void Admit(NodeInfo node, std::string_view settings);
+  // The job cannot start: tells every registered node why (the first call; a later one keeps
+  // the first reason), and ends the job once every expected node has been told (later
+  // registrations are refused with the reason) or at the registration deadline. mu_ held.
   void FailRegistration(const std::string& why);
   void EndFailedRegistrationOnceAllTold();  // mu_ held
   void OnBarrier(const Meta& meta);

@@ -1,0 +1,20 @@
+#pragma once
+// ps's internal interface: the part of the runtime's private code that the other libraries of
+// this repository build on (scheduler/ runs a node of its own). Not public: it is not
+// installed (cmake/PsInstall.cmake installs ps/include only), a user's program never sees it,
+// and it changes with the code that uses it. A sibling library includes this header and ps's
+// public headers (ps/include), no other header of ps/src, so that ps can rearrange its private
+// code behind it. The CMake target ps_internal carries its include path and dependencies.
+//
+// What it offers:
+//   ZmqTransport, TransportOptionsFor  a node's sockets: bind, connect, send, receive
+//                                      (zmq_transport.h)
+//   ReceiveLoop, PeriodicTask          a node's receive thread and timer thread (background.h)
+//   net::ResolveIPv4                   host names to addresses, errors naming the variable
+//                                      (net_util.h)
+//   FormatSeconds, LogOccurrence       durations as users write them; rate-limited log lines
+//                                      (text.h)
+#include "background.h"
+#include "net_util.h"
+#include "text.h"
+#include "zmq_transport.h"
