@@ -7,6 +7,19 @@ target_compile_options(ps_warnings INTERFACE
   # (GCC bug 105329, fixed in 13): a false positive that would stop every Release build.
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Wno-restrict>)
 
+# The lock contracts (PS_GUARDED_BY, PS_REQUIRES, ... on ps/mutex.h's mutexes), checked by
+# clang's thread-safety analysis; with -Werror above, a broken contract fails the build. Only
+# clang has the analysis (the preset clang-thread-safety, docs/testing.md).
+if(PS_THREAD_SAFETY_ANALYSIS)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(STATUS "ps: checking lock annotations with -Wthread-safety")
+    target_compile_options(ps_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>)
+  else()
+    message(WARNING "PS_THREAD_SAFETY_ANALYSIS needs clang (CMAKE_CXX_COMPILER=clang++); "
+                    "${CMAKE_CXX_COMPILER_ID} has no thread-safety analysis: not checked")
+  endif()
+endif()
+
 if(PS_SANITIZE)
   message(STATUS "ps: building with -fsanitize=${PS_SANITIZE}")
   add_compile_options(-fsanitize=${PS_SANITIZE} -fno-omit-frame-pointer)

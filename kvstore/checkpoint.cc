@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "kvstore/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

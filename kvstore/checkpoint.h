@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-#include <ps/tensor.h>
+#include "ps/kvstore.h"
+#include "ps/tensor.h"
 
 namespace ps::checkpoint {
 

@@ -1,11 +1,11 @@
-#include "compression.h"
+#include "kvstore/compression.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
-#include "compression_codec.h"
+#include "kvstore/compression_codec.h"
 
 namespace ps::compression {
 namespace {

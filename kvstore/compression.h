@@ -15,9 +15,8 @@
 #include <span>
 #include <string>
 
-#include <ps/kvstore.h>
-
-#include "compression_codec.h"
+#include "kvstore/compression_codec.h"
+#include "ps/kvstore.h"
 
 namespace ps::compression {
 

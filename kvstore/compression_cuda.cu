@@ -3,10 +3,9 @@
 
 #include <string>
 
-#include <ps/error.h>
-
-#include "compression_cuda.h"
-#include "compression_kernels.cuh"
+#include "kvstore/compression_cuda.h"
+#include "kvstore/compression_kernels.cuh"
+#include "ps/error.h"
 
 namespace ps::compression::gpu {
 namespace {

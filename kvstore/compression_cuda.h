@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "compression_codec.h"
+#include "kvstore/compression_codec.h"
 
 namespace ps::compression::gpu {
 

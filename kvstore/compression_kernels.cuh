@@ -7,12 +7,12 @@
 //
 // Compiled by nvcc (compression_cuda.cu) and, for machines without a GPU, on the host under
 // tests/worker/cuda_host_emulation.h (define PS_CUDA_HOST_EMULATION and include that first):
-// tests/worker/compression_kernels_test.cc checks the very same kernel bodies there.
+// tests/worker/test_compression_kernels.cc checks the very same kernel bodies there.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
-#include "compression_codec.h"
+#include "kvstore/compression_codec.h"
 
 #ifdef PS_CUDA_HOST_EMULATION
 #define PS_COMPRESSION_LAUNCH(kernel, blocks, threads, stream, ...) \

@@ -1,11 +1,10 @@
-#include "device_memory.h"
-
-#include "checks.h"
+#include "kvstore/device_memory.h"
 
 #include <cstring>
 #include <string>
 
-#include <ps/error.h>
+#include "kvstore/call_checks.h"
+#include "ps/error.h"
 
 #ifdef PS_KVSTORE_CUDA
 #include <cuda_runtime_api.h>

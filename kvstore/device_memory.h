@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include <ps/tensor.h>
+#include "ps/tensor.h"
 
 namespace ps {
 

@@ -6,10 +6,10 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "dist/dist_kvstore.h"
-#include "dist_kvstore_factory.h"
+#include "kvstore/dist/dist_kvstore.h"
+#include "kvstore/dist_kvstore_factory.h"
+#include "kvstore/server/kv_server.h"
 #include "ps/scheduler.h"
-#include "server/kv_server.h"
 
 namespace ps {
 namespace {

@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include <ps/kvstore.h>
+#include "ps/kvstore.h"
 
 namespace ps {
 

@@ -1,9 +1,9 @@
 // KVStore::Create: picks the implementation for a type name.
-#include <ps/kvstore.h>
+#include "ps/kvstore.h"
 
-#include "compression.h"
-#include "dist_kvstore_factory.h"
-#include "local_kvstore.h"
+#include "kvstore/compression.h"
+#include "kvstore/dist_kvstore_factory.h"
+#include "kvstore/local_kvstore.h"
 
 namespace ps {
 namespace {

@@ -1,8 +1,8 @@
-#include "local_kvstore.h"
+#include "kvstore/local_kvstore.h"
 
-#include "checkpoint.h"
-#include "checks.h"
-#include "device_memory.h"
+#include "kvstore/call_checks.h"
+#include "kvstore/checkpoint.h"
+#include "kvstore/device_memory.h"
 
 #include <unordered_set>
 #include <utility>
@@ -20,13 +20,13 @@ LocalKVStore::~LocalKVStore() = default;
 
 void LocalKVStore::SetOptimizer(const OptimizerConfig& config) {
   auto optimizer = MakeOptimizer(config, parallel_);  // validates; throws before any change
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   optimizer_ = std::move(optimizer);
 }
 
 void LocalKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> values) {
   checks::Counts(kStore, "Init", keys.size(), values.size());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Check every key first so a failing call stores nothing.
   std::unordered_set<Key> seen;
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -100,7 +100,7 @@ void LocalKVStore::DoPullLocked(std::span<Entry* const> entries, std::span<const
 
 void LocalKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                             int /*priority: nothing is queued here*/) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auto entries = CheckLocked(checks::Op::kPush, keys, grads, {});
   // GPU gradients: copied to host memory before anything changes.
   const HostViews host = StageOnHost(kStore, "Push", keys, grads);
@@ -109,14 +109,14 @@ void LocalKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> g
 
 void LocalKVStore::PullImpl(std::span<const Key> keys, std::span<const Tensor> outs,
                             int /*priority*/) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auto entries = CheckLocked(checks::Op::kPull, keys, {}, outs);
   DoPullLocked(entries, keys, outs, "Pull");
 }
 
 void LocalKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                                 std::span<const Tensor> outs, int /*priority*/) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   // Both halves are checked before anything is written; the pull sees this push's result.
   const auto entries = CheckLocked(checks::Op::kPushPull, keys, grads, outs);
   const HostViews host = StageOnHost(kStore, "PushPull", keys, grads);
@@ -126,7 +126,7 @@ void LocalKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tenso
 
 void LocalKVStore::SaveCheckpoint(const std::string& dir) {
   if (dir.empty()) throw Error("local kvstore: SaveCheckpoint: the directory is empty");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   checkpoint::Contents contents;
   if (optimizer_) contents.optimizer = optimizer_->config();
   for (const auto& [key, entry] : store_) {
@@ -156,7 +156,7 @@ void LocalKVStore::LoadCheckpoint(const std::string& dir) {
       checkpoint::Manifest::Parse(checkpoint::ReadManifestText(dir), dir + "/MANIFEST");
   checkpoint::Index index;
   for (const auto& file : manifest.files) index.Add(checkpoint::ReadDataFile(dir, file));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   checkpoint::CheckOptimizerMatches(index.optimizer(),
                                     optimizer_ ? &optimizer_->config() : nullptr);
   // Assembled and checked whole before anything changes.

@@ -5,7 +5,7 @@
 //   Push  with an optimizer set: weight <- optimizer step(weight, pushed gradient);
 //         without: the stored value becomes the pushed value (dist_sync with no optimizer
 //         stores the sum of the workers' pushes; with one worker that is the pushed value).
-//         A key may appear once per call, as in every store type (kvstore/checks.h).
+//         A key may appear once per call, as in every store type (kvstore/call_checks.h).
 //   Pull  copies the stored value out.
 // Every operation is synchronous (WaitAll is a no-op). A call that throws has changed nothing:
 // all keys of a call are checked before any value is written.
@@ -17,15 +17,15 @@
 // optimizer still spreads one big update over threads).
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "checks.h"
-#include "optimizer.h"
+#include "kvstore/call_checks.h"
+#include "kvstore/optimizer.h"
+#include "ps/kvstore.h"
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -63,16 +63,17 @@ class LocalKVStore final : public KVStore {
   // Every check of a Push, Pull or PushPull (checks::Operation, as the dist store runs them),
   // before anything changes; returns each key's entry, in call order.
   std::vector<Entry*> CheckLocked(checks::Op op, std::span<const Key> keys,
-                                  std::span<const Tensor> sends, std::span<const Tensor> outs);
+                                  std::span<const Tensor> sends, std::span<const Tensor> outs)
+      PS_REQUIRES(mu_);
   void ApplyPushLocked(std::span<Entry* const> entries, std::span<const Key> keys,
-                       std::span<const Tensor> grads);
+                       std::span<const Tensor> grads) PS_REQUIRES(mu_);
   void DoPullLocked(std::span<Entry* const> entries, std::span<const Key> keys,
-                    std::span<const Tensor> outs, std::string_view op);
+                    std::span<const Tensor> outs, std::string_view op) PS_REQUIRES(mu_);
 
   const ParallelOptions parallel_;
-  std::mutex mu_;
-  std::unordered_map<Key, Entry> store_;  // guarded by mu_
-  std::unique_ptr<Optimizer> optimizer_;  // guarded by mu_; null: pushes replace the value
+  Mutex mu_;
+  std::unordered_map<Key, Entry> store_ PS_GUARDED_BY(mu_);
+  std::unique_ptr<Optimizer> optimizer_ PS_GUARDED_BY(mu_);  // null: pushes replace the value
 };
 
 }  // namespace ps

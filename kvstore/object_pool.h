@@ -5,8 +5,10 @@
 // is in use; Give() never allocates. Thread-safe. Objects live as long as the pool; a taker
 // resets what it needs (the pool does not know what "empty" means for T).
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -14,7 +16,7 @@ template <class T>
 class ObjectPool {
  public:
   T& Take() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (spare_.empty()) {
       all_.push_back(std::make_unique<T>());
       spare_.reserve(all_.size());
@@ -25,14 +27,14 @@ class ObjectPool {
     return *item;
   }
   void Give(T& item) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     spare_.push_back(&item);
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<T>> all_;  // GUARDED_BY(mu_): every object, in use or not
-  std::vector<T*> spare_;                // GUARDED_BY(mu_): the ones not in use
+  Mutex mu_;
+  std::vector<std::unique_ptr<T>> all_ PS_GUARDED_BY(mu_);  // every object, in use or not
+  std::vector<T*> spare_ PS_GUARDED_BY(mu_);                // the ones not in use
 };
 
 }  // namespace ps

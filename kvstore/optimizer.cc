@@ -2,7 +2,7 @@
 // (see kvstore/CMakeLists.txt): the loops below are plain contiguous loops over __restrict
 // pointers that the compiler vectorizes; no errno lets sqrt vectorize, and no FMA contraction
 // keeps results identical across machines and between vector body and scalar tail.
-#include "optimizer.h"
+#include "kvstore/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -474,7 +474,7 @@ Optimizer::Optimizer(const OptimizerConfig& config, const ParallelOptions& paral
     : config_(config), parallel_(parallel), num_buffers_(num_buffers) {}
 
 Optimizer::Slot& Optimizer::SlotFor(std::uint64_t state_id) {
-  std::lock_guard lock(map_mu_);
+  MutexLock lock(map_mu_);
   auto& slot = slots_[state_id];
   if (!slot) slot = std::make_unique<Slot>();
   return *slot;
@@ -490,7 +490,7 @@ void Optimizer::Update(std::uint64_t state_id, float* weight, const float* grad,
   }
   Slot& slot = SlotFor(state_id);
   // The per-state lock serializes updates of one id; other ids proceed in parallel.
-  std::lock_guard lock(slot.mu);
+  MutexLock lock(slot.mu);
   State& state = slot.state;
   if (!slot.created) {
     for (int i = 0; i < num_buffers_; ++i) state.buffers[i] = std::make_unique<float[]>(n);
@@ -526,24 +526,24 @@ void Optimizer::Update(std::uint64_t state_id, const Tensor& weight, const Tenso
 std::uint64_t Optimizer::UpdateCount(std::uint64_t state_id) const {
   const Slot* slot = nullptr;
   {
-    std::lock_guard lock(map_mu_);
+    MutexLock lock(map_mu_);
     auto it = slots_.find(state_id);
     if (it == slots_.end()) return 0;
     slot = it->second.get();
   }
-  std::lock_guard lock(slot->mu);
+  MutexLock lock(slot->mu);
   return slot->state.count;
 }
 
 std::optional<Optimizer::SavedState> Optimizer::ExportState(std::uint64_t state_id) const {
   const Slot* slot = nullptr;
   {
-    std::lock_guard lock(map_mu_);
+    MutexLock lock(map_mu_);
     auto it = slots_.find(state_id);
     if (it == slots_.end()) return std::nullopt;
     slot = it->second.get();
   }
-  std::lock_guard lock(slot->mu);
+  MutexLock lock(slot->mu);
   if (!slot->created) return std::nullopt;
   const State& state = slot->state;
   SavedState saved{state.length, state.count, {}};
@@ -564,7 +564,7 @@ void Optimizer::ImportState(std::uint64_t state_id, const SavedState& saved) {
                 "e.g. SGD with momentum against SGD without?)");
   }
   Slot& slot = SlotFor(state_id);
-  std::lock_guard lock(slot.mu);
+  MutexLock lock(slot.mu);
   State& state = slot.state;
   state.length = saved.length;
   state.count = saved.count;
@@ -577,7 +577,7 @@ void Optimizer::ImportState(std::uint64_t state_id, const SavedState& saved) {
 }
 
 std::size_t Optimizer::NumStates() const {
-  std::lock_guard lock(map_mu_);
+  MutexLock lock(map_mu_);
   return slots_.size();
 }
 

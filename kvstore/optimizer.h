@@ -8,15 +8,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
-#include <ps/kvstore.h>
-#include <ps/tensor.h>
-
-#include "parallel.h"
+#include "kvstore/parallel.h"
+#include "ps/kvstore.h"
+#include "ps/mutex.h"
+#include "ps/tensor.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -92,18 +92,18 @@ class Optimizer {
 
  private:
   struct Slot {
-    mutable std::mutex mu;
-    bool created = false;  // guarded by mu
-    State state;           // guarded by mu
+    mutable Mutex mu;
+    bool created PS_GUARDED_BY(mu) = false;
+    State state PS_GUARDED_BY(mu);
   };
   Slot& SlotFor(std::uint64_t state_id);
 
   const OptimizerConfig config_;
   const ParallelOptions parallel_;
   const int num_buffers_;
-  mutable std::mutex map_mu_;
+  mutable Mutex map_mu_;
   // Slots are never erased while the optimizer lives, so a Slot& stays valid outside map_mu_.
-  std::unordered_map<std::uint64_t, std::unique_ptr<Slot>> slots_;  // guarded by map_mu_
+  std::unordered_map<std::uint64_t, std::unique_ptr<Slot>> slots_ PS_GUARDED_BY(map_mu_);
 };
 
 // Validates config (ValidateOptimizerConfig) and builds the optimizer it names.

@@ -1,4 +1,4 @@
-#include "parallel.h"
+#include "kvstore/parallel.h"
 
 #include <algorithm>
 #include <exception>
@@ -38,40 +38,45 @@ ParallelPool::ParallelPool(unsigned helpers) {
 
 ParallelPool::~ParallelPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  work_ready_.notify_all();
+  work_ready_.NotifyAll();
   // threads_ is destroyed first and joins every helper.
 }
 
-bool ParallelPool::RunNextChunk(std::unique_lock<std::mutex>& lock) {
+bool ParallelPool::RunNextChunk() {
   if (next_chunk_ >= chunks_) return false;
   const unsigned index = next_chunk_++;
   const std::size_t begin = index * chunk_;
   const std::size_t end = std::min(n_, begin + chunk_);
   const ChunkFn& fn = *fn_;
-  lock.unlock();
-  fn(begin, end);
-  lock.lock();
-  if (--unfinished_ == 0) work_done_.notify_all();
+  mu_.Unlock();
+  try {
+    fn(begin, end);
+  } catch (...) {
+    mu_.Lock();  // the caller's scoped lock holds mu_ again, as it expects
+    throw;
+  }
+  mu_.Lock();
+  if (--unfinished_ == 0) work_done_.NotifyAll();
   return true;
 }
 
 void ParallelPool::Help() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (true) {
-    work_ready_.wait(lock, [this] { return stopping_ || next_chunk_ < chunks_; });
+    while (!stopping_ && next_chunk_ >= chunks_) work_ready_.Wait(mu_);
     if (stopping_) return;
-    while (RunNextChunk(lock)) {
+    while (RunNextChunk()) {
     }
   }
 }
 
 void ParallelPool::Run(std::size_t n, std::size_t chunk, unsigned chunks, ChunkFn fn) {
-  std::lock_guard run(run_mu_);
+  MutexLock run(run_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     fn_ = &fn;
     n_ = n;
     chunk_ = chunk;
@@ -79,27 +84,27 @@ void ParallelPool::Run(std::size_t n, std::size_t chunk, unsigned chunks, ChunkF
     chunks_ = chunks;
     unfinished_ = chunks - 1;
   }
-  work_ready_.notify_all();
+  work_ready_.NotifyAll();
   std::exception_ptr failure;
   try {
     fn(0, std::min(n, chunk));
   } catch (...) {
     failure = std::current_exception();
   }
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   // Chunks no helper has taken yet (a helper slow to wake) are the caller's too.
-  while (!failure && RunNextChunk(lock)) {
+  while (!failure && RunNextChunk()) {
   }
   if (failure) {
     unfinished_ -= chunks_ - next_chunk_;  // never started: nobody will finish them
     next_chunk_ = chunks_;
   }
   // Helpers still running reference fn: wait for them, also when the caller's chunk threw.
-  work_done_.wait(lock, [this] { return unfinished_ == 0; });
+  while (unfinished_ != 0) work_done_.Wait(mu_);
   chunks_ = 0;
   next_chunk_ = 0;
   fn_ = nullptr;
-  lock.unlock();
+  lock.Unlock();
   if (failure) std::rethrow_exception(failure);
 }
 

@@ -4,12 +4,12 @@
 // started for the call or, when ParallelOptions::pool is set, a ParallelPool's threads that
 // live as long as their owner (a server: no thread is started or allocated per update).
 // Every caller's work is element-wise, so the result is the same whatever the split.
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -63,22 +63,21 @@ class ParallelPool {
 
  private:
   void Help();  // a helper thread's loop
-  // Runs the job's next chunk, unlocking around it; false when none is left.
-  bool RunNextChunk(std::unique_lock<std::mutex>& lock);
+  // Runs the job's next chunk, releasing mu_ around it; false when none is left.
+  bool RunNextChunk() PS_REQUIRES(mu_);
 
-  std::mutex run_mu_;  // one Run at a time
-  std::mutex mu_;
-  std::condition_variable work_ready_;
-  std::condition_variable work_done_;
-  // The job being run, GUARDED_BY(mu_).
-  const ChunkFn* fn_ = nullptr;
-  std::size_t n_ = 0;
-  std::size_t chunk_ = 0;
-  unsigned next_chunk_ = 0;  // the next chunk a helper takes
-  unsigned chunks_ = 0;      // chunks in the job
-  unsigned unfinished_ = 0;  // helper chunks not done yet
-  std::uint64_t job_ = 0;    // increases with every job
-  bool stopping_ = false;
+  Mutex run_mu_;  // one Run at a time
+  Mutex mu_;
+  CondVar work_ready_;
+  CondVar work_done_;
+  // The job being run.
+  const ChunkFn* fn_ PS_GUARDED_BY(mu_) = nullptr;
+  std::size_t n_ PS_GUARDED_BY(mu_) = 0;
+  std::size_t chunk_ PS_GUARDED_BY(mu_) = 0;
+  unsigned next_chunk_ PS_GUARDED_BY(mu_) = 0;  // the next chunk a helper takes
+  unsigned chunks_ PS_GUARDED_BY(mu_) = 0;      // chunks in the job
+  unsigned unfinished_ PS_GUARDED_BY(mu_) = 0;  // helper chunks not done yet
+  bool stopping_ PS_GUARDED_BY(mu_) = false;
   std::vector<std::jthread> threads_;  // last: started after, joined before the members above
 };
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake pkg-config clang-format
+  build-essential cmake pkg-config clang-format clang
   libzmq3-dev cppzmq-dev
   libprotobuf-dev protobuf-compiler
   libgflags-dev libgoogle-glog-dev

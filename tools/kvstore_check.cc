@@ -15,9 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "cli.h"
+#include "ps/cli/cli.h"
+#include "ps/kvstore.h"
 
 DEFINE_string(type, "dist_sync", "KVStore type: local, dist_sync or dist_async");
 DEFINE_int32(rounds, 20, "Push/pull rounds");

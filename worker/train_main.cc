@@ -15,9 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "cli.h"
+#include "ps/cli/cli.h"
+#include "ps/kvstore.h"
 #include "worker/dataset.h"
 #include "worker/errors.h"
 #include "worker/trainer.h"

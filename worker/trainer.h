@@ -20,8 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include <ps/kvstore.h>
-
+#include "ps/kvstore.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/model.h"

@@ -1,4 +1,4 @@
-#include "dist_kvstore.h"
+#include "kvstore/dist/dist_kvstore.h"
 
 #include <glog/logging.h>
 
@@ -12,11 +12,11 @@
 #include <thread>
 #include <unordered_set>
 
-#include "checkpoint.h"
-#include "checks.h"
-#include "device_memory.h"
-#include "glog_or_stderr.h"
-#include "optimizer.h"
+#include "kvstore/call_checks.h"
+#include "kvstore/checkpoint.h"
+#include "kvstore/device_memory.h"
+#include "kvstore/optimizer.h"
+#include "ps/src/glog_or_stderr.h"
 
 namespace ps {
 namespace {
@@ -108,9 +108,9 @@ void DistKVStore::ReportFinished(const std::string& failure) {
 }
 
 void DistKVStore::Complete(const std::string& error) {
-  std::lock_guard lock(ops_mu_);
+  MutexLock lock(ops_mu_);
   if (!error.empty() && first_error_.empty()) first_error_ = error;
-  if (--outstanding_ == 0) ops_done_.notify_all();
+  if (--outstanding_ == 0) ops_done_.NotifyAll();
 }
 
 void DistKVStore::WaitAll() {
@@ -128,8 +128,8 @@ void DistKVStore::WaitAll() {
       std::this_thread::yield();
     }
   }
-  std::unique_lock lock(ops_mu_);
-  ops_done_.wait(lock, [this] { return outstanding_ == 0; });
+  MutexLock lock(ops_mu_);
+  while (outstanding_ != 0) ops_done_.Wait(ops_mu_);
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
@@ -274,7 +274,7 @@ void DistKVStore::SetGradientCompression(const GradientCompression& config) {
     Track(messages, NewInflight(messages.size()));
   });
   // Every worker and every server has the setting: the keys there so far get their state.
-  std::unique_lock lock(keys_mu_);
+  ExclusiveLock lock(keys_mu_);
   compression_ = settings;
   for (auto& [key, info] : keys_) {
     info.compression.clear();
@@ -302,7 +302,7 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
   std::string local_error;
   try {
     checks::Counts(kStore, "Init", keys.size(), values.size());
-    std::shared_lock lock(keys_mu_);
+    SharedLock lock(keys_mu_);
     std::unordered_set<Key> seen;
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const auto it = keys_.find(keys[i]);
@@ -320,7 +320,7 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
   bool declared = false;
   const auto declare = [&] {
     declared = true;
-    std::unique_lock lock(keys_mu_);
+    ExclusiveLock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       KeyInfo& info = keys_[keys[i]] =
           KeyInfo{values[i].dtype(),
@@ -345,7 +345,7 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
     });
   } catch (const Error&) {
     if (declared) {  // rank 0, whose Init failed after every worker agreed on it
-      std::unique_lock lock(keys_mu_);
+      ExclusiveLock lock(keys_mu_);
       for (const Key key : keys) keys_.erase(key);
     }
     throw;
@@ -358,7 +358,7 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
 void DistKVStore::Forget(std::span<const Key> keys) {
   std::map<int, kv::Request> per_server;
   {
-    std::shared_lock lock(keys_mu_);
+    SharedLock lock(keys_mu_);
     for (const Key key : keys) {
       const KeyInfo& info = keys_.at(key);
       for (const KeySlice& slice : info.slices) {
@@ -387,7 +387,7 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
   };
   std::map<int, std::vector<Wanted>> wanted;
   {
-    std::shared_lock lock(keys_mu_);
+    SharedLock lock(keys_mu_);
     for (const Key key : keys) {
       const KeyInfo& info = keys_.at(key);
       for (std::size_t j = 0; j < info.slices.size(); ++j) {
@@ -428,7 +428,7 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
       continue;
     }
     shm_.Attached(segment);
-    std::unique_lock lock(keys_mu_);
+    ExclusiveLock lock(keys_mu_);
     for (std::size_t n = 0; n < slices.size(); ++n) {
       KeyInfo& info = keys_.at(slices[n].key);
       info.slots.resize(info.slices.size(), nullptr);
@@ -489,7 +489,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   alignas(std::max_align_t) std::byte scratch[kIssueScratchBytes];
   std::pmr::monotonic_buffer_resource arena(scratch, sizeof(scratch));
   Plan plan(&arena);
-  // The checks "local" runs too (kvstore/checks.h), key by key below. An Init's keys were
+  // The checks "local" runs too (kvstore/call_checks.h), key by key below. An Init's keys were
   // checked by InitImpl on every worker and declared since: they pass as a push.
   checks::Operation check(kStore,
                           command == kv::kPull       ? checks::Op::kPull
@@ -503,7 +503,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
   }
   DraftsTaken drafts(drafts_, &arena);
   try {
-    std::shared_lock lock(keys_mu_);
+    SharedLock lock(keys_mu_);
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const auto it = keys_.find(keys[i]);
       // Throws for an unknown key: `it` is valid below.
@@ -662,7 +662,7 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
   }
   for (const Message& msg : messages) inflight.nodes.push_back(msg.meta.recipient);
   {
-    std::lock_guard lock(ops_mu_);
+    MutexLock lock(ops_mu_);
     ++outstanding_;
   }
   // Captures two pointers: std::function keeps them without allocating.

@@ -12,28 +12,26 @@
 // Threads: Push/Pull/PushPull/WaitAll from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <memory_resource>
-#include <mutex>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "compression.h"
-#include "key_layout.h"
-#include "kv_protocol.h"
-#include "object_pool.h"
+#include "kvstore/compression.h"
+#include "kvstore/dist/key_layout.h"
+#include "kvstore/dist/kv_protocol.h"
+#include "kvstore/dist/shm_slots.h"
+#include "kvstore/dist/slice_compression.h"
+#include "kvstore/object_pool.h"
+#include "ps/kvstore.h"
+#include "ps/mutex.h"
 #include "ps/runtime.h"
-#include "shm_slots.h"
-#include "slice_compression.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -160,9 +158,9 @@ class DistKVStore final : public KVStore {
   // Per server rank, the messages planned for it in sending order: wave w of a call is every
   // server's w-th message.
   using Plan = std::pmr::map<int, std::pmr::vector<Outgoing>>;
-  // Issue's planning step for key `i` of `call` (declared as `info`; keys_mu_ held shared).
+  // Issue's planning step for key `i` of `call` (declared as `info`, an entry of keys_).
   void PlanKey(const Call& call, std::size_t i, const KeyInfo& info, Plan& plan,
-               DraftsTaken& drafts);
+               DraftsTaken& drafts) PS_REQUIRES_SHARED(keys_mu_);
   // Issue's sending step: each wave's slot copies and encodings, then its messages.
   void SendPlan(const Call& call, Plan& plan);
   // Gives back the slots of the messages of waves from `from_wave` on: not sent (a throw).
@@ -186,9 +184,9 @@ class DistKVStore final : public KVStore {
   void Forget(std::span<const Key> keys);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(std::span<const Key> keys);
-  // Gives a key's slices their compression state when compression_ is on (Init, and
-  // SetGradientCompression for the keys already there); keys_mu_ held exclusively.
-  void AttachCompression(KeyInfo& info);
+  // Gives a key's slices (`info`, an entry of keys_) their compression state when compression_
+  // is on (Init, and SetGradientCompression for the keys already there).
+  void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);
   void Complete(const std::string& error);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
@@ -208,26 +206,26 @@ class DistKVStore final : public KVStore {
   const bool sync_;
   const KeyLayout layout_;
 
-  mutable std::shared_mutex keys_mu_;
-  std::unordered_map<Key, KeyInfo> keys_;  // GUARDED_BY(keys_mu_)
-  bool optimizer_set_ = false;             // collective calls only
-  compression::Settings compression_;      // set by a collective call, before any push
-  std::atomic<bool> pushed_{false};        // a Push or PushPull was issued
-  std::atomic<bool> finished_{false};      // the scheduler was told this worker is done
-  std::vector<bool> shm_servers_;          // collective calls only: per server rank, slots on
+  mutable SharedMutex keys_mu_;
+  std::unordered_map<Key, KeyInfo> keys_ PS_GUARDED_BY(keys_mu_);
+  bool optimizer_set_ = false;         // collective calls only
+  compression::Settings compression_;  // set by a collective call, before any push
+  std::atomic<bool> pushed_{false};    // a Push or PushPull was issued
+  std::atomic<bool> finished_{false};  // the scheduler was told this worker is done
+  std::vector<bool> shm_servers_;      // collective calls only: per server rank, slots on
 
   // The owner of frames that reference the caller's memory: a token marking them borrowed
   // (the buffer lifetime rule keeps the memory valid), shared by all of them.
   const std::shared_ptr<const void> borrowed_ = std::make_shared<int>(0);
 
-  std::mutex ops_mu_;
-  std::condition_variable ops_done_;
+  Mutex ops_mu_;
+  CondVar ops_done_;
   // Changed only under ops_mu_ (so the condition variable sees every change); atomic so that
   // WaitAll can poll it without the lock while it spins.
   std::atomic<std::size_t> outstanding_{0};
   // Whether the last WaitAll that had to wait finished within PS_WAIT_SPIN_US (see WaitAll).
   std::atomic<bool> last_wait_short_{true};
-  std::string first_error_;  // GUARDED_BY(ops_mu_)
+  std::string first_error_ PS_GUARDED_BY(ops_mu_);
 };
 
 }  // namespace ps

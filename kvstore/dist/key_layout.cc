@@ -1,4 +1,4 @@
-#include "key_layout.h"
+#include "kvstore/dist/key_layout.h"
 
 #include <algorithm>
 

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <ps/tensor.h>
+#include "ps/tensor.h"
 
 namespace ps {
 

@@ -1,4 +1,4 @@
-#include "kv_protocol.h"
+#include "kvstore/dist/kv_protocol.h"
 
 #include <google/protobuf/arena.h>
 

@@ -8,10 +8,9 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-
+#include "kvstore/shm/shared_segment.h"
+#include "ps/kvstore.h"
 #include "ps/message.h"
-#include "shared_segment.h"
 
 namespace ps::pb {
 class KVBody;  // generated from kvstore/proto/kv.proto

@@ -1,4 +1,4 @@
-#include "shm_slots.h"
+#include "kvstore/dist/shm_slots.h"
 
 namespace ps {
 namespace {

@@ -20,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "shared_segment.h"
+#include "kvstore/shm/shared_segment.h"
 
 namespace ps {
 

@@ -1,11 +1,11 @@
-#include "slice_compression.h"
+#include "kvstore/dist/slice_compression.h"
 
 #include <cstring>
 
-#include "device_memory.h"
+#include "kvstore/device_memory.h"
 
 #ifdef PS_KVSTORE_CUDA
-#include "compression_cuda.h"
+#include "kvstore/compression_cuda.h"
 #endif
 
 namespace ps {
@@ -51,7 +51,7 @@ compression::gpu::DeviceResidual& SliceCompression::DeviceResidualLocked(int dev
 Blob SliceCompression::EncodePush(const float* grad, Device device) {
   const compression::Settings& settings = settings_;
   std::vector<std::byte> codes(compression::EncodedBytes(settings.push, length_));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (device.is_cuda()) {
 #ifdef PS_KVSTORE_CUDA
     DeviceResidualLocked(device.id).Encode(settings.push, settings.threshold, grad, codes.data());
@@ -66,14 +66,14 @@ Blob SliceCompression::EncodePush(const float* grad, Device device) {
 }
 
 kv::PullState SliceCompression::NextPull() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return kv::PullState{copy_state_, ++issued_};
 }
 
 std::string SliceCompression::ApplyPull(const Blob& frame, kv::PullState pull, void* target,
                                         Device device) {
   const compression::Settings& settings = settings_;
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::size_t bytes = length_ * sizeof(float);
   if (frame.dtype() == DType::kFloat32 && frame.bytes() == bytes) {
     copy_.assign(length_, 0.0f);

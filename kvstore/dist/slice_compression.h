@@ -8,15 +8,15 @@
 // the calling thread of Push/Pull, ApplyPull on the runtime's receive thread.
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include <ps/tensor.h>
-
-#include "compression.h"
-#include "kv_protocol.h"
+#include "kvstore/compression.h"
+#include "kvstore/dist/kv_protocol.h"
 #include "ps/message.h"
+#include "ps/mutex.h"
+#include "ps/tensor.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -50,19 +50,19 @@ class SliceCompression {
 
  private:
   // The residual where a push from `device` needs it (moved there if it was elsewhere).
-  float* HostResidualLocked();
-  compression::gpu::DeviceResidual& DeviceResidualLocked(int device);
+  float* HostResidualLocked() PS_REQUIRES(mu_);
+  compression::gpu::DeviceResidual& DeviceResidualLocked(int device) PS_REQUIRES(mu_);
 
   const compression::Settings settings_;
   const std::size_t length_;
-  std::mutex mu_;
+  Mutex mu_;
   // The residual: in host memory (pushes from the CPU) or on a GPU (pushes from it); empty and
   // null before the first push.
-  std::vector<float> residual_;                               // GUARDED_BY(mu_)
-  std::unique_ptr<compression::gpu::DeviceResidual> device_;  // GUARDED_BY(mu_)
-  std::vector<float> copy_;                                   // GUARDED_BY(mu_)
-  std::uint64_t copy_state_ = 0;                              // GUARDED_BY(mu_); 0: no copy
-  std::uint64_t issued_ = 0;                                  // GUARDED_BY(mu_)
+  std::vector<float> residual_ PS_GUARDED_BY(mu_);
+  std::unique_ptr<compression::gpu::DeviceResidual> device_ PS_GUARDED_BY(mu_);
+  std::vector<float> copy_ PS_GUARDED_BY(mu_);
+  std::uint64_t copy_state_ PS_GUARDED_BY(mu_) = 0;  // 0: no copy
+  std::uint64_t issued_ PS_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ps

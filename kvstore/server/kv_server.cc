@@ -1,15 +1,16 @@
-#include "kv_server.h"
+#include "kvstore/server/kv_server.h"
 
 #include <glog/logging.h>
 #include <malloc.h>
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <new>
 
-#include "checkpoint.h"
-#include "text.h"
+#include "kvstore/checkpoint.h"
+#include "ps/mutex.h"
+#include "ps/src/log_text.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 namespace {
@@ -665,17 +666,19 @@ int RunServer(const ClusterConfig& config) {
   // A request the store cannot handle for a reason of its own (not the requester's mistake,
   // which it answers) leaves it in an unknown state: the server stops, and the job ends
   // naming it and the reason instead of waiting for its heartbeats to stop.
-  std::mutex failed_mu;
-  std::string failed;  // GUARDED_BY(failed_mu)
+  struct {
+    Mutex mu;
+    std::string why PS_GUARDED_BY(mu);
+  } failed;
   runtime->SetRequestHandler([&](Message&& msg) {
     try {
       store->OnRequest(std::move(msg));
     } catch (const std::exception& e) {
       const std::string why = "server " + std::to_string(rank) + " failed: " + e.what();
       {
-        std::lock_guard lock(failed_mu);
-        if (!failed.empty()) return;
-        failed = why;
+        MutexLock lock(failed.mu);
+        if (!failed.why.empty()) return;
+        failed.why = why;
       }
       runtime->Fail(why);
     }
@@ -683,8 +686,8 @@ int RunServer(const ClusterConfig& config) {
   const std::string failure = runtime->WaitForTermination();
   std::string why_failed;
   {
-    std::lock_guard lock(failed_mu);
-    why_failed = failed;
+    MutexLock lock(failed.mu);
+    why_failed = failed.why;
   }
   if (!why_failed.empty()) runtime->ReportFailure(why_failed);
   runtime.reset();  // joins the receive thread before the store goes

@@ -27,13 +27,13 @@
 #include <string>
 #include <vector>
 
-#include "compression.h"
-#include "kv_protocol.h"
-#include "object_pool.h"
-#include "optimizer.h"
+#include "kvstore/compression.h"
+#include "kvstore/dist/kv_protocol.h"
+#include "kvstore/object_pool.h"
+#include "kvstore/optimizer.h"
+#include "kvstore/shm/shared_segment.h"
 #include "ps/config.h"
 #include "ps/runtime.h"
-#include "shared_segment.h"
 
 namespace ps {
 

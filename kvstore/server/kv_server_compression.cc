@@ -5,7 +5,7 @@
 
 #include <new>
 
-#include "kv_server.h"
+#include "kvstore/server/kv_server.h"
 
 namespace ps {
 namespace {

@@ -1,8 +1,8 @@
 // ps-server: runs one server of a job until the scheduler ends it.
 #include <cstdio>
 
-#include "cli.h"
-#include "kv_server.h"
+#include "kvstore/server/kv_server.h"
+#include "ps/cli/cli.h"
 #include "ps/error.h"
 #include "ps/runtime.h"
 

@@ -1,4 +1,4 @@
-#include "shared_segment.h"
+#include "kvstore/shm/shared_segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

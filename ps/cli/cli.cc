@@ -1,4 +1,4 @@
-#include "cli.h"
+#include "ps/cli/cli.h"
 
 #include <gflags/gflags.h>
 #include <glog/logging.h>

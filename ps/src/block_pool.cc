@@ -1,4 +1,4 @@
-#include "block_pool.h"
+#include "ps/src/block_pool.h"
 
 #include <new>
 
@@ -10,7 +10,7 @@ BlockPool::~BlockPool() {
 
 void* BlockPool::Take(std::size_t bytes) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (block_bytes_ == 0) block_bytes_ = bytes;
     if (bytes == block_bytes_ && !free_.empty()) {
       void* block = free_.back();
@@ -23,7 +23,7 @@ void* BlockPool::Take(std::size_t bytes) {
 
 void BlockPool::Give(void* block, std::size_t bytes) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (bytes == block_bytes_ && free_.size() < kMaxFree) {
       free_.push_back(block);
       return;

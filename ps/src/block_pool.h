@@ -6,8 +6,10 @@
 // pool (shared_ptr), so it lives as long as the last block it handed out.
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -26,9 +28,9 @@ class BlockPool {
  private:
   // Free blocks kept at most: more than this, after a burst, go back to the heap.
   static constexpr std::size_t kMaxFree = 4096;
-  std::mutex mu_;
-  std::size_t block_bytes_ = 0;  // GUARDED_BY(mu_)
-  std::vector<void*> free_;      // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::size_t block_bytes_ PS_GUARDED_BY(mu_) = 0;
+  std::vector<void*> free_ PS_GUARDED_BY(mu_);
 };
 
 // A standard allocator drawing from a shared BlockPool (std::allocate_shared's control blocks).

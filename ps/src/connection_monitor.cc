@@ -1,4 +1,4 @@
-#include "connection_monitor.h"
+#include "ps/src/connection_monitor.h"
 
 #include <arpa/inet.h>
 #include <glog/logging.h>
@@ -14,9 +14,9 @@
 #include <cstddef>
 #include <cstring>
 
-#include "glog_or_stderr.h"
 #include "ps/error.h"
-#include "text.h"
+#include "ps/src/glog_or_stderr.h"
+#include "ps/src/log_text.h"
 
 namespace ps {
 namespace {
@@ -139,7 +139,7 @@ zmq::socket_t ConnectionMonitor::OpenEvents(zmq::socket_t& socket, int mask) {
 bool ConnectionMonitor::WatchReceiver(zmq::socket_t& receiver) {
   try {
     zmq::socket_t events = OpenEvents(receiver, kReceiverEvents);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     new_receiver_.push_back(std::move(events));
   } catch (const zmq::error_t& e) {
     PS_LOG(WARNING) << "cannot watch the connections of the receive socket (" << e.what()
@@ -152,7 +152,7 @@ bool ConnectionMonitor::WatchReceiver(zmq::socket_t& receiver) {
 
 std::uint64_t ConnectionMonitor::WatchPeer(int node_id, zmq::socket_t& socket) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!watching_peers_) return 0;
   }
   zmq::socket_t events;
@@ -165,7 +165,7 @@ std::uint64_t ConnectionMonitor::WatchPeer(int node_id, zmq::socket_t& socket) {
   }
   std::uint64_t watch = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     watch = next_watch_++;
     new_peers_.emplace(watch, PeerWatch{node_id, std::move(events), false});
   }
@@ -177,7 +177,7 @@ void ConnectionMonitor::Unwatch(std::uint64_t watch, zmq::socket_t& socket) {
   if (watch == 0) return;
   zmq_socket_monitor(socket.handle(), nullptr, 0);  // fails only after shutdown: no events then
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (new_peers_.erase(watch) != 0) return;  // never reached the monitor thread
     removed_.push_back(watch);
   }
@@ -187,10 +187,10 @@ void ConnectionMonitor::Unwatch(std::uint64_t watch, zmq::socket_t& socket) {
 void ConnectionMonitor::SetPeerWatcher(PeerWatcher watcher) {
   const bool set = static_cast<bool>(watcher);
   {
-    std::lock_guard lock(watcher_mu_);
+    MutexLock lock(watcher_mu_);
     watcher_ = std::move(watcher);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   watching_peers_ = set;
 }
 
@@ -244,7 +244,7 @@ void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
 
 void ConnectionMonitor::AdoptChangesOnMonitorThread() {
   // The sockets change threads here; the mutex is the memory barrier ZeroMQ asks for.
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (zmq::socket_t& events : new_receiver_) receiver_events_ = std::move(events);
   new_receiver_.clear();
   peers_.merge(new_peers_);
@@ -408,7 +408,7 @@ void ConnectionMonitor::OnPeerEventOnMonitorThread(PeerWatch& watch, const Event
 
 void ConnectionMonitor::NotifyOnMonitorThread(const std::vector<Notice>& notices) {
   if (notices.empty()) return;
-  std::lock_guard lock(watcher_mu_);
+  MutexLock lock(watcher_mu_);
   if (!watcher_) return;
   for (const Notice& notice : notices) {
     try {

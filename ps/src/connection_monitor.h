@@ -39,7 +39,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -48,7 +47,9 @@
 
 #include <zmq.hpp>
 
-#include "wake_fd.h"
+#include "ps/mutex.h"
+#include "ps/src/wake_fd.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -142,15 +143,15 @@ class ConnectionMonitor {
   std::atomic<std::uint64_t> dropped_{0};
   WakeFd wake_;  // wakes the monitor thread for changes and for stopping
 
-  std::mutex mu_;                                 // guards the hand-over below
-  std::vector<zmq::socket_t> new_receiver_;       // GUARDED_BY(mu_): at most one
-  std::map<std::uint64_t, PeerWatch> new_peers_;  // GUARDED_BY(mu_): watch id -> its events
-  std::vector<std::uint64_t> removed_;            // GUARDED_BY(mu_): watch ids to forget
-  std::uint64_t next_watch_ = 1;                  // GUARDED_BY(mu_)
-  bool watching_peers_ = false;                   // GUARDED_BY(mu_): a watcher is set
+  Mutex mu_;                                                         // guards the hand-over below
+  std::vector<zmq::socket_t> new_receiver_ PS_GUARDED_BY(mu_);       // at most one
+  std::map<std::uint64_t, PeerWatch> new_peers_ PS_GUARDED_BY(mu_);  // watch id -> its events
+  std::vector<std::uint64_t> removed_ PS_GUARDED_BY(mu_);            // watch ids to forget
+  std::uint64_t next_watch_ PS_GUARDED_BY(mu_) = 1;
+  bool watching_peers_ PS_GUARDED_BY(mu_) = false;  // a watcher is set
 
-  std::mutex watcher_mu_;  // held while the watcher runs, so SetPeerWatcher never races a call
-  PeerWatcher watcher_;    // GUARDED_BY(watcher_mu_)
+  Mutex watcher_mu_;  // held while the watcher runs, so SetPeerWatcher never races a call
+  PeerWatcher watcher_ PS_GUARDED_BY(watcher_mu_);
 
   // Monitor thread only.
   zmq::socket_t receiver_events_;

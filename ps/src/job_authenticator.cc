@@ -1,4 +1,4 @@
-#include "job_authenticator.h"
+#include "ps/src/job_authenticator.h"
 
 #include <array>
 #include <cerrno>
@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "glog_or_stderr.h"
 #include "ps/error.h"
-#include "text.h"
+#include "ps/src/glog_or_stderr.h"
+#include "ps/src/log_text.h"
 
 namespace ps {
 namespace {

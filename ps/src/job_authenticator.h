@@ -26,7 +26,7 @@
 
 #include <zmq.hpp>
 
-#include "wake_fd.h"
+#include "ps/src/wake_fd.h"
 
 namespace ps {
 

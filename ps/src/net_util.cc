@@ -1,4 +1,4 @@
-#include "net_util.h"
+#include "ps/src/net_util.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "ps/error.h"
-#include "text.h"
+#include "ps/src/log_text.h"
 
 namespace ps::net {
 namespace {

@@ -17,10 +17,10 @@ RequestTracker::Slot* RequestTracker::Find(std::uint64_t timestamp) {
 
 std::uint64_t RequestTracker::Start(std::span<const int> peers, Callback callback,
                                     std::optional<Clock::time_point> deadline) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (closed_ || peers.empty()) {
     RequestResult result{closed_.value_or(""), {}};
-    lock.unlock();
+    lock.Unlock();
     if (callback) callback(std::move(result));
     return 0;
   }
@@ -61,7 +61,7 @@ void RequestTracker::Finish(Slot& slot) {
       slot.spare.push_back(std::move(response));
     }
     slot.result.responses.clear();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     slot.state = SlotState::kFree;
     free_.push_back(slot.index);
   };
@@ -75,7 +75,7 @@ void RequestTracker::Finish(Slot& slot) {
 }
 
 bool RequestTracker::OnResponse(Message&& msg) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   Slot* slot = Find(msg.meta.timestamp);
   if (slot == nullptr) return false;
   std::vector<int>& waiting = slot->waiting_on;
@@ -91,7 +91,7 @@ bool RequestTracker::OnResponse(Message&& msg) {
   }
   if (!failed && !waiting.empty()) return true;
   Complete(*slot, "");
-  lock.unlock();
+  lock.Unlock();
   Finish(*slot);
   return true;
 }
@@ -100,7 +100,7 @@ void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
                                const std::function<std::string(const Slot&)>& why) {
   std::vector<Slot*> failed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& owned : slots_) {
       Slot& slot = *owned;
       if (slot.state != SlotState::kWaiting || !matches(slot)) continue;
@@ -122,7 +122,7 @@ void RequestTracker::FailPeer(int node, const std::string& why) {
 
 void RequestTracker::FailAll(const std::string& why) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!closed_) closed_ = why;
   }
   FailWhere([](const Slot&) { return true; }, [&why](const Slot&) { return why; });
@@ -137,7 +137,7 @@ void RequestTracker::ExpireOverdue(Clock::time_point now) {
 }
 
 std::size_t RequestTracker::outstanding() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return waiting_;
 }
 

@@ -8,12 +8,12 @@
 #include <cstddef>
 #include <memory_resource>
 
-#include "background.h"
-#include "glog_or_stderr.h"
-#include "net_util.h"
 #include "ps/error.h"
-#include "text.h"
-#include "zmq_transport.h"
+#include "ps/src/glog_or_stderr.h"
+#include "ps/src/log_text.h"
+#include "ps/src/net_util.h"
+#include "ps/src/node_threads.h"
+#include "ps/src/zmq_transport.h"
 
 namespace ps {
 namespace {
@@ -111,14 +111,17 @@ void Runtime::Register() {
                  << " registering with the scheduler at " << config_.SchedulerAddress();
   }
 
-  std::unique_lock lock(mu_);
-  const auto answered = [this] { return registered_ || !register_error_.empty() || terminated_; };
-  bool done = false;
-  while (!(done = changed_.wait_until(
-               lock, std::min(deadline, SteadyClock::now() + kWaitReportEvery), answered)) &&
-         SteadyClock::now() < deadline) {
+  MutexLock lock(mu_);
+  auto report_at = SteadyClock::now() + kWaitReportEvery;
+  while (!RegistrationAnswered()) {
+    const auto now = SteadyClock::now();
+    if (now >= deadline) break;
+    if (now < report_at) {
+      changed_.WaitUntil(mu_, std::min(deadline, report_at));
+      continue;
+    }
     const bool acknowledged = acknowledged_;
-    lock.unlock();
+    lock.Unlock();
     if (acknowledged) {
       PS_LOG(WARNING) << "registered with the scheduler at " << config_.SchedulerAddress()
                       << "; waiting for the job to fill up (DMLC_NUM_SERVER=" << config_.num_servers
@@ -127,7 +130,8 @@ void Runtime::Register() {
       PS_LOG(WARNING) << "waiting for the scheduler at " << config_.SchedulerAddress() << ": "
                       << SchedulerProbe() << "; " << TimeLeft(deadline);
     }
-    lock.lock();
+    lock.Lock();
+    report_at = SteadyClock::now() + kWaitReportEvery;
   }
   if (!register_error_.empty()) throw Error(register_error_);
   if (terminated_ && !registered_) {
@@ -135,7 +139,7 @@ void Runtime::Register() {
                 " ended the job before it started" +
                 (failure_.empty() ? std::string() : ": " + failure_));
   }
-  if (!done) {
+  if (!registered_) {
     if (acknowledged_) {
       throw Error("the scheduler at " + config_.SchedulerAddress() + " accepted this " +
                   RoleName(self_.role) + " but the job did not fill up within " +
@@ -145,7 +149,7 @@ void Runtime::Register() {
                   " workers; start the missing ones or fix the counts (PS_REGISTER_TIMEOUT sets "
                   "this wait)");
     }
-    lock.unlock();
+    lock.Unlock();
     throw Error("cannot reach the scheduler at " + config_.SchedulerAddress() + " within " +
                 FormatSeconds(config_.register_timeout) + ": " + SchedulerProbe() +
                 "; check that ps-scheduler is running there, that DMLC_PS_ROOT_URI and "
@@ -153,7 +157,7 @@ void Runtime::Register() {
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
-  lock.unlock();
+  lock.Unlock();
 
   for (const NodeInfo& node : nodes_) {
     if (node.id == self_.id || node.role == Role::kScheduler) continue;
@@ -174,6 +178,10 @@ void Runtime::Register() {
   const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
                                                              : std::chrono::milliseconds(500);
   timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
+}
+
+bool Runtime::RegistrationAnswered() const {
+  return registered_ || !register_error_.empty() || terminated_;
 }
 
 std::string Runtime::SchedulerProbe() const {
@@ -216,7 +224,7 @@ std::string Runtime::Describe(int node_id) const {
 void Runtime::OnMessage(Message&& msg) {
   const Meta& meta = msg.meta;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const bool from_scheduler = meta.sender == kSchedulerId;
     // A peer may get the node table, and write to us, before our own copy arrives: hold its
     // messages (boundedly) until the table is in, then replay them in order.
@@ -252,7 +260,7 @@ void Runtime::OnMessage(Message&& msg) {
   } else if (!meta.request) {
     tracker_.OnResponse(std::move(msg));
   } else {
-    std::lock_guard lock(handler_mu_);
+    MutexLock lock(handler_mu_);
     if (request_handler_) {
       request_handler_(std::move(msg));
     } else {
@@ -268,10 +276,10 @@ void Runtime::OnControl(Message&& msg) {
       OnRegisterReply(meta);
       break;
     case Control::kBarrierRelease: {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       barrier_released_.insert(meta.barrier_group);
       if (!meta.error.empty()) barrier_error_ = meta.error;
-      changed_.notify_all();
+      changed_.NotifyAll();
       break;
     }
     case Control::kHeartbeat:
@@ -289,10 +297,10 @@ void Runtime::OnControl(Message&& msg) {
     case Control::kTerminate: {
       const std::string why = meta.error;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         terminated_ = true;
         if (!why.empty() && failure_.empty()) failure_ = "the job failed: " + why;
-        changed_.notify_all();
+        changed_.NotifyAll();
       }
       if (config_.verbose >= 1)
         PS_LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
@@ -313,7 +321,7 @@ void Runtime::OnControl(Message&& msg) {
 void Runtime::OnRegisterReply(const Meta& meta) {
   std::vector<Message> held;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (registered_) return;
     if (!meta.error.empty()) {
       register_error_ =
@@ -338,7 +346,7 @@ void Runtime::OnRegisterReply(const Meta& meta) {
         registered_ = true;
       }
     }
-    changed_.notify_all();
+    changed_.NotifyAll();
     held.swap(held_until_registered_);
   }
   // The peers' messages held so far: delivered now if the table came, else held again.
@@ -347,7 +355,7 @@ void Runtime::OnRegisterReply(const Meta& meta) {
 
 void Runtime::OnNodeDead(const NodeInfo& dead) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!dead_.insert(dead.id).second) return;
   }
   PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
@@ -356,7 +364,7 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
 }
 
 void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
-  std::lock_guard lock(handler_mu_);
+  MutexLock lock(handler_mu_);
   if (peer_handler_) peer_handler_(peer, event);
 }
 
@@ -366,7 +374,7 @@ void Runtime::OnTick() {
   if (config_.heartbeat_interval.count() == 0) return;
   bool lost = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (terminated_ || !failure_.empty()) return;
     lost = now - last_scheduler_contact_ > config_.heartbeat_timeout;
   }
@@ -384,10 +392,10 @@ void Runtime::OnTick() {
 
 void Runtime::Fail(const std::string& why) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!failure_.empty()) return;
     failure_ = why;
-    changed_.notify_all();
+    changed_.NotifyAll();
   }
   PS_LOG(ERROR) << why;
   tracker_.FailAll(why);
@@ -413,7 +421,7 @@ void Runtime::Agree(int groups, const std::string& vote, const std::string& fail
 std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std::string& failure,
                                   std::optional<std::chrono::milliseconds> timeout) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     barrier_released_.erase(groups);
     barrier_error_.clear();
   }
@@ -425,16 +433,17 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
   msg.meta.body = vote;
   msg.meta.error = failure;
   SendToNode(msg);
-  std::unique_lock lock(mu_);
-  const auto ready = [&] {
+  const auto start = SteadyClock::now();
+  MutexLock lock(mu_);
+  const auto ready = [&]() PS_REQUIRES(mu_) {
     return barrier_released_.contains(groups) || !failure_.empty() || terminated_;
   };
-  if (timeout) {
-    if (!changed_.wait_for(lock, *timeout, ready)) {
+  while (!ready()) {
+    if (!timeout) {
+      changed_.Wait(mu_);
+    } else if (!changed_.WaitUntil(mu_, start + *timeout) && !ready()) {
       return "timed out after " + FormatSeconds(*timeout);
     }
-  } else {
-    changed_.wait(lock, ready);
   }
   if (!barrier_error_.empty()) return barrier_error_;
   if (!failure_.empty()) return failure_;
@@ -443,14 +452,14 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
 }
 
 void Runtime::SetRequestHandler(RequestHandler handler) {
-  std::lock_guard lock(handler_mu_);
+  MutexLock lock(handler_mu_);
   request_handler_ = std::move(handler);
   for (Message& msg : early_requests_) request_handler_(std::move(msg));
   early_requests_.clear();
 }
 
 void Runtime::SetPeerHandler(PeerHandler handler) {
-  std::lock_guard lock(handler_mu_);
+  MutexLock lock(handler_mu_);
   peer_handler_ = std::move(handler);
 }
 
@@ -463,7 +472,7 @@ std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Call
   peers.reserve(messages.size());
   for (const Message& msg : messages) peers.push_back(msg.meta.recipient);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (int peer : peers) {
       if (dead_.contains(peer)) {
         const std::string why = Describe(peer) + " died";
@@ -506,20 +515,22 @@ void Runtime::ReplyError(const Meta& request, const std::string& error) {
 
 RequestResult Runtime::RequestAndWait(Message message,
                                       std::optional<RequestTracker::Clock::time_point> deadline) {
-  std::mutex done_mu;
-  std::condition_variable done_cv;
-  std::optional<RequestResult> outcome;
+  struct {
+    Mutex mu;
+    CondVar arrived;
+    std::optional<RequestResult> result PS_GUARDED_BY(mu);
+  } answer;
   Request(
       std::span<Message>(&message, 1),
       [&](RequestResult&& result) {
-        std::lock_guard lock(done_mu);
-        outcome = std::move(result);
-        done_cv.notify_all();
+        MutexLock lock(answer.mu);
+        answer.result = std::move(result);
+        answer.arrived.NotifyAll();
       },
       deadline);
-  std::unique_lock lock(done_mu);
-  done_cv.wait(lock, [&] { return outcome.has_value(); });
-  return std::move(*outcome);
+  MutexLock lock(answer.mu);
+  while (!answer.result) answer.arrived.Wait(answer.mu);
+  return std::move(*answer.result);
 }
 
 void Runtime::FinishWorker(const std::string& failure) {
@@ -550,18 +561,18 @@ void Runtime::ReportFailure(const std::string& why) {
 }
 
 std::string Runtime::WaitForTermination() {
-  std::unique_lock lock(mu_);
-  changed_.wait(lock, [this] { return terminated_ || !failure_.empty(); });
+  MutexLock lock(mu_);
+  while (!terminated_ && failure_.empty()) changed_.Wait(mu_);
   return failure_;
 }
 
 std::string Runtime::failure() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return failure_;
 }
 
 bool Runtime::terminated() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return terminated_;
 }
 

@@ -1,4 +1,4 @@
-#include "wire.h"
+#include "ps/src/wire.h"
 
 #include <algorithm>
 #include <limits>

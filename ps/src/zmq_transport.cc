@@ -1,4 +1,4 @@
-#include "zmq_transport.h"
+#include "ps/src/zmq_transport.h"
 
 #include <glog/logging.h>
 #include <sys/resource.h>
@@ -9,9 +9,9 @@
 #include <limits>
 #include <vector>
 
-#include "glog_or_stderr.h"
 #include "ps/error.h"
-#include "text.h"
+#include "ps/src/glog_or_stderr.h"
+#include "ps/src/log_text.h"
 
 namespace ps {
 namespace {
@@ -234,67 +234,73 @@ void ZmqTransport::Connect(int node_id, const std::string& host, int port) {
 }
 
 std::string ZmqTransport::EndpointOf(int node_id) const {
-  std::shared_lock lock(peers_mu_);
+  SharedLock lock(peers_mu_);
   const auto it = peers_.find(node_id);
   return it == peers_.end() ? "" : it->second->endpoint;
 }
 
 void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
-  auto peer = std::make_unique<Peer>();
+  // The socket is this thread's alone until the Peer holding it is published in peers_.
+  zmq::socket_t socket;
   try {
-    peer->socket = zmq::socket_t(context_, zmq::socket_type::push);
+    socket = zmq::socket_t(context_, zmq::socket_type::push);
   } catch (const zmq::error_t& e) {
     throw Error("cannot open a socket to node " + std::to_string(node_id) + " at " + endpoint +
                 ": " + SocketFailure(e));
   }
-  peer->socket.set(zmq::sockopt::linger, options_.linger_ms);
-  peer->socket.set(zmq::sockopt::sndhwm, 0);
-  peer->socket.set(zmq::sockopt::affinity, send_affinity_);
-  peer->socket.set(zmq::sockopt::plain_username, options_.connection_key);
-  peer->socket.set(zmq::sockopt::plain_password,
-                   options_.job_secret.empty() ? std::string(kNoJobSecret) : options_.job_secret);
-  peer->endpoint = endpoint;
-  peer->watch = monitor_.WatchPeer(node_id, peer->socket);  // 0 without a watcher
+  socket.set(zmq::sockopt::linger, options_.linger_ms);
+  socket.set(zmq::sockopt::sndhwm, 0);
+  socket.set(zmq::sockopt::affinity, send_affinity_);
+  socket.set(zmq::sockopt::plain_username, options_.connection_key);
+  socket.set(zmq::sockopt::plain_password,
+             options_.job_secret.empty() ? std::string(kNoJobSecret) : options_.job_secret);
+  const std::uint64_t watch = monitor_.WatchPeer(node_id, socket);  // 0 without a watcher
   try {
-    peer->socket.connect(endpoint);
+    socket.connect(endpoint);
   } catch (const zmq::error_t& e) {
-    monitor_.Unwatch(peer->watch, peer->socket);
+    monitor_.Unwatch(watch, socket);
     throw Error("cannot connect to " + endpoint + ": " + e.what());
   }
   if (verbose_ >= 1) PS_LOG(INFO) << "connected to node " << node_id << " at " << endpoint;
+  auto peer = std::make_unique<Peer>(std::move(socket), endpoint, watch);
   std::unique_ptr<Peer> replaced;
   {
-    std::unique_lock lock(peers_mu_);
+    ExclusiveLock lock(peers_mu_);
     std::unique_ptr<Peer>& slot = peers_[node_id];
     replaced = std::move(slot);
     slot = std::move(peer);
   }
-  if (replaced) monitor_.Unwatch(replaced->watch, replaced->socket);  // ours alone now
+  if (replaced) Unwatch(*replaced);
+}
+
+void ZmqTransport::Unwatch(Peer& peer) {
+  MutexLock lock(peer.mu);  // uncontended: out of peers_, the peer is the caller's alone
+  monitor_.Unwatch(peer.watch, peer.socket);
 }
 
 bool ZmqTransport::IsConnected(int node_id) const {
-  std::shared_lock lock(peers_mu_);
+  SharedLock lock(peers_mu_);
   return peers_.contains(node_id);
 }
 
 void ZmqTransport::Disconnect(int node_id) {
   std::unique_ptr<Peer> closed;
   {
-    std::unique_lock lock(peers_mu_);
+    ExclusiveLock lock(peers_mu_);
     const auto it = peers_.find(node_id);
     if (it == peers_.end()) return;
     closed = std::move(it->second);
     peers_.erase(it);
   }
-  monitor_.Unwatch(closed->watch, closed->socket);  // ours alone now
+  Unwatch(*closed);
 }
 
 void ZmqTransport::Abandon(int node_id) {
-  std::shared_lock map_lock(peers_mu_);
+  SharedLock map_lock(peers_mu_);
   const auto it = peers_.find(node_id);
   if (it == peers_.end()) return;
   Peer& peer = *it->second;
-  std::lock_guard peer_lock(peer.mu);
+  MutexLock peer_lock(peer.mu);
   try {
     peer.socket.set(zmq::sockopt::linger, 0);
   } catch (const zmq::error_t&) {
@@ -308,11 +314,11 @@ void ZmqTransport::SetPeerWatcher(std::function<void(int node_id, bool connected
 
 bool ZmqTransport::Send(const Message& msg) {
   if (shut_down_.load()) return false;
-  std::shared_lock map_lock(peers_mu_);
+  SharedLock map_lock(peers_mu_);
   const auto it = peers_.find(msg.meta.recipient);
   if (it == peers_.end()) return false;
   Peer& peer = *it->second;
-  std::lock_guard peer_lock(peer.mu);
+  MutexLock peer_lock(peer.mu);
   const std::string& header = peer.encoder.Encode(msg.meta, msg.data);
   std::uint64_t bytes = header.size();  // what goes on the wire (bytes_sent)
   try {

@@ -17,18 +17,18 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 
 #include <zmq.hpp>
 
-#include "block_pool.h"
-#include "connection_monitor.h"
-#include "job_authenticator.h"
 #include "ps/config.h"
 #include "ps/message.h"
-#include "wire.h"
+#include "ps/mutex.h"
+#include "ps/src/block_pool.h"
+#include "ps/src/connection_monitor.h"
+#include "ps/src/job_authenticator.h"
+#include "ps/src/wire.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -125,12 +125,17 @@ class ZmqTransport {
 
  private:
   struct Peer {
-    std::mutex mu;  // guards socket and encoder: ZeroMQ sockets are not thread-safe
-    zmq::socket_t socket;
-    wire::HeaderEncoder encoder;
-    std::string endpoint;
-    std::uint64_t watch = 0;  // its ConnectionMonitor watch (0: none)
+    // Set up before the peer is published in peers_ (ConnectEndpoint).
+    Peer(zmq::socket_t connected, std::string to, std::uint64_t watched)
+        : socket(std::move(connected)), endpoint(std::move(to)), watch(watched) {}
+    Mutex mu;  // ZeroMQ sockets are not thread-safe
+    zmq::socket_t socket PS_GUARDED_BY(mu);
+    wire::HeaderEncoder encoder PS_GUARDED_BY(mu);
+    const std::string endpoint;
+    const std::uint64_t watch;  // its ConnectionMonitor watch (0: none)
   };
+  // Ends the connection monitor's watch of a peer taken out of peers_.
+  void Unwatch(Peer& peer);
   void Drop(const std::string& why);
 
   const TransportOptions options_;
@@ -154,8 +159,8 @@ class ZmqTransport {
   // zero-copy frame sent holds until ZeroMQ releases it.
   const std::shared_ptr<BlockPool> frame_holders_ = std::make_shared<BlockPool>();
   const std::shared_ptr<BlockPool> frame_owners_ = std::make_shared<BlockPool>();
-  mutable std::shared_mutex peers_mu_;
-  std::map<int, std::unique_ptr<Peer>> peers_;  // GUARDED_BY(peers_mu_)
+  mutable SharedMutex peers_mu_;
+  std::map<int, std::unique_ptr<Peer>> peers_ PS_GUARDED_BY(peers_mu_);
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> bytes_received_{0};

@@ -6,8 +6,8 @@
 #include <iostream>
 #include <tuple>
 
-#include "internal.h"
 #include "ps/error.h"
+#include "ps/src/internal.h"
 
 namespace ps {
 namespace {
@@ -93,33 +93,33 @@ ClusterConfig Scheduler::NodeConfig(Role role) const {
 }
 
 int Scheduler::Run() {
-  std::unique_lock lock(mu_);
-  finished_cv_.wait(lock, [this] { return finished_; });
+  MutexLock lock(mu_);
+  while (!finished_) finished_cv_.Wait(mu_);
   return status_;
 }
 
 void Scheduler::Stop(const std::string& why) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Finish(1, why);
 }
 
 std::string Scheduler::failure() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return failure_;
 }
 
 std::uint64_t Scheduler::dropped_messages() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return dropped_;
 }
 
 std::uint64_t Scheduler::refused_registrations() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return refused_;
 }
 
 std::vector<NodeInfo> Scheduler::dead_nodes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<NodeInfo> dead;
   for (int id : dead_) dead.push_back(nodes_[id]);
   return dead;
@@ -133,7 +133,7 @@ void Scheduler::Send(Message msg) {
 bool Scheduler::IsLive(int id) const { return !dead_.contains(id) && !done_.contains(id); }
 
 void Scheduler::OnMessage(Message&& msg) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (finished_) return;
   const Meta& meta = msg.meta;
   if (meta.control == Control::kRegister) {
@@ -412,13 +412,14 @@ void Scheduler::CompleteRegistration() {
       if (node.role == role) group.push_back(&node);
     }
     // A requested rank sorts first; nodes without one (-1) after all that have one.
-    const auto key = [this](const NodeInfo* node) {
+    const auto key = [this](const NodeInfo* node) PS_REQUIRES(mu_) {
       const int requested = requested_rank_[static_cast<std::size_t>(node->id)];
       return std::tuple<int, const std::string&, int>(requested < 0 ? kNoRequest : requested,
                                                       node->host, node->port);
     };
     std::sort(group.begin(), group.end(),
-              [&](const NodeInfo* a, const NodeInfo* b) { return key(a) < key(b); });
+              [&](const NodeInfo* a, const NodeInfo* b)
+                  PS_REQUIRES(mu_) { return key(a) < key(b); });
     for (std::size_t rank = 0; rank < group.size(); ++rank)
       group[rank]->rank = static_cast<int>(rank);
   }
@@ -475,7 +476,7 @@ std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arriv
   const auto shown = [](const std::string& text) {
     return text.size() <= kMaxVoteChars ? text : text.substr(0, kMaxVoteChars) + "...";
   };
-  const auto who = [this](int id) {
+  const auto who = [this](int id) PS_REQUIRES(mu_) {
     const NodeInfo& node = nodes_[id];
     return RoleName(node.role) + " " + std::to_string(node.rank);
   };
@@ -493,10 +494,11 @@ std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arriv
   // or another collective): each distinct vote once, with the members that gave it.
   std::vector<std::pair<const std::string*, std::string>> votes;  // vote, its members
   for (const auto& [id, arrival] : arrived) {
+    const std::string& vote_of_id = arrival.vote;  // lambdas capture no binding before clang 16
     auto same = std::find_if(votes.begin(), votes.end(),
-                             [&](const auto& vote) { return *vote.first == arrival.vote; });
+                             [&](const auto& vote) { return *vote.first == vote_of_id; });
     if (same == votes.end()) {
-      votes.emplace_back(&arrival.vote, who(id));
+      votes.emplace_back(&vote_of_id, who(id));
     } else {
       same->second += ", " + std::to_string(nodes_[id].rank);
     }
@@ -528,7 +530,7 @@ void Scheduler::ReleaseBarrier(int group, const std::string& error) {
 }
 
 void Scheduler::OnTick() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (finished_) return;
   ApplyConnectionEvents();
   const auto now = Clock::now();
@@ -567,14 +569,14 @@ void Scheduler::OnTick() {
 void Scheduler::OnPeerConnection(int id, bool connected) {
   // Queued, not applied here: this thread must never wait for mu_, which is held while calling
   // the transport (whose socket monitors wait for this thread).
-  std::lock_guard lock(connection_events_mu_);
+  MutexLock lock(connection_events_mu_);
   connection_events_.push_back(ConnectionEvent{id, connected, Clock::now()});
 }
 
 void Scheduler::ApplyConnectionEvents() {
   std::vector<ConnectionEvent> events;
   {
-    std::lock_guard lock(connection_events_mu_);
+    MutexLock lock(connection_events_mu_);
     events.swap(connection_events_);
   }
   for (const ConnectionEvent& event : events) {
@@ -659,7 +661,7 @@ void Scheduler::Finish(int status, const std::string& why) {
   // A failure is not logged here: Run's caller reports failure() (ps-scheduler prints it once,
   // as "ps-scheduler: error: ..."), so it does not appear twice.
   if (status == 0) LOG(INFO) << "every worker finished: the job is done";
-  finished_cv_.notify_all();
+  finished_cv_.NotifyAll();
 }
 
 }  // namespace ps

@@ -11,13 +11,13 @@
 #include <thread>
 #include <zmq.hpp>
 
-#include "child_process.h"
-#include "job_authenticator.h"
 #include "ps.pb.h"
 #include "ps/error.h"
 #include "ps/runtime.h"
 #include "ps/scheduler.h"
-#include "wire.h"
+#include "ps/src/job_authenticator.h"
+#include "ps/src/wire.h"
+#include "tests/util/child_process.h"
 
 namespace {
 

@@ -21,11 +21,10 @@
 #include <utility>
 #include <vector>
 
-#include <ps/error.h>
-#include <ps/kvstore.h>
-
-#include "child_process.h"
-#include "kv_cluster.h"
+#include "ps/error.h"
+#include "ps/kvstore.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/util/child_process.h"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <regex>
 #include <zmq.hpp>
 
-#include "child_process.h"
-#include "job_authenticator.h"
+#include "ps/src/job_authenticator.h"
+#include "tests/util/child_process.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <random>
 
 #include "ps.pb.h"
-#include "wire.h"
+#include "ps/src/wire.h"
 
 namespace {
 

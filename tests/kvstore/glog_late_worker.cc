@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include <ps/kvstore.h>
+#include "ps/kvstore.h"
 
 int main(int /*argc*/, char** argv) {
   try {

@@ -9,10 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include <ps/config.h>
-#include <ps/kvstore.h>
-
-#include "child_process.h"
+#include "ps/config.h"
+#include "ps/kvstore.h"
+#include "tests/util/child_process.h"
 
 namespace ps::test {
 

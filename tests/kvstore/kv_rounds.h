@@ -3,9 +3,8 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "kv_cluster.h"
+#include "ps/kvstore.h"
+#include "tests/kvstore/kv_cluster.h"
 
 namespace ps::test {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "kv_cluster.h"
-#include "kv_rounds.h"
-#include "local_kvstore.h"
+#include "kvstore/local_kvstore.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/kvstore/kv_rounds.h"
 
 namespace {
 

@@ -11,11 +11,10 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "compression.h"
-#include "compression_reference.h"
-#include "compression_vectors.h"
+#include "kvstore/compression.h"
+#include "ps/kvstore.h"
+#include "tests/kvstore/compression_reference.h"
+#include "tests/kvstore/compression_vectors.h"
 
 namespace {
 

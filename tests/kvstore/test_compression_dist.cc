@@ -10,12 +10,11 @@
 #include <string>
 #include <vector>
 
-#include <ps/runtime.h>
-
-#include "compression_reference.h"
-#include "kv_cluster.h"
-#include "kv_protocol.h"
-#include "kv_rounds.h"
+#include "kvstore/dist/kv_protocol.h"
+#include "ps/runtime.h"
+#include "tests/kvstore/compression_reference.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/kvstore/kv_rounds.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <fstream>
 
-#include "kv_cluster.h"
-#include "kv_rounds.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/kvstore/kv_rounds.h"
 
 namespace {
 

@@ -8,10 +8,9 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-
-#include "kv_cluster.h"
-#include "kv_rounds.h"
+#include "ps/kvstore.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/kvstore/kv_rounds.h"
 
 #ifdef PS_TEST_CUDA
 #include <cuda_runtime_api.h>

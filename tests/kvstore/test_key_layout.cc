@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include "key_layout.h"
-#include "kv_protocol.h"
+#include "kvstore/dist/key_layout.h"
+#include "kvstore/dist/kv_protocol.h"
 
 TEST_CASE("layout: small keys spread evenly over the servers", "[layout]") {
   for (int servers : {2, 3, 4, 8}) {

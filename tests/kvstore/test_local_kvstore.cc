@@ -7,10 +7,9 @@
 
 #include <catch2/catch.hpp>
 
-#include <ps/kvstore.h>
-
-#include "local_kvstore.h"
-#include "optimizer.h"
+#include "kvstore/local_kvstore.h"
+#include "kvstore/optimizer.h"
+#include "ps/kvstore.h"
 
 namespace {
 

@@ -8,6 +8,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -16,7 +17,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "optimizer.h"
+#include "kvstore/optimizer.h"
 
 namespace {
 

@@ -13,11 +13,10 @@
 #include <string>
 #include <vector>
 
-#include <ps/runtime.h>
-
-#include "kv_cluster.h"
-#include "kv_protocol.h"
-#include "shared_segment.h"
+#include "kvstore/dist/kv_protocol.h"
+#include "kvstore/shm/shared_segment.h"
+#include "ps/runtime.h"
+#include "tests/kvstore/kv_cluster.h"
 
 namespace {
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "kv_cluster.h"
-#include "kv_rounds.h"
-#include "shared_segment.h"
+#include "kvstore/shm/shared_segment.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/kvstore/kv_rounds.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // "local" and "dist_sync" reject the same bad calls with the same message (docs/kvstore.md: a
-// bad call fails everywhere alike; kvstore/checks.h): every call below is made on both stores
+// bad call fails everywhere alike; kvstore/call_checks.h): every call below is made on both stores
 // and the messages are compared, all but the store's name ("local kvstore: ", "dist kvstore: ").
 // The dist store runs against the real ps-scheduler and ps-server, as one worker.
 #include <catch2/catch.hpp>
@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "kv_cluster.h"
+#include "tests/kvstore/kv_cluster.h"
 
 namespace {
 

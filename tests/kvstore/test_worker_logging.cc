@@ -7,7 +7,7 @@
 #include <regex>
 #include <string>
 
-#include "kv_cluster.h"
+#include "tests/kvstore/kv_cluster.h"
 
 namespace {
 

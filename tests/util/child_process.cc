@@ -1,4 +1,4 @@
-#include "child_process.h"
+#include "tests/util/child_process.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

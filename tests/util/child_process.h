@@ -3,7 +3,7 @@
 // with ps-bench; tools/process/child.h), plus a few test-only helpers.
 #include <string>
 
-#include "child.h"
+#include "tools/process/child.h"
 
 namespace ps::test {
 

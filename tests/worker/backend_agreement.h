@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
+#include "tests/worker/test_util.h"
 #include "worker/backend.h"
 #include "worker/model.h"
 #include "worker/sgd_trainer.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
+#include "ps/kvstore.h"
 
 namespace ps::worker::testing {
 

@@ -1,4 +1,4 @@
-#include "bench_util.h"
+#include "tools/bench/bench_util.h"
 
 #include <algorithm>
 #include <cctype>

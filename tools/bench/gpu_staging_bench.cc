@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cli.h"
+#include "ps/cli/cli.h"
 #include "worker/device.h"
 #include "worker/model.h"
 

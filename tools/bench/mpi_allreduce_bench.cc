@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
-#include "cli.h"
+#include "ps/cli/cli.h"
+#include "tools/bench/bench_util.h"
 
 namespace {
 

@@ -23,12 +23,12 @@
 #include <thread>
 #include <vector>
 
-#include "bench_util.h"
-#include "child.h"
-#include "cli.h"
-#include "raw.h"
-#include "report.h"
-#include "worker.h"
+#include "ps/cli/cli.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/bench_worker.h"
+#include "tools/bench/raw_baselines.h"
+#include "tools/bench/report.h"
+#include "tools/process/child.h"
 
 DEFINE_string(sizes, "4B,4KB,1MB,16MB,100MB", "Tensor sizes (binary units: 4B, 4KB, 16MB)");
 DEFINE_string(workers, "1,2,4", "Worker counts to run (1..16)");

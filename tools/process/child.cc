@@ -1,4 +1,4 @@
-#include "child.h"
+#include "tools/process/child.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -86,14 +86,14 @@ Child::Child(std::string name, const std::vector<std::string>& argv, const Env& 
         n = read(out_fd_, buffer, sizeof(buffer));
         if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (n <= 0) {
         closed_ = true;
-        grew_.notify_all();
+        grew_.NotifyAll();
         break;
       }
       output_.append(buffer, static_cast<std::size_t>(n));
-      grew_.notify_all();
+      grew_.NotifyAll();
     }
     close(cancel_read);
   });
@@ -119,10 +119,11 @@ Child::~Child() {
   // The pipe closes once every process holding it exited; a grandchild that outlives its
   // parent (an mpirun rank, say) must not hang us: give up reading after a bounded wait.
   {
-    std::unique_lock lock(mu_);
-    if (!grew_.wait_for(lock, std::chrono::seconds(5), [this] { return closed_; })) {
-      (void)!write(cancel_fd_, "x", 1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    MutexLock lock(mu_);
+    while (!closed_ && grew_.WaitUntil(mu_, deadline)) {
     }
+    if (!closed_) (void)!write(cancel_fd_, "x", 1);
   }
   reader_.join();
   close(cancel_fd_);
@@ -148,8 +149,10 @@ std::optional<int> Child::Wait(std::chrono::milliseconds timeout) {
   if (got != pid_) return std::nullopt;
   status_ = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
   // Let the reader drain what the process wrote before it exited, so Output() is complete.
-  std::unique_lock lock(mu_);
-  grew_.wait_for(lock, std::chrono::seconds(2), [this] { return closed_; });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  MutexLock lock(mu_);
+  while (!closed_ && grew_.WaitUntil(mu_, deadline)) {
+  }
   return status_;
 }
 
@@ -162,7 +165,7 @@ void Child::Stop(std::chrono::milliseconds grace) {
 }
 
 std::string Child::Output() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return output_;
 }
 
@@ -193,8 +196,10 @@ std::string Child::Tail(int lines) const {
 
 bool Child::WaitForOutput(const std::function<bool(const std::string&)>& done,
                           std::chrono::milliseconds timeout) const {
-  std::unique_lock lock(mu_);
-  grew_.wait_for(lock, timeout, [&] { return closed_ || done(output_); });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(mu_);
+  while (!closed_ && !done(output_) && grew_.WaitUntil(mu_, deadline)) {
+  }
   return done(output_);
 }
 

@@ -8,14 +8,15 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps::process {
 
@@ -61,10 +62,10 @@ class Child {
   int out_fd_ = -1;
   int cancel_fd_ = -1;  // a write here makes the reader stop
   std::optional<int> status_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable grew_;
-  std::string output_;   // guarded by mu_
-  bool closed_ = false;  // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar grew_;
+  std::string output_ PS_GUARDED_BY(mu_);
+  bool closed_ PS_GUARDED_BY(mu_) = false;
   std::thread reader_;
 };
 

@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include <ps/error.h>
-#include <ps/tensor.h>
+#include "ps/error.h"
+#include "ps/tensor.h"
 
 namespace ps {
 

@@ -16,13 +16,14 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "ps/message.h"
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -81,22 +82,22 @@ class RequestTracker {
     std::optional<Clock::time_point> deadline;
   };
 
-  // The waiting slot of `timestamp`, or null. Needs mu_.
-  Slot* Find(std::uint64_t timestamp);
+  // The waiting slot of `timestamp`, or null.
+  Slot* Find(std::uint64_t timestamp) PS_REQUIRES(mu_);
   // Marks `slot` completing with `error` (unless empty); its callback runs in Finish.
-  void Complete(Slot& slot, const std::string& error);
+  void Complete(Slot& slot, const std::string& error) PS_REQUIRES(mu_);
   // Runs a completing slot's callback (without mu_), then frees the slot.
-  void Finish(Slot& slot);
+  void Finish(Slot& slot) PS_EXCLUDES(mu_);
   // Fails, then finishes, every waiting slot `matches` selects.
   void FailWhere(const std::function<bool(const Slot&)>& matches,
                  const std::function<std::string(const Slot&)>& why);
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   // Slots are heap objects so that a completing callback's reference survives slots_ growing.
-  std::vector<std::unique_ptr<Slot>> slots_;  // GUARDED_BY(mu_)
-  std::vector<std::uint32_t> free_;           // GUARDED_BY(mu_): indices of free slots
-  std::size_t waiting_ = 0;                   // GUARDED_BY(mu_): slots in kWaiting
-  std::optional<std::string> closed_;         // GUARDED_BY(mu_): set by FailAll
+  std::vector<std::unique_ptr<Slot>> slots_ PS_GUARDED_BY(mu_);
+  std::vector<std::uint32_t> free_ PS_GUARDED_BY(mu_);    // indices of free slots
+  std::size_t waiting_ PS_GUARDED_BY(mu_) = 0;            // slots in kWaiting
+  std::optional<std::string> closed_ PS_GUARDED_BY(mu_);  // set by FailAll
 };
 
 }  // namespace ps

@@ -11,11 +11,9 @@
 // except where noted.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -24,7 +22,9 @@
 
 #include "ps/config.h"
 #include "ps/message.h"
+#include "ps/mutex.h"
 #include "ps/request_tracker.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -137,13 +137,16 @@ class Runtime {
   // Barrier / Agree: "" when released cleanly, else why not.
   std::string VotedBarrier(int groups, const std::string& vote, const std::string& failure,
                            std::optional<std::chrono::milliseconds> timeout);
-  void OnMessage(Message&& msg);                           // receive thread
-  void OnControl(Message&& msg);                           // receive thread
-  void OnRegisterReply(const Meta& meta);                  // receive thread: Register's answer
-  void OnNodeDead(const NodeInfo& dead);                   // receive thread
-  void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
-  void OnTick();                                           // timer thread
-  bool SendToNode(Message& msg);                           // sets msg.meta.sender
+  // Register's wait for the node table: true once it came, the scheduler refused this node or
+  // the job ended.
+  bool RegistrationAnswered() const PS_REQUIRES(mu_);
+  void OnMessage(Message&& msg) PS_EXCLUDES(mu_);           // receive thread
+  void OnControl(Message&& msg) PS_EXCLUDES(mu_);           // receive thread
+  void OnRegisterReply(const Meta& meta) PS_EXCLUDES(mu_);  // receive thread: Register's answer
+  void OnNodeDead(const NodeInfo& dead) PS_EXCLUDES(mu_);   // receive thread
+  void NotifyPeer(const NodeInfo& peer, PeerEvent event);   // receive thread
+  void OnTick() PS_EXCLUDES(mu_);                           // timer thread
+  bool SendToNode(Message& msg);                            // sets msg.meta.sender
 
   const ClusterConfig config_;
   std::string scheduler_ip_;
@@ -152,26 +155,26 @@ class Runtime {
   std::unique_ptr<ZmqTransport> transport_;
   RequestTracker tracker_;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;  // signals any change below
-  bool acknowledged_ = false;        // GUARDED_BY(mu_): scheduler saw REGISTER
-  bool registered_ = false;          // GUARDED_BY(mu_)
-  std::string register_error_;       // GUARDED_BY(mu_)
-  std::set<int> barrier_released_;   // GUARDED_BY(mu_): groups released
-  std::string barrier_error_;        // GUARDED_BY(mu_)
-  bool terminated_ = false;          // GUARDED_BY(mu_)
-  std::string failure_;              // GUARDED_BY(mu_)
-  std::set<int> dead_;               // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar changed_;                               // signals any change below
+  bool acknowledged_ PS_GUARDED_BY(mu_) = false;  // scheduler saw REGISTER
+  bool registered_ PS_GUARDED_BY(mu_) = false;
+  std::string register_error_ PS_GUARDED_BY(mu_);
+  std::set<int> barrier_released_ PS_GUARDED_BY(mu_);  // groups released
+  std::string barrier_error_ PS_GUARDED_BY(mu_);
+  bool terminated_ PS_GUARDED_BY(mu_) = false;
+  std::string failure_ PS_GUARDED_BY(mu_);
+  std::set<int> dead_ PS_GUARDED_BY(mu_);
   static constexpr std::size_t kMaxHeldMessages = 65536;
-  std::vector<Message> held_until_registered_;  // GUARDED_BY(mu_): peers' early messages
-  RequestTracker::Clock::time_point last_scheduler_contact_;  // GUARDED_BY(mu_)
+  std::vector<Message> held_until_registered_ PS_GUARDED_BY(mu_);  // peers' early messages
+  RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
 
   std::atomic<std::size_t> dropped_{0};  // from unknown senders, or unexpected controls
 
-  std::mutex handler_mu_;           // held while a handler runs, so Set*Handler never races a call
-  RequestHandler request_handler_;  // GUARDED_BY(handler_mu_)
-  std::vector<Message> early_requests_;  // GUARDED_BY(handler_mu_)
-  PeerHandler peer_handler_;             // GUARDED_BY(handler_mu_)
+  Mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
+  RequestHandler request_handler_ PS_GUARDED_BY(handler_mu_);
+  std::vector<Message> early_requests_ PS_GUARDED_BY(handler_mu_);
+  PeerHandler peer_handler_ PS_GUARDED_BY(handler_mu_);
 
   // Declared last: destroyed first, so no thread runs while the members above die.
   std::unique_ptr<PeriodicTask> timer_;

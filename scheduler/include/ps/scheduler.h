@@ -10,11 +10,9 @@
 // Threads: the receive thread handles every message; a timer thread checks heartbeats and the
 // registration deadline; Run() waits on the caller's thread; Stop() may come from any thread.
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,6 +21,8 @@
 
 #include "ps/config.h"
 #include "ps/message.h"
+#include "ps/mutex.h"
+#include "ps/thread_annotations.h"
 
 namespace ps {
 
@@ -66,7 +66,7 @@ class Scheduler {
   using Clock = std::chrono::steady_clock;
   void OnMessage(Message&& msg);  // receive thread
   // Validates a register message (RegistrationRefusal), then refuses or admits its node.
-  void OnRegister(Message&& msg);  // receive thread, mu_ held
+  void OnRegister(Message&& msg) PS_REQUIRES(mu_);  // receive thread
   // Why a register message is not admitted, and what its sender is told.
   struct Refusal {
     enum class Answer {
@@ -81,63 +81,62 @@ class Scheduler {
     Answer answer = Answer::kReply;
   };
   // Every check of a register message, in one place: why it is not admitted, if it is not.
-  // mu_ held.
-  std::optional<Refusal> RegistrationRefusal(const Meta& meta) const;
+  std::optional<Refusal> RegistrationRefusal(const Meta& meta) const PS_REQUIRES(mu_);
   // Why the node's shared settings (ClusterConfig::SharedSettings) do not fit the job, if
-  // they do not. mu_ held.
-  std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const;
+  // they do not.
+  std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const
+      PS_REQUIRES(mu_);
   // Counts and logs why `node` is turned away, tells it when a reply can reach it (kReply),
-  // and fails the registration when the refusal ends the job. mu_ held.
-  void Refuse(const NodeInfo& node, const Refusal& refusal);
+  // and fails the registration when the refusal ends the job.
+  void Refuse(const NodeInfo& node, const Refusal& refusal) PS_REQUIRES(mu_);
   // Gives a validated node its id, connects to it and acknowledges it; sends the table once
-  // the job is full. mu_ held.
-  void Admit(NodeInfo node, std::string_view settings);
+  // the job is full.
+  void Admit(NodeInfo node, std::string_view settings) PS_REQUIRES(mu_);
   // The job cannot start: tells every registered node why (the first call; a later one keeps
   // the first reason), and ends the job once every expected node has been told (later
-  // registrations are refused with the reason) or at the registration deadline. mu_ held.
-  void FailRegistration(const std::string& why);
-  void EndFailedRegistrationOnceAllTold();  // mu_ held
-  void OnBarrier(const Meta& meta);
+  // registrations are refused with the reason) or at the registration deadline.
+  void FailRegistration(const std::string& why) PS_REQUIRES(mu_);
+  void EndFailedRegistrationOnceAllTold() PS_REQUIRES(mu_);
+  void OnBarrier(const Meta& meta) PS_REQUIRES(mu_);
   void OnTick();  // timer thread
   // The transport's watcher (monitor thread): the connection to node `id` closed or is back.
   // OnTick applies it: a live node whose connection closed is suspected, and declared dead when
   // it is not back within kReconnectGrace (scheduler.cc), long before a heartbeat timeout.
   void OnPeerConnection(int id, bool connected);
-  void ApplyConnectionEvents();  // mu_ held
+  void ApplyConnectionEvents() PS_REQUIRES(mu_);
   // Declares dead the first suspected node whose connection stayed closed too long; true when
-  // it did (the job has ended). mu_ held.
-  bool DeclareClosedConnectionsDead(Clock::time_point now);
-  void CompleteRegistration();                               // mu_ held
-  void DeclareDead(int id, const std::string& why);          // mu_ held
-  void ReleaseBarrier(int group, const std::string& error);  // mu_ held
-  void MaybeFinish();                                        // mu_ held
-  void Finish(int status, const std::string& why);           // mu_ held
+  // it did (the job has ended).
+  bool DeclareClosedConnectionsDead(Clock::time_point now) PS_REQUIRES(mu_);
+  void CompleteRegistration() PS_REQUIRES(mu_);
+  void DeclareDead(int id, const std::string& why) PS_REQUIRES(mu_);
+  void ReleaseBarrier(int group, const std::string& error) PS_REQUIRES(mu_);
+  void MaybeFinish() PS_REQUIRES(mu_);
+  void Finish(int status, const std::string& why) PS_REQUIRES(mu_);
   void Send(Message msg);
-  bool IsLive(int id) const;                       // mu_ held
-  std::vector<int> GroupMembers(int group) const;  // mu_ held
+  bool IsLive(int id) const PS_REQUIRES(mu_);
+  std::vector<int> GroupMembers(int group) const PS_REQUIRES(mu_);
 
   const ClusterConfig config_;
   std::unique_ptr<ZmqTransport> transport_;
   int port_ = 0;
   const Clock::time_point started_;
 
-  mutable std::mutex mu_;
-  std::condition_variable finished_cv_;
-  std::vector<NodeInfo> nodes_;               // GUARDED_BY(mu_): index = id; [0] is us
-  std::vector<Clock::time_point> last_seen_;  // GUARDED_BY(mu_): index = id
-  std::vector<int> requested_rank_;           // GUARDED_BY(mu_): index = id; -1: none
-  // GUARDED_BY(mu_): the first registered server or worker ("server at HOST:PORT") and its
-  // shared settings, which the later ones must match
-  // (ClusterConfig::SharedSetting::data_nodes_only).
-  std::string first_data_node_;
-  std::map<std::string, std::string> first_data_node_settings_;
-  std::string registration_failure_;  // GUARDED_BY(mu_): why the job cannot start ("" if it can)
-  int told_of_failure_ = 0;           // GUARDED_BY(mu_): nodes told registration_failure_
-  bool complete_ = false;             // GUARDED_BY(mu_): the table was sent
-  std::set<int> done_;                // GUARDED_BY(mu_): workers that finished
-  std::set<int> dead_;                // GUARDED_BY(mu_)
-  // GUARDED_BY(mu_): live nodes whose connection closed, and when.
-  std::map<int, Clock::time_point> suspected_;
+  mutable Mutex mu_;
+  CondVar finished_cv_;
+  std::vector<NodeInfo> nodes_ PS_GUARDED_BY(mu_);               // index = id; [0] is us
+  std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);  // index = id
+  std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);           // index = id; -1: none
+  // The first registered server or worker ("server at HOST:PORT") and its shared settings,
+  // which the later ones must match (ClusterConfig::SharedSetting::data_nodes_only).
+  std::string first_data_node_ PS_GUARDED_BY(mu_);
+  std::map<std::string, std::string> first_data_node_settings_ PS_GUARDED_BY(mu_);
+  std::string registration_failure_ PS_GUARDED_BY(mu_);  // why the job cannot start ("" if it can)
+  int told_of_failure_ PS_GUARDED_BY(mu_) = 0;           // nodes told registration_failure_
+  bool complete_ PS_GUARDED_BY(mu_) = false;             // the table was sent
+  std::set<int> done_ PS_GUARDED_BY(mu_);                // workers that finished
+  std::set<int> dead_ PS_GUARDED_BY(mu_);
+  // Live nodes whose connection closed, and when.
+  std::map<int, Clock::time_point> suspected_ PS_GUARDED_BY(mu_);
   // What OnPeerConnection reported, for OnTick. A leaf lock (never held while taking mu_ or
   // calling the transport), so the monitor thread never waits for mu_.
   struct ConnectionEvent {
@@ -145,23 +144,22 @@ class Scheduler {
     bool connected;
     Clock::time_point at;
   };
-  std::mutex connection_events_mu_;
-  std::vector<ConnectionEvent> connection_events_;  // GUARDED_BY(connection_events_mu_)
+  Mutex connection_events_mu_;
+  std::vector<ConnectionEvent> connection_events_ PS_GUARDED_BY(connection_events_mu_);
   // A member at a barrier: what it is about to do (its vote) and a failure it met, if any.
   struct BarrierArrival {
     std::string vote;
     std::string error;
   };
-  // "" when every member voted alike and none failed; else why the barrier fails. mu_ held.
-  std::string BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const;
-  // GUARDED_BY(mu_): group -> arrived ids
-  std::map<int, std::map<int, BarrierArrival>> barriers_;
-  int next_reject_id_ = 1 << 30;  // GUARDED_BY(mu_): socket ids for refusals
-  std::uint64_t dropped_ = 0;     // GUARDED_BY(mu_): unknown senders, unexpected
-  std::uint64_t refused_ = 0;     // GUARDED_BY(mu_): registrations turned away
-  bool finished_ = false;         // GUARDED_BY(mu_)
-  int status_ = 0;                // GUARDED_BY(mu_)
-  std::string failure_;           // GUARDED_BY(mu_)
+  // "" when every member voted alike and none failed; else why the barrier fails.
+  std::string BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const PS_REQUIRES(mu_);
+  std::map<int, std::map<int, BarrierArrival>> barriers_ PS_GUARDED_BY(mu_);  // group -> arrivals
+  int next_reject_id_ PS_GUARDED_BY(mu_) = 1 << 30;  // socket ids for refusals
+  std::uint64_t dropped_ PS_GUARDED_BY(mu_) = 0;     // unknown senders, unexpected
+  std::uint64_t refused_ PS_GUARDED_BY(mu_) = 0;     // registrations turned away
+  bool finished_ PS_GUARDED_BY(mu_) = false;
+  int status_ PS_GUARDED_BY(mu_) = 0;
+  std::string failure_ PS_GUARDED_BY(mu_);
 
   std::unique_ptr<PeriodicTask> timer_;
   std::unique_ptr<ReceiveLoop> receiver_;

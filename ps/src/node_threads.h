@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "ps/message.h"
-#include "zmq_transport.h"
+#include "ps/src/zmq_transport.h"
 
 namespace ps {
 

@@ -6,8 +6,8 @@
 #include <sstream>
 #include <thread>
 
-#include "kv_cluster.h"
-#include "test_util.h"
+#include "tests/kvstore/kv_cluster.h"
+#include "tests/worker/test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/sgd_trainer.h"
 #include "worker/trainer.h"

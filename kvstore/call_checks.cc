@@ -1,7 +1,7 @@
-#include "checks.h"
+#include "kvstore/call_checks.h"
 
-#include "device_memory.h"
-#include "optimizer.h"
+#include "kvstore/device_memory.h"
+#include "kvstore/optimizer.h"
 
 namespace ps::checks {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "tools/bench/bench_util.h"
 
 namespace ps::bench {
 

@@ -2,7 +2,7 @@
 // under cuda_host_emulation.h (PS_CUDA_HOST_EMULATION is defined for this target): the very
 // kernel bodies a GPU runs, checked on every machine against the hand-worked vectors and, bit
 // for bit, against the plain reference implementation, over several rounds with their
-// residuals. compression_gpu_test.cc runs the same checks on a GPU when there is one.
+// residuals. test_compression_gpu.cc runs the same checks on a GPU when there is one.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda_host_emulation.h"
+// First: it defines what the kernels' CUDA keywords mean on the host.
+#include "tests/worker/cuda_host_emulation.h"
+
 #include "kvstore/compression_kernels.cuh"
 #include "tests/kvstore/compression_reference.h"
 #include "tests/kvstore/compression_vectors.h"

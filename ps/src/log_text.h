@@ -1,5 +1,6 @@
 #pragma once
-// Small text helpers for messages the runtime and the scheduler show users.
+// The text of the log lines and errors the runtime and the scheduler show users: durations as
+// users write them, and which repeats of a problem get a log line.
 #include <chrono>
 #include <cstdint>
 #include <string>

@@ -11,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <ps/kvstore.h>
-
+#include "ps/kvstore.h"
 #include "tests/kvstore/compression_reference.h"
 #include "tests/kvstore/compression_vectors.h"
 #include "tests/kvstore/kv_cluster.h"

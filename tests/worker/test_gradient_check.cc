@@ -12,7 +12,7 @@
 #include <functional>
 #include <numeric>
 
-#include "test_util.h"
+#include "tests/worker/test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/init.h"
 #include "worker/layers.h"

@@ -1,16 +1,16 @@
 // The project's CUDA kernels (worker/cuda_kernels.cu), run on the host under
 // cuda_host_emulation.h, against the CPU backend: every kernel and a whole training step of
 // each model. Machines without a GPU (CI) check the kernels' indexing, grid-stride loops,
-// reductions and tie rules this way; cuda_agreement_test.cc checks them on a GPU, together
+// reductions and tie rules this way; test_cuda_agreement.cc checks them on a GPU, together
 // with cuBLAS and the CUDA backend's memory handling.
 #include <catch2/catch.hpp>
 
 #include <memory>
 #include <vector>
 
-#include "backend_agreement.h"
-#include "cuda_host_emulation.h"
-#include "forwarding_backend.h"
+#include "tests/worker/backend_agreement.h"
+#include "tests/worker/cuda_host_emulation.h"
+#include "tests/worker/forwarding_backend.h"
 #include "worker/cpu_backend.h"
 #include "worker/cuda_kernels.h"
 

@@ -1,4 +1,4 @@
-#include "raw.h"
+#include "tools/bench/raw_baselines.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <zmq.hpp>
 
-#include "optimizer.h"
+#include "kvstore/optimizer.h"
 
 namespace ps::bench {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "backend_agreement.h"
-#include "test_util.h"
+#include "tests/worker/backend_agreement.h"
+#include "tests/worker/test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/device.h"
 #include "worker/errors.h"

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "backend_agreement.h"
+#include "tests/worker/backend_agreement.h"
 #include "worker/cpu_backend.h"
 #include "worker/device.h"
 

@@ -1,4 +1,4 @@
-#include "worker.h"
+#include "tools/bench/bench_worker.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <ps/kvstore.h>
+#include "ps/kvstore.h"
 
 namespace ps::bench {
 namespace {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tests of ps-bench (registered with ctest by tests/bench/CMakeLists.txt, label "bench").
-# usage: bench_test.sh smoke|shm|server_failure|bad_flags|gpu_staging TOOL OUT_DIR
-#        bench_test.sh plot PLOT_BENCH_PY OUT_DIR
-#        bench_test.sh alloc ALLOC_PER_OP_SH OUT_DIR PS_BENCH
+# usage: test_bench.sh smoke|shm|server_failure|bad_flags|gpu_staging TOOL OUT_DIR
+#        test_bench.sh plot PLOT_BENCH_PY OUT_DIR
+#        test_bench.sh alloc ALLOC_PER_OP_SH OUT_DIR PS_BENCH
 # Correctness only: no assertion on any timing.
 set -uo pipefail
 
@@ -13,7 +13,7 @@ mkdir -p "$out"
 json=$out/bench_smoke.json
 
 fail() {
-  echo "bench_test $what: FAILED: $*"
+  echo "test_bench $what: FAILED: $*"
   exit 1
 }
 
@@ -51,7 +51,7 @@ for raw in ("memcpy", "zmq_echo_tcp", "zmq_echo_ipc", "server_agg_sgd"):
     assert raw in ops, raw
 assert doc["failures"] == [], doc["failures"]
 assert any(r["id"] == "latency_4B_vs_echo" and r["ratio"] is not None for r in doc["ratios"])
-print("bench_test smoke: JSON ok: %d cases, %d ratios" % (len(cases), len(doc["ratios"])))
+print("test_bench smoke: JSON ok: %d cases, %d ratios" % (len(cases), len(doc["ratios"])))
 PY
   ;;
 shm)
@@ -160,7 +160,7 @@ plot)
     fi
   done
   [[ -n $python ]] || {
-    echo "bench_test plot: python3-matplotlib is not installed: skipped"
+    echo "test_bench plot: python3-matplotlib is not installed: skipped"
     exit 77
   }
   png=$out/bench_smoke.png
@@ -173,4 +173,4 @@ plot)
   fail "unknown test '$what'"
   ;;
 esac
-echo "bench_test $what: ok"
+echo "test_bench $what: ok"

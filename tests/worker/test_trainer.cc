@@ -8,9 +8,9 @@
 #include <regex>
 #include <sstream>
 
-#include "fake_kvstore.h"
-#include "forwarding_backend.h"
-#include "test_util.h"
+#include "tests/worker/fake_kvstore.h"
+#include "tests/worker/forwarding_backend.h"
+#include "tests/worker/test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/errors.h"
 #include "worker/sgd_trainer.h"

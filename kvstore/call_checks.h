@@ -14,8 +14,8 @@
 #include <string_view>
 #include <unordered_set>
 
-#include <ps/error.h>
-#include <ps/tensor.h>
+#include "ps/error.h"
+#include "ps/tensor.h"
 
 namespace ps::checks {
 

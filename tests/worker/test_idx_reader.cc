@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "test_util.h"
+#include "tests/worker/test_util.h"
 #include "worker/dataset.h"
 #include "worker/errors.h"
 #include "worker/idx_reader.h"
