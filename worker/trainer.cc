@@ -153,17 +153,20 @@ void ApplyModelDefaults(TrainConfig& c, const std::function<bool(std::string_vie
   // Chosen from measured runs (2 workers, 2 servers, dist_sync, CPU, 10 epochs for mlp and
   // 5 for cnn): docs/training.md, "Defaults".
   struct Defaults {
+    int batch_size;  // per worker
     float lr;
     float momentum;
     float weight_decay;
     const char* scheduler;
     int warmup_epochs;
   };
-  const Defaults d = c.model == "cnn" ? Defaults{0.05f, 0.9f, 1e-4f, "cosine", 0}
-                                      : Defaults{0.1f, 0.9f, 1e-4f, "cosine", 0};
+  // cnn: twice the updates per epoch of batch 64 take it past 0.91 within 5 epochs.
+  const Defaults d = c.model == "cnn" ? Defaults{32, 0.05f, 0.9f, 1e-4f, "cosine", 0}
+                                      : Defaults{64, 0.1f, 0.9f, 1e-4f, "cosine", 0};
   // dist_async applies every worker's push at once, from weights a few pushes old: the same
   // rate overshoots (mlp: 0.8730 at 0.1, 0.8842 at 0.025 after 10 epochs).
   const float mode_scale = c.kvstore == "dist_async" ? 0.25f : 1.0f;
+  if (!given("batch_size")) c.batch_size = d.batch_size;
   if (!given("lr")) c.lr = d.lr * mode_scale;
   if (!given("momentum")) c.momentum = d.momentum;
   if (!given("wd")) c.weight_decay = d.weight_decay;

@@ -246,10 +246,17 @@ TEST_CASE("settings not given take the model's defaults; given ones stay", "[tra
   CHECK(mlp.lr == 0.1f);
   CHECK(mlp.lr_scheduler == "cosine");
   CHECK(mlp.weight_decay == 1e-4f);
+  CHECK(mlp.batch_size == 64);
   TrainConfig cnn;
   cnn.model = "cnn";
   ApplyModelDefaults(cnn, nothing_given);
   CHECK(cnn.lr == 0.05f);
+  CHECK(cnn.batch_size == 32);
+  TrainConfig cnn_batch;
+  cnn_batch.model = "cnn";
+  cnn_batch.batch_size = 128;
+  ApplyModelDefaults(cnn_batch, [](std::string_view flag) { return flag == "batch_size"; });
+  CHECK(cnn_batch.batch_size == 128);
   TrainConfig async;
   async.kvstore = "dist_async";
   ApplyModelDefaults(async, nothing_given);
