@@ -2,6 +2,9 @@
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq>=4.3)
+# PS_ENCRYPT derives the job's CURVE keys with libsodium's keyed hash (libzmq's own CURVE
+# library on Debian).
+pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)
 find_path(CPPZMQ_INCLUDE_DIR zmq.hpp REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gflags REQUIRED)

@@ -7,7 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config clang-format clang
-  libzmq3-dev cppzmq-dev
+  libzmq3-dev libsodium-dev cppzmq-dev
   libprotobuf-dev protobuf-compiler
   libgflags-dev libgoogle-glog-dev
   catch2 zlib1g-dev libopenblas-dev heaptrack

@@ -152,6 +152,12 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.register_timeout =
       ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
   config.job_secret = ReadJobSecret(lookup);
+  config.encrypt = ReadBool(lookup, "PS_ENCRYPT");
+  if (config.encrypt && config.job_secret.empty()) {
+    throw Error(
+        "PS_ENCRYPT=1 derives its keys from the job secret: set PS_JOB_SECRET or "
+        "PS_JOB_SECRET_FILE too (tools/launch.py makes one for every job)");
+  }
   config.big_array_bound = static_cast<std::size_t>(
       ReadInt(lookup, "MXNET_KVSTORE_BIGARRAY_BOUND", 1, 2147483647, 1000000));
   if (config.heartbeat_interval.count() > 0 &&

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ps/error.h"
+#include "ps/src/curve_keys.h"
 #include "ps/src/glog_or_stderr.h"
 #include "ps/src/log_text.h"
 
@@ -38,8 +39,10 @@ std::string NewConnectionKey() {
   return key;
 }
 
-JobAuthenticator::JobAuthenticator(zmq::context_t& context, const std::string& secret, int verbose)
-    : password_(secret.empty() ? kNoJobSecret : secret),
+JobAuthenticator::JobAuthenticator(zmq::context_t& context, Mechanism mechanism,
+                                   const std::string& secret, int verbose)
+    : mechanism_(mechanism),
+      password_(secret.empty() ? kNoJobSecret : secret),
       verbose_(verbose),
       wake_("the connection authenticator") {
   try {
@@ -93,14 +96,22 @@ void JobAuthenticator::Answer() {
   std::string user;
   if (request.size() >= 6) {
     const std::string mechanism = request[5].to_string();
-    if (mechanism == "PLAIN" && request.size() == 8) {
+    constexpr std::size_t kCurveKeyBytes = 32;
+    if (mechanism_ == Mechanism::kPlain && mechanism == "PLAIN" && request.size() == 8) {
       user = request[6].to_string();
       if (SameText(request[7].to_string(), password_)) {
         status = "200";
         status_text = "OK";
       }
+    } else if (mechanism_ == Mechanism::kCurve && mechanism == "CURVE" && request.size() == 7 &&
+               request[6].size() == kCurveKeyBytes) {
+      // The handshake succeeded, so the client knew the job's server key.
+      user = Z85(static_cast<const unsigned char*>(request[6].data()), kCurveKeyBytes);
+      status = "200";
+      status_text = "OK";
     } else {
-      status_text = "mechanism " + mechanism + " is not this job's (PLAIN)";
+      status_text = "mechanism " + mechanism + " is not this job's (" +
+                    (mechanism_ == Mechanism::kCurve ? "CURVE: PS_ENCRYPT=1" : "PLAIN") + ")";
     }
   }
   if (status != "200") {

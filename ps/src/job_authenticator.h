@@ -14,7 +14,8 @@
 // what a node sends it, nor write to one.
 //
 // PLAIN sends the password in clear text: it keeps out whoever can reach a port, not whoever
-// can read the network.
+// can read the network. With PS_ENCRYPT=1 every socket speaks CURVE instead (curve_keys.h):
+// the same checks, and every byte encrypted.
 //
 // Threads: one thread of its own serves ZeroMQ's requests (ZeroMQ's I/O threads wait for each
 // answer, so it waits for nothing else). Destruction stops and joins it; it must happen before
@@ -38,9 +39,13 @@ std::string NewConnectionKey();
 
 class JobAuthenticator {
  public:
+  // The job's mechanism. kCurve (PS_ENCRYPT=1): a client that completed the handshake knew
+  // the job's server key, which only the secret yields; its user name is its public key.
+  enum class Mechanism { kPlain, kCurve };
   // Binds the context's ZAP endpoint and starts serving it. `secret` "" means the job has
   // none (kNoJobSecret). Throws ps::Error when ZeroMQ cannot set it up.
-  JobAuthenticator(zmq::context_t& context, const std::string& secret, int verbose);
+  JobAuthenticator(zmq::context_t& context, Mechanism mechanism, const std::string& secret,
+                   int verbose);
   ~JobAuthenticator();
   JobAuthenticator(const JobAuthenticator&) = delete;
   JobAuthenticator& operator=(const JobAuthenticator&) = delete;
@@ -53,6 +58,7 @@ class JobAuthenticator {
   // Answers one ZAP request read from socket_.
   void Answer();
 
+  const Mechanism mechanism_;
   const std::string password_;
   const int verbose_;
   zmq::socket_t socket_;  // the ZAP REP socket: the handler thread's alone once it runs

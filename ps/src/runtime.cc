@@ -191,7 +191,7 @@ std::string Runtime::SchedulerProbe() const {
   if (probe.empty()) {
     return "the port accepts connections but no registration reply came: is it a "
            "ps-scheduler's port (DMLC_PS_ROOT_PORT), and was this node given the job's "
-           "PS_JOB_SECRET (the scheduler logs each connection it refuses for want of it)?";
+           "PS_JOB_SECRET and PS_ENCRYPT (the scheduler logs each connection it refuses)?";
   }
   if (probe == "connection refused") {
     return "connection refused, nothing listens on port " + std::to_string(config_.root_port) +

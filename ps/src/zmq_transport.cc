@@ -150,7 +150,14 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
   options.max_header_bytes = static_cast<std::size_t>(header);
   options.linger_ms = role == Role::kScheduler ? kSchedulerLingerMs : kNodeLingerMs;
   options.job_secret = config.job_secret;
-  options.connection_key = NewConnectionKey();
+  options.encrypt = config.encrypt;
+  if (config.encrypt) {
+    options.job_keys = JobServerKeys(config.job_secret);
+    options.node_keys = NewNodeKeys();
+    options.connection_key = options.node_keys.public_key;
+  } else {
+    options.connection_key = NewConnectionKey();
+  }
   if (role == Role::kScheduler) {
     options.max_frame_bytes = kSchedulerMaxFrameBytes;
     options.receive_hwm = kSchedulerReceiveHwm;
@@ -172,7 +179,10 @@ ZmqTransport::ZmqTransport(const TransportOptions& options)
                          ? ((std::uint64_t{1} << options.io_threads) - 1) & ~std::uint64_t{1}
                          : 0),
       context_(options.io_threads),
-      authenticator_(context_, options.job_secret, options.verbose),
+      authenticator_(context_,
+                     options.encrypt ? JobAuthenticator::Mechanism::kCurve
+                                     : JobAuthenticator::Mechanism::kPlain,
+                     options.job_secret, options.verbose),
       monitor_(context_, options.verbose, LimitsFor(options)) {}
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
@@ -189,9 +199,14 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   receiver_.set(zmq::sockopt::affinity, receive_affinity_);
   receiver_.set(zmq::sockopt::handshake_ivl, static_cast<int>(monitor_.limits().handshake.count()));
   receiver_.set(zmq::sockopt::backlog, kListenBacklog);
-  // Every connection authenticates (PLAIN, checked by authenticator_) and its messages carry
-  // the sender's connection key.
-  receiver_.set(zmq::sockopt::plain_server, 1);
+  // Every connection authenticates (PLAIN or CURVE, checked by authenticator_) and its
+  // messages carry the sender's connection key.
+  if (options_.encrypt) {
+    receiver_.set(zmq::sockopt::curve_server, 1);
+    receiver_.set(zmq::sockopt::curve_secretkey, options_.job_keys.secret_key);
+  } else {
+    receiver_.set(zmq::sockopt::plain_server, 1);
+  }
   receiver_.set(zmq::sockopt::zap_domain, "ps");
   monitor_.WatchReceiver(receiver_);  // before the first connection can arrive
   const std::string endpoint =
@@ -251,9 +266,15 @@ void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   socket.set(zmq::sockopt::linger, options_.linger_ms);
   socket.set(zmq::sockopt::sndhwm, 0);
   socket.set(zmq::sockopt::affinity, send_affinity_);
-  socket.set(zmq::sockopt::plain_username, options_.connection_key);
-  socket.set(zmq::sockopt::plain_password,
-             options_.job_secret.empty() ? std::string(kNoJobSecret) : options_.job_secret);
+  if (options_.encrypt) {
+    socket.set(zmq::sockopt::curve_serverkey, options_.job_keys.public_key);
+    socket.set(zmq::sockopt::curve_publickey, options_.node_keys.public_key);
+    socket.set(zmq::sockopt::curve_secretkey, options_.node_keys.secret_key);
+  } else {
+    socket.set(zmq::sockopt::plain_username, options_.connection_key);
+    socket.set(zmq::sockopt::plain_password,
+               options_.job_secret.empty() ? std::string(kNoJobSecret) : options_.job_secret);
+  }
   const std::uint64_t watch = monitor_.WatchPeer(node_id, socket);  // 0 without a watcher
   try {
     socket.connect(endpoint);

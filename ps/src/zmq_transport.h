@@ -26,6 +26,7 @@
 #include "ps/mutex.h"
 #include "ps/src/block_pool.h"
 #include "ps/src/connection_monitor.h"
+#include "ps/src/curve_keys.h"
 #include "ps/src/job_authenticator.h"
 #include "ps/src/wire.h"
 #include "ps/thread_annotations.h"
@@ -52,6 +53,11 @@ struct TransportOptions {
   // node's connection key, the user name its send sockets give (job_authenticator.h).
   std::string job_secret;
   std::string connection_key;
+  // PS_ENCRYPT: CURVE instead of PLAIN (curve_keys.h). The job's server key pair, from the
+  // secret, and this node's own pair, whose public key is its connection key.
+  bool encrypt = false;
+  CurveKeyPair job_keys;
+  CurveKeyPair node_keys;
 };
 
 // The options of a `role` node of `config`'s job. The scheduler receives small control

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <map>
+#include <optional>
 #include <thread>
 #include <zmq.hpp>
 
@@ -620,4 +622,40 @@ TEST_CASE("cluster: with PS_JOB_SECRET a node with a wrong or no secret cannot j
   CHECK(Eventually([&] { return target.refused_connections() >= 1; }));
   CHECK(target.dropped_messages() == dropped_before);
   job.CheckEndsCleanly();
+}
+
+TEST_CASE("cluster: with PS_ENCRYPT every node speaks CURVE and a PLAIN node cannot join",
+          "[cluster][fault][security]") {
+  ps::ClusterConfig config = SchedulerConfig(1, 1);
+  config.job_secret = "the-secret-of-this-job";
+  config.encrypt = true;
+  ps::Scheduler scheduler(config);
+  ps::ClusterConfig plain = scheduler.NodeConfig(ps::Role::kWorker);
+  plain.encrypt = false;  // the right secret, but in clear
+  plain.register_timeout = 2s;
+  CHECK_THROWS_WITH(ps::Runtime::Start(plain), Catch::Contains("PS_ENCRYPT"));
+  // The job runs: every message is accepted on its sender's connection, whose key is now the
+  // sender's CURVE public key, and a forged one is still dropped.
+  JobUnderAttack job(scheduler);
+  ps::Runtime& target = job.Target();
+  CHECK(target.nodes()[target.id()].connection_key.size() == 40);  // Z85 of 32 bytes
+  job.CheckEndsCleanly();
+}
+
+TEST_CASE("cluster: PS_ENCRYPT without a job secret is refused by name", "[cluster][security]") {
+  const auto parse = [](std::map<std::string, std::string> env) {
+    env.insert({{"DMLC_ROLE", "worker"},
+                {"DMLC_PS_ROOT_URI", "127.0.0.1"},
+                {"DMLC_PS_ROOT_PORT", "9000"},
+                {"DMLC_NUM_SERVER", "1"},
+                {"DMLC_NUM_WORKER", "1"}});
+    return ps::ClusterConfig::Parse([env](std::string_view name) -> std::optional<std::string> {
+      const auto it = env.find(std::string(name));
+      if (it == env.end()) return std::nullopt;
+      return it->second;
+    });
+  };
+  CHECK_THROWS_WITH(parse({{"PS_ENCRYPT", "1"}}), Catch::Contains("set PS_JOB_SECRET"));
+  CHECK(parse({{"PS_ENCRYPT", "1"}, {"PS_JOB_SECRET", "s"}}).encrypt);
+  CHECK_FALSE(parse({{"PS_JOB_SECRET", "s"}}).encrypt);
 }

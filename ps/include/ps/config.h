@@ -57,6 +57,9 @@ struct ClusterConfig {
   // connection of the job must give. A process without it cannot register, nor read or write
   // any node ("": the job has none, and any process that reaches a port may join).
   std::string job_secret;
+  // PS_ENCRYPT: every connection encrypted with ZeroMQ's CURVE, keys derived from job_secret
+  // (which it needs). Every node of a job must agree.
+  bool encrypt = false;
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those
