@@ -158,8 +158,8 @@ rlim_t RaiseOwnDescriptorLimit() {
 
 TEST_CASE("faults: a server out of descriptors drops idle connections and serves its job",
           "[faults]") {
-  // The issue's case: `ulimit -n` (soft and hard) far below the connections offered. Before
-  // the connection caps, ZeroMQ aborted in accept (ipc) or our next socket threw EMFILE.
+  // The case that used to abort: `ulimit -n` (soft and hard) far below the connections offered.
+  // Before the connection caps, ZeroMQ aborted in accept (ipc) or our next socket threw EMFILE.
   const std::string ipc = GENERATE("1", "0");
   INFO("PS_USE_IPC=" << ipc);
   const rlim_t own = RaiseOwnDescriptorLimit();
@@ -203,9 +203,9 @@ TEST_CASE("faults: a server out of descriptors drops idle connections and serves
 }
 
 TEST_CASE("faults: frames past a node's cap are refused before they take memory", "[faults]") {
-  // The issue's case: four connections each declaring a 7 GiB frame and sending 256 MiB of it
-  // took the scheduler and a server from 9 MB to 1 GB of RSS. The scheduler's frame cap is
-  // 1 MiB, a default server's 8 MB: each connection is closed at the frame's header.
+  // The case that used to run out of memory: four connections each declaring a 7 GiB frame and
+  // sending 256 MiB of it took the scheduler and a server from 9 MB to 1 GB of RSS. The scheduler's
+  // frame cap is 1 MiB, a default server's 8 MB: each connection is closed at the frame's header.
   constexpr std::uint64_t kDeclared = std::uint64_t{7} << 30;
   constexpr std::uint64_t kPayload = std::uint64_t{256} << 20;
   constexpr long kMostGrowthKb = 64 << 10;  // docs/errors.md: the bound is 4 MiB / 32 MiB here

@@ -832,7 +832,8 @@ def find(cases, label):
 
 
 def ratios(cases, workers):
-    """The issue's targets, each a ratio of figures of this run (None where not measured)."""
+    """The bed's targets (docs/scaling.md), each a ratio of figures of this run (None where
+    not measured)."""
     out = []
     sizes = sorted({c["size"] for c in cases if c.get("system") in ("ps", "mpi")})
     for size in sizes:

@@ -1,4 +1,5 @@
-// The API, compiled against the installed headers and libraries.
+// The KVStore API as a user's program calls it, compiled against the installed headers and
+// libraries.
 #include <cstdio>
 #include <memory>
 #include <vector>
