@@ -475,6 +475,12 @@ def check_rows(doc, ps_share=None, efficiency=None, tolerance=0.15):
             continue
         row = {"label": case["label"], "size": case["size"], "system": case["system"],
                "rate": float(meta["rate_bit"]), "straggler": bool(case.get("straggler"))}
+        if case.get("compression"):
+            row.update(measured=case["iteration_s"], predicted=None,
+                       note="not modelled: compressed pushes or pulls (bed_bench.py's "
+                            "compression part)")
+            rows.append(row)
+            continue
         if case["system"] == "mpi" and case.get("algorithm") not in ("ring", "segmented_ring"):
             row.update(measured=case["iteration_s"], predicted=None,
                        note=f"not modelled: Open MPI's '{case.get('algorithm')}' algorithm")

@@ -555,7 +555,8 @@ class Bench:
     def rates(self):
         return {h["name"]: float(h["rate_bit"]) for h in self.bed.hosts}
 
-    def ps_case(self, label, size, layout, mode, iterations, timeout, extra=None):
+    def ps_case(self, label, size, layout, mode, iterations, timeout, extra=None,
+                compression=("none", "none")):
         hf_workers = self.bed.write_hostfile(os.path.join(self.out, "workers.hosts"),
                                              self.worker_hosts)
         argv = [sys.executable, LAUNCH, "-n", str(self.W), "-H", hf_workers,
@@ -570,7 +571,8 @@ class Bench:
             argv += ["--env", f"PS_CHUNK_BYTES={self.args.chunk_bytes}"]
         argv += [os.path.join(self.bin, "ps-bench"), "--worker_mode", f"--mode={mode}",
                  f"--sizes={size_name(size)}", "--ops=pushpull", f"--iterations={iterations}",
-                 f"--warmup={self.warmup_for(size)}"]
+                 f"--warmup={self.warmup_for(size)}", f"--compression={compression[0]}",
+                 f"--pull_compression={compression[1]}"]
         env = dict(os.environ, PS_BIN_DIR=self.bin)
         status, out, samples, wall, log = self.sampled(
             label, self.bed.exec_argv(self.worker_hosts[0], argv), timeout, env)
@@ -622,6 +624,8 @@ class Bench:
                 "iterations": iterations, "iteration_s": iteration,
                 "per_worker": workers, "window": stats, "wall_s": wall, "log": log,
                 "chunk_bytes": self.args.chunk_bytes or None}
+        if compression != ("none", "none"):
+            case["compression"] = {"push": compression[0], "pull": compression[1]}
         return case
 
     def mpi_case(self, label, size, algorithm, iterations, timeout):
@@ -747,6 +751,8 @@ class Bench:
                                                       n, self.timeout_for(size, "mpi", n)))
             if "straggler" in a.parts:
                 self.straggler()
+            if "compression" in a.parts:
+                self.compression()
         finally:
             problems = self.bed.down()
             if problems:
@@ -755,6 +761,25 @@ class Bench:
                 say(f"bed {self.bed.id} removed")
         self.write_json()
         return self.cases
+
+    def compression(self):
+        """dist_sync push+pull with servers beside the workers, with 2-bit pushes, then with
+        2-bit pushes and pulls, against the same job uncompressed (measured here unless the
+        main part measured it)."""
+        size = self.args.straggler_size
+        kind = "ps_beside"
+        n = self.iterations_for(size, kind)
+        if not find(self.cases, f"{kind}_sync_{size_name(size)}"):
+            say(f"{kind} dist_sync {size_name(size)}: {n} iterations ...")
+            self.record(self.ps_case(f"{kind}_sync_{size_name(size)}", size, "beside",
+                                     "dist_sync", n, self.timeout_for(size, kind, n)))
+        for push, pull in (("2bit", "none"), ("2bit", "2bit")):
+            name = push if pull == "none" else f"{push}-{pull}"
+            say(f"{kind} dist_sync {size_name(size)}, compression {push}/{pull}: "
+                f"{n} iterations ...")
+            self.record(self.ps_case(f"compress_{name}_{kind}_sync_{size_name(size)}", size,
+                                     "beside", "dist_sync", n, self.timeout_for(size, kind, n),
+                                     compression=(push, pull)))
 
     def straggler(self):
         a = self.args
@@ -853,7 +878,8 @@ def ratios(cases, workers):
                             "met": value <= bound if s == "16MB" else None})
         for c in cases:
             if c["size"] == size and c.get("system") == "ps" and c["mode"] == "dist_sync" \
-                    and not c.get("straggler") and c.get("window"):
+                    and not c.get("straggler") and not c.get("compression") \
+                    and c.get("window"):
                 u = c["window"]["link_utilisation"]
                 out.append({"id": f"util_{c['label']}",
                             "what": f"busiest link's utilisation, {c['label']}",
@@ -878,6 +904,20 @@ def ratios(cases, workers):
                                 f"throughput with one host at 1/{c['straggler']['factor']:g} "
                                 "of the rate",
                         "value": drop, "target": "<= 0.1", "met": drop <= 0.1})
+    for c in cases:
+        if not (c.get("compression") and c.get("iteration_s")):
+            continue
+        base = find(cases, f"ps_beside_sync_{size_name(c['size'])}")
+        if not (base and base.get("iteration_s")):
+            continue
+        both = c["compression"]["pull"] != "none"
+        bound = 5.0 if both else 1.8
+        speedup = base["iteration_s"] / c["iteration_s"]
+        out.append({"id": f"speedup_{c['label']}",
+                    "what": f"{size_name(c['size'])} dist_sync iteration, servers beside, "
+                            f"uncompressed over {c['compression']['push']} pushes"
+                            + (f" and {c['compression']['pull']} pulls" if both else ""),
+                    "value": speedup, "target": f">= {bound:g}", "met": speedup >= bound})
     for c in cases:
         if c.get("straggler") and c.get("iteration_s"):
             base_label = c["label"][len("straggler_"):]
@@ -944,7 +984,8 @@ def plot(doc, path):
 
     cases = doc["cases"]
     meta = doc["meta"]
-    main = [c for c in cases if not c.get("straggler") and c.get("iteration_s")]
+    main = [c for c in cases if not c.get("straggler") and not c.get("compression")
+            and c.get("iteration_s")]
     sizes = sorted({c["size"] for c in main})
     strag = [c for c in cases if c.get("straggler") or c["label"].startswith("ps_")
              and "_async_" in c["label"]]
@@ -1035,8 +1076,10 @@ def build_parser():
     p.add_argument("--mpi", choices=["on", "off", "auto"], default="auto",
                    help="run MPI_Allreduce: on (missing: an error), off, auto (when mpirun and "
                         "ps-bench-mpi-allreduce exist)")
-    p.add_argument("--parts", type=comma_list(["main", "straggler"]),
-                   default=["main", "straggler"], help="main, straggler (default both)")
+    p.add_argument("--parts", type=comma_list(["main", "straggler", "compression"]),
+                   default=["main", "straggler"],
+                   help="main, straggler, compression (2-bit pushes, then 2-bit pushes and "
+                        "pulls, at --straggler-size; default: main and straggler)")
     p.add_argument("--straggler-factor", type=float, default=4.0,
                    help="the slow host's link runs at rate / F (default 4)")
     p.add_argument("--straggler-size", type=parse_size, default=parse_size("16MB"),
