@@ -99,8 +99,11 @@ class Manifests(unittest.TestCase):
         for var in container.get("env", []):
             if "value" in var:
                 env[var["name"]] = var["value"]
-            else:
+            elif "fieldRef" in var["valueFrom"]:
                 env[var["name"]] = ("fieldRef", var["valueFrom"]["fieldRef"]["fieldPath"])
+            else:
+                ref = var["valueFrom"]["secretKeyRef"]
+                env[var["name"]] = ("secretKeyRef", ref["name"], ref["key"])
         return env
 
     # ---- JobSet
@@ -167,6 +170,7 @@ class Manifests(unittest.TestCase):
             self.assertEqual(env["DMLC_NUM_SERVER"], str(count["server"]))
             self.assertEqual(env["DMLC_NUM_WORKER"], str(count["worker"]))
             self.assertEqual(env["DMLC_NODE_HOST"], ("fieldRef", "status.podIP"))
+            self.assertEqual(env["PS_JOB_SECRET"], ("secretKeyRef", "ps-job-secret", "secret"))
             self.assertEqual(container["command"][0], ROLE_COMMAND[role])
 
     # ---- MXJob
@@ -194,6 +198,7 @@ class Manifests(unittest.TestCase):
             for var in MXJOB_INJECTED:
                 self.assertNotIn(var, env, f"{rtype}: {var} is injected by the operator")
             self.assertEqual(env["DMLC_NODE_HOST"], ("fieldRef", "status.podIP"))
+            self.assertEqual(env["PS_JOB_SECRET"], ("secretKeyRef", "ps-job-secret", "secret"))
             role = rtype.lower()
             self.assertEqual(container["command"][0], ROLE_COMMAND[role])
             # what the pod ends up with, per the operator's rules (kubeflow training-operator,
