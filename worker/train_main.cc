@@ -64,7 +64,8 @@ DEFINE_string(gradient_compression, "none",
               "Compress the pushed gradients (dist stores): none, 2bit (MXNet's), 1bit or fp16, "
               "each with error feedback. See docs/kvstore.md, \"Gradient compression\".");
 DEFINE_double(compression_threshold, 0.5,
-              "2bit: the magnitude a value must reach (with its residual) to be sent.");
+              "2bit: the magnitude a value must reach (with its residual) to be sent (default "
+              "with 2bit and 1bit: 0.02, and plain SGD at 5x the model's rate).");
 DEFINE_string(pull_compression, "none",
               "Compress the pulled weights as changes since this worker's last pull: none, 2bit, "
               "1bit or fp16.");

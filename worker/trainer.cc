@@ -166,9 +166,17 @@ void ApplyModelDefaults(TrainConfig& c, const std::function<bool(std::string_vie
   // dist_async applies every worker's push at once, from weights a few pushes old: the same
   // rate overshoots (mlp: 0.8730 at 0.1, 0.8842 at 0.025 after 10 epochs).
   const float mode_scale = c.kvstore == "dist_async" ? 0.25f : 1.0f;
+  // 2bit and 1bit push sign-like steps that error feedback releases all at once, which
+  // momentum 0.9 amplifies tenfold (mlp: 0.10-0.51 accuracy): plain SGD instead, at half the
+  // default's effective rate lr / (1 - momentum), and a threshold on the scale of a batch
+  // mean's gradient (mlp 10 epochs: 0.8895, as without compression; docs/kvstore.md).
+  const bool sign_like = c.gradient_compression == "2bit" || c.gradient_compression == "1bit";
+  constexpr float kSignLikeRateScale = 5.0f;
+  constexpr float kSignLikeThreshold = 0.02f;
   if (!given("batch_size")) c.batch_size = d.batch_size;
-  if (!given("lr")) c.lr = d.lr * mode_scale;
-  if (!given("momentum")) c.momentum = d.momentum;
+  if (!given("lr")) c.lr = d.lr * mode_scale * (sign_like ? kSignLikeRateScale : 1.0f);
+  if (!given("momentum")) c.momentum = sign_like ? 0.0f : d.momentum;
+  if (sign_like && !given("compression_threshold")) c.compression_threshold = kSignLikeThreshold;
   if (!given("wd")) c.weight_decay = d.weight_decay;
   if (!given("lr_scheduler")) c.lr_scheduler = d.scheduler;
   if (!given("warmup_epochs")) c.warmup_epochs = d.warmup_epochs;

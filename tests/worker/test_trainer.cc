@@ -261,6 +261,26 @@ TEST_CASE("settings not given take the model's defaults; given ones stay", "[tra
   async.kvstore = "dist_async";
   ApplyModelDefaults(async, nothing_given);
   CHECK(async.lr == Approx(0.025f));
+  TrainConfig two_bit;
+  two_bit.gradient_compression = "2bit";
+  ApplyModelDefaults(two_bit, nothing_given);
+  CHECK(two_bit.momentum == 0.0f);
+  CHECK(two_bit.lr == Approx(0.5f));
+  CHECK(two_bit.compression_threshold == Approx(0.02f));
+  TrainConfig two_bit_mine;
+  two_bit_mine.gradient_compression = "2bit";
+  two_bit_mine.momentum = 0.5f;
+  two_bit_mine.compression_threshold = 0.1f;
+  ApplyModelDefaults(two_bit_mine, [](std::string_view flag) {
+    return flag == "momentum" || flag == "compression_threshold";
+  });
+  CHECK(two_bit_mine.momentum == 0.5f);
+  CHECK(two_bit_mine.compression_threshold == 0.1f);
+  TrainConfig fp16;
+  fp16.gradient_compression = "fp16";
+  ApplyModelDefaults(fp16, nothing_given);
+  CHECK(fp16.momentum == 0.9f);
+  CHECK(fp16.lr == 0.1f);
   TrainConfig mine;
   mine.lr = 0.3f;
   mine.lr_scheduler = "none";
