@@ -535,7 +535,11 @@ class JobUnderAttack {
         server_(scheduler.NodeConfig(ps::Role::kServer), 1,
                 [this](ps::Runtime& runtime, int) {
                   server_runtime_ = &runtime;
-                  return runtime.WaitForTermination();
+                  std::string outcome = runtime.WaitForTermination();
+                  // The test thread reads this runtime until it ends the attack: keep it until
+                  // then (a happens-before edge the sockets that end the job do not give).
+                  Eventually([&] { return attack_over_.load(); }, 30s);
+                  return outcome;
                 }),
         worker_(scheduler.NodeConfig(ps::Role::kWorker), 1,
                 [this](ps::Runtime& runtime, int) -> std::string {
