@@ -21,11 +21,13 @@ BIN = os.environ.get("PS_BIN_DIR") or os.path.join(REPO, "build", "bin")
 PLAIN_GRADIENT = b"\x00\x00\x80\x3f" * 64  # 64 floats of 1.0: worker 0's push of key 0
 CAPTURE_LIMIT = 256 << 20  # bytes of packets kept, at most
 
-# Records every packet on lo until stdin closes; writes them to the file argv[1].
+# Records every packet on the interface argv[3] ("": every interface of its network namespace)
+# until stdin closes, keeping at most argv[2] bytes; writes them to the file argv[1].
 CAPTURE = r"""
 import os, select, socket, sys
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-s.bind(("lo", 0))
+if sys.argv[3]:
+    s.bind((sys.argv[3], 0))
 print("capturing", flush=True)
 kept = 0
 with open(sys.argv[1], "wb") as out:
@@ -63,7 +65,7 @@ class EncryptionOnTheWire(unittest.TestCase):
         path = os.path.join(self.tmp, f"capture-{encrypt}.bin")
         capture = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, sys.executable, "-c", CAPTURE, path,
-             str(CAPTURE_LIMIT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             str(CAPTURE_LIMIT), "lo"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             self.assertEqual(capture.stdout.readline().strip(), "capturing")
             env = dict(os.environ, PS_BIN_DIR=BIN, PS_USE_IPC="0", PS_ENCRYPT=encrypt)

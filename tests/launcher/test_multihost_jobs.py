@@ -8,15 +8,20 @@ each host's sshd, each advertising its own 198.18.x address.
 - the BytePS layout (--server-hostfile): workers on h0 h1, servers on h2 h3, exact results;
 - a host whose processes are killed: the job ends with an error naming that host, well within
   the heartbeat timeout; a host whose link is cut: the heartbeat timeout finds it, and the
-  launcher names it.
+  launcher names it;
+- PS_ENCRYPT=1: a capture of every packet through the bed's switch holds none of the pushed
+  gradient's bytes (and does in clear).
 Needs root and `ip netns` (ctest label `multihost`; exits 77, "skipped", otherwise).
 """
 import os
 import re
+import subprocess
+import sys
 import time
 import unittest
 
 from bed_testlib import BedJobTest, binary, main, missing_binaries, wait_for
+from test_encryption_capture import CAPTURE, CAPTURE_LIMIT, PLAIN_GRADIENT
 
 KV = missing_binaries("ps-kvstore-check")
 
@@ -54,6 +59,35 @@ class BedJobs(BedJobTest):
             tx = after[name][1] - before[name][1]
             self.assertGreater(rx, 1_000_000, (name, rx, tx))
             self.assertGreater(tx, 1_000_000, (name, rx, tx))
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(KV, KV)
+    def test_encrypted_job_puts_no_tensor_bytes_on_the_links(self):
+        """PS_ENCRYPT=1 across hosts: a capture of every packet through the bed's switch holds
+        none of the pushed gradient's bytes; in clear it does (so the capture sees payload)."""
+        captured = {}
+        for encrypt in ("0", "1"):
+            path = os.path.join(self.tmp, f"switch-capture-{encrypt}.bin")
+            capture = subprocess.Popen(
+                ["ip", "netns", "exec", self.bed.switch_ns, sys.executable, "-c", CAPTURE, path,
+                 str(CAPTURE_LIMIT), ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True)
+            try:
+                self.assertEqual(capture.stdout.readline().strip(), "capturing")
+                r = self.run_launcher(["-n", "2", "-s", "2"] + self.bed_args()
+                                      + [binary("ps-kvstore-check"), "--keys", "2",
+                                         "--size", "1000", "--rounds", "5"],
+                                      env=self.real_env(PS_ENCRYPT=encrypt), timeout=90)
+                self.assert_kvstore_ok(r, 2, 5)
+            finally:
+                capture.stdin.close()
+                capture.wait(timeout=30)
+                capture.stdout.close()
+            with open(path, "rb") as f:
+                captured[encrypt] = f.read()
+        self.assertIn(PLAIN_GRADIENT, captured["0"], "the capture does not see the payload")
+        self.assertGreater(len(captured["1"]), 1000 * 4 * 5, "the capture saw no traffic")
+        self.assertNotIn(PLAIN_GRADIENT, captured["1"])
         self.assert_nothing_left_here()
 
     @unittest.skipIf(KV, KV)
