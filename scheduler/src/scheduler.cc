@@ -137,15 +137,7 @@ void Scheduler::OnMessage(Message&& msg) {
   if (finished_) return;
   const Meta& meta = msg.meta;
   if (meta.control == Control::kRegister) {
-    // The connection key a node registers with must be the one its connection gave: the
-    // others will accept its messages only from connections with that key.
-    if (meta.nodes.size() == 1 && !msg.connection_key.empty() &&
-        meta.nodes[0].connection_key == msg.connection_key) {
-      OnRegister(std::move(msg));
-    } else if (LogOccurrence(++dropped_)) {
-      LOG(WARNING) << "dropped a register message (#" << dropped_
-                   << ") whose connection key is not its connection's: " << msg.DebugString();
-    }
+    OnRegister(std::move(msg));
     return;
   }
   const bool known = complete_ && meta.sender > 0 &&
@@ -261,13 +253,19 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
   return std::nullopt;
 }
 
-std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Meta& meta) const {
+std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& msg) const {
   using Answer = Refusal::Answer;
+  const Meta& meta = msg.meta;
   if (meta.nodes.size() != 1) {
     return Refusal{"with " + std::to_string(meta.nodes.size()) + " node entries", false,
                    Answer::kDrop};
   }
   const NodeInfo& node = meta.nodes[0];
+  // The others will accept the node's messages only from connections with the key it
+  // registers: it must be the one its own connection gave.
+  if (msg.connection_key.empty() || node.connection_key != msg.connection_key) {
+    return Refusal{"whose connection key is not its connection's", false, Answer::kDrop};
+  }
   if (node.host.empty() || node.port <= 0 || node.port > 65535) {
     return Refusal{
         "without an address: host '" + node.host + "', port " + std::to_string(node.port), false,
@@ -364,7 +362,7 @@ void Scheduler::EndFailedRegistrationOnceAllTold() {
 }
 
 void Scheduler::OnRegister(Message&& msg) {
-  const auto refusal = RegistrationRefusal(msg.meta);
+  const auto refusal = RegistrationRefusal(msg);
   if (!refusal) {
     Admit(msg.meta.nodes[0], msg.meta.body);
   } else if (refusal->answer == Refusal::Answer::kDrop) {

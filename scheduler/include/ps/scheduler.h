@@ -81,7 +81,7 @@ class Scheduler {
     Answer answer = Answer::kReply;
   };
   // Every check of a register message, in one place: why it is not admitted, if it is not.
-  std::optional<Refusal> RegistrationRefusal(const Meta& meta) const PS_REQUIRES(mu_);
+  std::optional<Refusal> RegistrationRefusal(const Message& msg) const PS_REQUIRES(mu_);
   // Why the node's shared settings (ClusterConfig::SharedSettings) do not fit the job, if
   // they do not.
   std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const
