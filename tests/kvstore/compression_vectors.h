@@ -1,12 +1,41 @@
 #pragma once
 // Gradient compression test vectors worked out by hand from the definitions (docs/kvstore.md,
 // "Gradient compression"): several rounds of one slice each, with the bytes that must go on
-// the wire and the residual that must stay behind. Shared by the CPU test
-// (tests/kvstore/test_compression.cc) and the CUDA kernels' tests (tests/worker).
+// the wire and the residual that must stay behind, and the helpers every test of them uses.
+// Shared by the CPU test (tests/kvstore/test_compression.cc) and the CUDA kernels' tests
+// (tests/worker).
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
+#include "kvstore/compression_codec.h"
+
 namespace ps::test {
+
+// The codec a vector's type names ("2bit", "1bit" or "fp16").
+inline compression::Codec CodecOf(const std::string& type) {
+  if (type == "2bit") return compression::Codec::k2Bit;
+  if (type == "1bit") return compression::Codec::k1Bit;
+  return compression::Codec::kFp16;
+}
+
+// The bytes of the codes of n values, worked out from the wire layouts, not taken from the
+// store: 2bit 16 values per 4-byte word, 1bit a 4-byte scale and 32 values per word, fp16 2
+// bytes a value.
+inline std::size_t ExpectedEncodedBytes(compression::Codec codec, std::size_t n) {
+  if (codec == compression::Codec::k2Bit) return (n + 15) / 16 * 4;
+  if (codec == compression::Codec::k1Bit) return 4 + (n + 31) / 32 * 4;
+  return 2 * n;
+}
+
+// The bit patterns of float values, so that residuals compare bit for bit (-0 and NaN too).
+inline std::vector<std::uint32_t> Bits(const std::vector<float>& values) {
+  std::vector<std::uint32_t> bits(values.size());
+  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
+  return bits;
+}
 
 struct VectorRound {
   std::vector<float> grad;

@@ -19,17 +19,9 @@
 namespace {
 
 using ps::compression::Codec;
+using ps::test::Bits;
+using ps::test::CodecOf;
 namespace reference = ps::test::reference;
-
-Codec CodecOf(const std::string& type) {
-  return ps::compression::Parse(ps::GradientCompression{.type = type}).push;
-}
-
-std::vector<std::uint32_t> Bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> bits(values.size());
-  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
-  return bits;
-}
 
 std::vector<std::uint8_t> Encode(Codec codec, float threshold, const std::vector<float>& grad,
                                  std::vector<float>& residual) {

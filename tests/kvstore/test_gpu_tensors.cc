@@ -11,6 +11,7 @@
 #include "ps/kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
+#include "tests/util/gpu_or_skip.h"
 
 #ifdef PS_TEST_CUDA
 #include <cuda_runtime_api.h>
@@ -20,35 +21,13 @@ namespace {
 
 using ps::test::AllOk;
 using ps::test::Env;
+using ps::test::GpuOrSkip;
 using ps::test::KVCluster;
 using ps::test::SyncSumRounds;
 
-// True with a GPU; false (reported as skipped) without one. A GPU with a driver CUDA cannot
-// use (too old for the runtime) fails: skipping would hide it. The same rule as the worker's
-// ProbeCuda (worker/device.h), which this library's tests cannot link.
-bool GpuOrSkip() {
-#ifdef PS_TEST_CUDA
-  int driver = 0;
-  cudaDriverGetVersion(&driver);  // 0: no NVIDIA driver installed
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status == cudaSuccess && count > 0) return true;
-  if (driver != 0 && status != cudaSuccess && status != cudaErrorNoDevice) {
-    FAIL("a GPU driver is installed but CUDA cannot use it: " << cudaGetErrorString(status));
-  }
-  WARN("no CUDA device: skipped ("
-       << (status != cudaSuccess ? cudaGetErrorString(status) : "no device") << ")");
-#else
-  WARN("no CUDA device: skipped (this build has no CUDA)");
-#endif
-  return false;
-}
-
 #ifdef PS_TEST_CUDA
 
-void CheckCuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(status));
-}
+using ps::test::CheckCuda;
 
 void HostToDevice(const ps::Tensor& device, const std::vector<float>& host) {
   CheckCuda(cudaMemcpy(device.data(), host.data(), device.bytes(), cudaMemcpyHostToDevice),

@@ -16,6 +16,7 @@
 #include "tests/kvstore/compression_vectors.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
+#include "tests/util/gpu_or_skip.h"
 
 #ifdef PS_TEST_CUDA
 #include <cuda_runtime_api.h>
@@ -25,33 +26,16 @@
 
 namespace {
 
-// True with a GPU; false (reported as skipped) without one; a driver CUDA cannot use fails.
-bool GpuOrSkip() {
-#ifdef PS_TEST_CUDA
-  int driver = 0;
-  cudaDriverGetVersion(&driver);
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status == cudaSuccess && count > 0) return true;
-  if (driver != 0 && status != cudaSuccess && status != cudaErrorNoDevice) {
-    FAIL("a GPU driver is installed but CUDA cannot use it: " << cudaGetErrorString(status));
-  }
-  WARN("no CUDA device: skipped ("
-       << (status != cudaSuccess ? cudaGetErrorString(status) : "no device") << ")");
-#else
-  WARN("no CUDA device: skipped (this build has no CUDA)");
-#endif
-  return false;
-}
+using ps::test::GpuOrSkip;
 
 #ifdef PS_TEST_CUDA
 
+using ps::test::CheckCuda;
 namespace reference = ps::test::reference;
 using ps::compression::Codec;
-
-void CheckCuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(status));
-}
+using ps::test::Bits;
+using ps::test::CodecOf;
+using ps::test::ExpectedEncodedBytes;
 
 // n floats on GPU 0, freed with the object.
 class DeviceFloats {
@@ -76,31 +60,13 @@ class DeviceFloats {
   float* ptr_ = nullptr;
 };
 
-Codec CodecOf(const std::string& type) {
-  if (type == "2bit") return Codec::k2Bit;
-  if (type == "1bit") return Codec::k1Bit;
-  return Codec::kFp16;
-}
-
-std::size_t EncodedBytes(Codec codec, std::size_t n) {
-  if (codec == Codec::k2Bit) return (n + 15) / 16 * 4;
-  if (codec == Codec::k1Bit) return 4 + (n + 31) / 32 * 4;
-  return 2 * n;
-}
-
-std::vector<std::uint32_t> Bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> bits(values.size());
-  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
-  return bits;
-}
-
 // One round on the GPU: the codes, and the residual as it is left on the device.
 std::vector<std::uint8_t> EncodeOnGpu(ps::compression::gpu::DeviceResidual& residual, Codec codec,
                                       float threshold, const std::vector<float>& grad,
                                       std::vector<float>& residual_after) {
   DeviceFloats device(grad.size());
   device.Upload(grad);
-  std::vector<std::byte> codes(EncodedBytes(codec, grad.size()));
+  std::vector<std::byte> codes(ExpectedEncodedBytes(codec, grad.size()));
   residual.Encode(codec, threshold, device.data(), codes.data());
   residual_after.resize(grad.size());
   residual.Download(residual_after.data());

@@ -22,33 +22,18 @@ namespace {
 namespace kernels = ps::compression::kernels;
 namespace reference = ps::test::reference;
 using ps::compression::Codec;
-
-Codec CodecOf(const std::string& type) {
-  if (type == "2bit") return Codec::k2Bit;
-  if (type == "1bit") return Codec::k1Bit;
-  return Codec::kFp16;
-}
-
-std::size_t EncodedBytes(Codec codec, std::size_t n) {
-  if (codec == Codec::k2Bit) return (n + 15) / 16 * 4;
-  if (codec == Codec::k1Bit) return 4 + (n + 31) / 32 * 4;
-  return 2 * n;
-}
+using ps::test::Bits;
+using ps::test::CodecOf;
+using ps::test::ExpectedEncodedBytes;
 
 // The kernels' launch as compression_cuda.cu makes it, on host memory.
 std::vector<std::uint8_t> Encode(Codec codec, float threshold, const std::vector<float>& grad,
                                  std::vector<float>& residual) {
-  std::vector<std::uint8_t> out(EncodedBytes(codec, grad.size()), 0xAA);
+  std::vector<std::uint8_t> out(ExpectedEncodedBytes(codec, grad.size()), 0xAA);
   std::vector<double> partials(kernels::ScaleGroups(grad.size()), -1.0);
   REQUIRE(kernels::Encode(codec, threshold, grad.data(), residual.data(), grad.size(), out.data(),
                           partials.data(), nullptr) == cudaSuccess);
   return out;
-}
-
-std::vector<std::uint32_t> Bits(const std::vector<float>& values) {
-  std::vector<std::uint32_t> bits(values.size());
-  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
-  return bits;
 }
 
 }  // namespace
