@@ -120,13 +120,15 @@ std::string ResolveIPv4Until(const std::string& host, const std::string& what,
   }
 }
 
-std::string ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout) {
+ProbeResult ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout) {
   const Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   sockaddr_in target{};
   target.sin_family = AF_INET;
   target.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (fd.get() < 0) return std::string("cannot open a socket: ") + strerror(errno);
-  if (inet_pton(AF_INET, ip.c_str(), &target.sin_addr) != 1) return "'" + ip + "' is no address";
+  if (fd.get() < 0) return {.why = std::string("cannot open a socket: ") + strerror(errno)};
+  if (inet_pton(AF_INET, ip.c_str(), &target.sin_addr) != 1) {
+    return {.why = "'" + ip + "' is no address"};
+  }
   int error = 0;
   if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&target), sizeof(target)) != 0) {
     if (errno != EINPROGRESS) {
@@ -134,7 +136,7 @@ std::string ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds 
     } else {
       pollfd wait_for{fd.get(), POLLOUT, 0};
       const int ready = poll(&wait_for, 1, static_cast<int>(timeout.count()));
-      if (ready == 0) return "no answer within " + FormatSeconds(timeout);
+      if (ready == 0) return {.why = "no answer within " + FormatSeconds(timeout)};
       socklen_t length = sizeof(error);
       if (ready < 0) {
         error = errno;
@@ -143,10 +145,11 @@ std::string ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds 
       }
     }
   }
-  if (error == 0) return "";
+  if (error == 0) return {.accepted = true, .refused = false, .why = ""};
+  if (error == ECONNREFUSED) return {.accepted = false, .refused = true, .why = ""};
   std::string why = strerror(error);
   if (!why.empty()) why[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(why[0])));
-  return why;
+  return {.why = why};
 }
 
 std::string InterfaceAddress(const std::string& interface) {

@@ -20,10 +20,15 @@ std::string ResolveIPv4Until(const std::string& host, const std::string& what,
                              std::chrono::milliseconds report_every,
                              const std::function<void(const std::string& why)>& waiting);
 
-// Opens a TCP connection to ip:port and closes it at once: "" when it was accepted, else what
-// went wrong ("connection refused", "no answer within 1 s", ...). Tells a wrong port from a
+// What ProbeTcp found: accepted, or refused (nothing listens), or else what went wrong.
+struct ProbeResult {
+  bool accepted = false;
+  bool refused = false;  // ECONNREFUSED
+  std::string why;       // when neither: "no answer within 1 s", "network is unreachable", ...
+};
+// Opens a TCP connection to ip:port and closes it at once. Tells a wrong port from a
 // scheduler that is merely slow, while a node waits for it.
-std::string ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout);
+ProbeResult ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout);
 
 // The IPv4 address of a network interface; throws ps::Error listing the interfaces there are.
 std::string InterfaceAddress(const std::string& interface);

@@ -186,18 +186,18 @@ bool Runtime::RegistrationAnswered() const {
 
 std::string Runtime::SchedulerProbe() const {
   // ZeroMQ retries its connection silently: a separate probe tells why no answer came.
-  const std::string probe =
+  const net::ProbeResult probe =
       net::ProbeTcp(scheduler_ip_, config_.root_port, std::chrono::milliseconds(1000));
-  if (probe.empty()) {
+  if (probe.accepted) {
     return "the port accepts connections but no registration reply came: is it a "
            "ps-scheduler's port (DMLC_PS_ROOT_PORT), and was this node given the job's "
            "PS_JOB_SECRET and PS_ENCRYPT (the scheduler logs each connection it refuses)?";
   }
-  if (probe == "connection refused") {
+  if (probe.refused) {
     return "connection refused, nothing listens on port " + std::to_string(config_.root_port) +
            " there (not started yet, or DMLC_PS_ROOT_PORT is wrong)";
   }
-  return probe;
+  return probe.why;
 }
 
 int Runtime::ServerId(int rank) const {
