@@ -8,8 +8,6 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <map>
-#include <optional>
 #include <thread>
 #include <zmq.hpp>
 
@@ -644,22 +642,4 @@ TEST_CASE("cluster: with PS_ENCRYPT every node speaks CURVE and a PLAIN node can
   ps::Runtime& target = job.Target();
   CHECK(target.nodes()[target.id()].connection_key.size() == 40);  // Z85 of 32 bytes
   job.CheckEndsCleanly();
-}
-
-TEST_CASE("cluster: PS_ENCRYPT without a job secret is refused by name", "[cluster][security]") {
-  const auto parse = [](std::map<std::string, std::string> env) {
-    env.insert({{"DMLC_ROLE", "worker"},
-                {"DMLC_PS_ROOT_URI", "127.0.0.1"},
-                {"DMLC_PS_ROOT_PORT", "9000"},
-                {"DMLC_NUM_SERVER", "1"},
-                {"DMLC_NUM_WORKER", "1"}});
-    return ps::ClusterConfig::Parse([env](std::string_view name) -> std::optional<std::string> {
-      const auto it = env.find(std::string(name));
-      if (it == env.end()) return std::nullopt;
-      return it->second;
-    });
-  };
-  CHECK_THROWS_WITH(parse({{"PS_ENCRYPT", "1"}}), Catch::Contains("set PS_JOB_SECRET"));
-  CHECK(parse({{"PS_ENCRYPT", "1"}, {"PS_JOB_SECRET", "s"}}).encrypt);
-  CHECK_FALSE(parse({{"PS_JOB_SECRET", "s"}}).encrypt);
 }

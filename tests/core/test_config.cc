@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "ps/config.h"
@@ -142,4 +146,48 @@ TEST_CASE("config: the heartbeat timeout must exceed the interval", "[config]") 
   CHECK_THAT(ErrorOf(settings), Catch::Contains("PS_HEARTBEAT_TIMEOUT"));
   settings["PS_HEARTBEAT_INTERVAL"] = "0";  // off: no constraint
   CHECK(ErrorOf(settings).empty());
+}
+
+TEST_CASE("config: the job secret comes from PS_JOB_SECRET or the first line of a file",
+          "[config][security]") {
+  CHECK(ParseSettings(Valid()).job_secret.empty());
+  Settings given = Valid();
+  given["PS_JOB_SECRET"] = "s3cret";
+  CHECK(ParseSettings(given).job_secret == "s3cret");
+
+  char pattern[] = "/tmp/ps-secret-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  const std::string path = pattern;
+  std::ofstream(path) << "from the file\nsecond line\n";
+  Settings from_file = Valid();
+  from_file["PS_JOB_SECRET_FILE"] = path;
+  CHECK(ParseSettings(from_file).job_secret == "from the file");
+
+  Settings both = from_file;
+  both["PS_JOB_SECRET"] = "s3cret";
+  CHECK_THAT(ErrorOf(both), Catch::Contains("both PS_JOB_SECRET and PS_JOB_SECRET_FILE are set"));
+  std::ofstream(path, std::ios::trunc) << "\nsecond line\n";
+  CHECK_THAT(ErrorOf(from_file), Catch::Contains("PS_JOB_SECRET_FILE='" + path + "' is invalid") &&
+                                     Catch::Contains("first line is empty"));
+  std::filesystem::remove(path);
+  CHECK_THAT(ErrorOf(from_file), Catch::Contains("cannot be read"));
+  Settings empty = Valid();
+  empty["PS_JOB_SECRET"] = "";
+  CHECK_THAT(ErrorOf(empty), Catch::Contains("PS_JOB_SECRET='' is invalid"));
+  Settings too_long = Valid();
+  too_long["PS_JOB_SECRET"] = std::string(256, 'x');
+  CHECK_THAT(ErrorOf(too_long), Catch::Contains("256 bytes, at most 255"));
+}
+
+TEST_CASE("config: PS_ENCRYPT needs a job secret", "[config][security]") {
+  Settings encrypt = Valid();
+  encrypt["PS_ENCRYPT"] = "1";
+  CHECK_THAT(ErrorOf(encrypt), Catch::Contains("PS_ENCRYPT=1 derives its keys from the job "
+                                               "secret: set PS_JOB_SECRET"));
+  encrypt["PS_JOB_SECRET"] = "s";
+  CHECK(ParseSettings(encrypt).encrypt);
+  encrypt.erase("PS_ENCRYPT");
+  CHECK_FALSE(ParseSettings(encrypt).encrypt);
 }
