@@ -25,6 +25,7 @@ DEFINE_int32(size, 1000, "Elements per key");
 DEFINE_int32(big_size, 0, "Also use one key of this many elements (0: none)");
 DEFINE_int32(report_every, 0, "Print 'kvstore-check: round N' every N rounds (0: never)");
 DEFINE_int32(pause_at_round, -1, "Stop and wait forever at this round (tests kill it)");
+DEFINE_bool(separate_pull, false, "Push, then Pull, instead of one PushPull per round");
 
 namespace {
 
@@ -81,7 +82,12 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // killed by the test
       }
-      kv->PushPull(keys, grad_views, out_views);
+      if (FLAGS_separate_pull) {
+        kv->Push(keys, grad_views);
+        kv->Pull(keys, out_views);
+      } else {
+        kv->PushPull(keys, grad_views, out_views);
+      }
       kv->WaitAll();
       if (sync || FLAGS_type == "local") {
         for (std::size_t k = 0; k < keys.size(); ++k) {

@@ -75,8 +75,10 @@ std::string DescribeOptimizer(const OptimizerConfig& config) {
 DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
     : runtime_(std::move(runtime)),
       sync_(sync),
+      replicated_(runtime_->config().replicated()),
       layout_(runtime_->num_servers(), runtime_->config().big_array_bound,
-              runtime_->config().chunk_bytes) {
+              runtime_->config().chunk_bytes),
+      ring_(runtime_->num_servers(), replicated_) {
   for (int s = 0; s < runtime_->num_servers(); ++s) {
     shm_servers_.push_back(runtime_->config().use_shm && runtime_->SameHost(runtime_->ServerId(s)));
   }
@@ -184,9 +186,11 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
     local_error = e.what();
   }
   Collective("SaveCheckpoint", "SaveCheckpoint " + Bounded(dir), local_error, [&] {
+    // One file per live server (each writes the slices it serves).
     checkpoint::Manifest manifest;
-    manifest.servers = runtime_->num_servers();
-    for (int s = 0; s < manifest.servers; ++s) {
+    const std::vector<int> live = LiveServerRanks();
+    manifest.servers = static_cast<int>(live.size());
+    for (const int s : live) {
       kv::Request request;
       request.command = kv::kSave;
       request.path = dir;
@@ -200,7 +204,7 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
       }
       const auto summary = reply.data[0].as<std::uint64_t>();
       manifest.files.push_back(
-          {checkpoint::DataFileName(s, manifest.servers), summary[0], summary[1]});
+          {checkpoint::DataFileName(s, runtime_->num_servers()), summary[0], summary[1]});
     }
     checkpoint::WriteManifest(dir, manifest);  // the commit point
   });
@@ -222,7 +226,7 @@ void DistKVStore::LoadCheckpoint(const std::string& dir) {
     request.manifest = checkpoint::ReadManifestText(dir);
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
     std::vector<Message> messages;
-    for (int s = 0; s < runtime_->num_servers(); ++s) {
+    for (const int s : LiveServerRanks()) {
       messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
     Track(messages, NewInflight(messages.size()));
@@ -241,7 +245,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
     request.command = kv::kSetOptimizer;
     request.optimizer = config;
     std::vector<Message> messages;
-    for (int s = 0; s < runtime_->num_servers(); ++s) {
+    for (const int s : LiveServerRanks()) {
       messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
     Track(messages, NewInflight(messages.size()));
@@ -268,7 +272,7 @@ void DistKVStore::SetGradientCompression(const GradientCompression& config) {
     request.command = kv::kSetCompression;
     request.compression = config;
     std::vector<Message> messages;
-    for (int s = 0; s < runtime_->num_servers(); ++s) {
+    for (const int s : LiveServerRanks()) {
       messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
     }
     Track(messages, NewInflight(messages.size()));
@@ -327,7 +331,9 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
                   values[i].size(),
                   layout_.Slices(keys[i], values[i].size(), DTypeSize(values[i].dtype())),
                   {},
+                  {},
                   {}};
+      info.pushes.assign(info.slices.size(), 0);
       AttachCompression(info);
     }
   };
@@ -362,9 +368,10 @@ void DistKVStore::Forget(std::span<const Key> keys) {
     for (const Key key : keys) {
       const KeyInfo& info = keys_.at(key);
       for (const KeySlice& slice : info.slices) {
-        kv::Request& request = per_server[slice.server_rank];
+        kv::Request& request = per_server[OwnerRank(slice.server_rank)];
         request.command = kv::kForget;
         request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
+        if (replicated_) request.homes.push_back(slice.server_rank);
       }
     }
   }
@@ -393,7 +400,8 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
       for (std::size_t j = 0; j < info.slices.size(); ++j) {
         const KeySlice& slice = info.slices[j];
         const std::size_t bytes = slice.length * DTypeSize(info.dtype);
-        if (shm_servers_[slice.server_rank] && bytes >= kShmMinBytes) {
+        if (shm_servers_[slice.server_rank] && bytes >= kShmMinBytes &&
+            OwnerRank(slice.server_rank) == slice.server_rank) {
           wanted[slice.server_rank].push_back({key, j, bytes});
         }
       }
@@ -463,6 +471,8 @@ DistKVStore::Draft& DistKVStore::DraftsTaken::Take() {
   draft.request.slices.clear();  // its frames were cleared when it was given back
   draft.request.shm.clear();
   draft.request.pulls.clear();
+  draft.request.homes.clear();
+  draft.request.seqs.clear();
   return draft;
 }
 
@@ -534,15 +544,19 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
   const bool compressed = call.command != kv::kInit && !info.compression.empty();
   for (std::size_t j = 0; j < info.slices.size(); ++j) {
     const KeySlice& slice = info.slices[j];
-    std::pmr::vector<Outgoing>& queue = plan[slice.server_rank];
+    const int owner = OwnerRank(slice.server_rank);
+    std::pmr::vector<Outgoing>& queue = plan[owner];
     const std::size_t slice_bytes = slice.length * element;
     if (queue.empty() || queue.back().request.slices.size() >= kv::kMaxSlicesPerMessage ||
         (queue.back().bytes > 0 && queue.back().bytes + slice_bytes > chunk_bytes)) {
       queue.emplace_back(plan.get_allocator().resource(), drafts.Take());
     }
     Outgoing& target = queue.back();
-    ShmSlot* slot =
-        call.command != kv::kInit && !compressed && !info.slots.empty() ? info.slots[j] : nullptr;
+    // A slot is shared with the slice's home server only.
+    ShmSlot* slot = call.command != kv::kInit && !compressed && !info.slots.empty() &&
+                            owner == slice.server_rank
+                        ? info.slots[j]
+                        : nullptr;
     if (slot != nullptr && !slot->TryAcquire()) slot = nullptr;  // in use: frames
     if (slot != nullptr) {
       target.slots.push_back(slot);
@@ -552,6 +566,16 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
     }
     target.bytes += slice_bytes;
     target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
+    if (replicated_) {
+      target.request.homes.push_back(slice.server_rank);
+      if (call.command != kv::kInit) target.counters.push_back(&info.pushes[j]);
+      SliceOrigin origin{slot, nullptr, Device{}};
+      if (slot != nullptr && send != nullptr) {
+        origin.source = user_send + slice.offset * element;
+        origin.device = send->device();
+      }
+      target.origins.push_back(origin);
+    }
     kv::PullState pull;
     if (call.receiving && compression_.pull != compression::Codec::kNone) {
       // Every slice of the message gets a state; 0 pulls an uncompressed key in full.
@@ -603,10 +627,14 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
   std::size_t waves = 0;
   for (const auto& [server, queue] : plan) waves = std::max(waves, queue.size());
   std::pmr::vector<Message> messages(arena);
-  std::pmr::vector<Draft*> sent(arena);  // per message of the wave: its draft
+  std::pmr::vector<Draft*> sent(arena);             // per message of the wave: its draft
+  std::pmr::vector<std::uint64_t*> counted(arena);  // the push counters this wave advanced
+  const bool pushing = call.command == kv::kPush || call.command == kv::kPushPull;
+  MutexLock numbering(seq_mu_);
   for (std::size_t wave = 0; wave < waves; ++wave) {
     messages.clear();
     sent.clear();
+    counted.clear();
     Inflight& inflight = NewInflight(plan.size());
     try {
       for (auto& [server, queue] : plan) {
@@ -625,9 +653,23 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
         }
         target.request.command = call.command;
         target.request.sync = sync_;
+        // Push numbers: a push's own, a pull's count of the pushes before it.
+        for (std::uint64_t* counter : target.counters) {
+          target.request.seqs.push_back(*counter);
+          if (pushing) {
+            ++*counter;
+            counted.push_back(counter);
+          }
+        }
         Message& msg = target.draft->msg;
         kv::FillRequestMessage(target.request, runtime_->ServerId(server), msg);
         msg.meta.priority = call.priority;
+        if (replicated_) {
+          const std::size_t m = messages.size();
+          inflight.requests[m] = target.request;
+          inflight.frames[m] = msg.data;
+          inflight.origins[m].assign(target.origins.begin(), target.origins.end());
+        }
         inflight.destinations[messages.size()].assign(target.destinations.begin(),
                                                       target.destinations.end());
         inflight.slots.insert(inflight.slots.end(), target.slots.begin(), target.slots.end());
@@ -636,6 +678,7 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
         sent.push_back(target.draft);
       }
     } catch (...) {
+      for (std::uint64_t* counter : counted) --*counter;  // none of this wave was sent
       inflights_.Give(inflight);
       ReleaseUnsent(plan, wave);
       throw;
@@ -652,6 +695,14 @@ DistKVStore::Inflight& DistKVStore::NewInflight(std::size_t messages) {
   inflight.slots.clear();
   if (inflight.destinations.size() < messages) inflight.destinations.resize(messages);
   for (auto& list : inflight.destinations) list.clear();
+  if (replicated_) {
+    if (inflight.requests.size() < messages) {
+      inflight.requests.resize(messages);
+      inflight.frames.resize(messages);
+      inflight.origins.resize(messages);
+    }
+    for (auto& frames : inflight.frames) frames.clear();  // they may pin the caller's memory
+  }
   return inflight;
 }
 
@@ -672,44 +723,21 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
 }
 
 void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
+  if (!result.ok() && result.lost_peer != kNoNode && replicated_ && !inflight.nodes.empty() &&
+      !inflight.requests.empty()) {
+    const kv::Command command = inflight.requests[0].command;
+    if (command == kv::kPush || command == kv::kPull || command == kv::kPushPull) {
+      Reroute(inflight);  // completes the request when the new servers answered
+      return;
+    }
+  }
   std::string error = result.error;
   for (const Message& response : result.responses) {
     if (!error.empty()) break;
     const auto node = std::find(inflight.nodes.begin(), inflight.nodes.end(), response.meta.sender);
     if (node == inflight.nodes.end()) continue;
-    const auto& targets =
-        inflight.destinations[static_cast<std::size_t>(node - inflight.nodes.begin())];
-    if (response.data.size() != targets.size()) {
-      error = "malformed response from " + runtime_->Describe(response.meta.sender);
-      break;
-    }
-    for (std::size_t j = 0; j < targets.size(); ++j) {
-      if (SliceCompression* copy = targets[j].compressed; copy != nullptr) {
-        try {  // the change since this worker's copy, or the full value
-          error = copy->ApplyPull(response.data[j], targets[j].pull, targets[j].data,
-                                  targets[j].device);
-        } catch (const Error& e) {
-          error = e.what();
-        }
-        if (!error.empty()) {
-          error = "response from " + runtime_->Describe(response.meta.sender) + ": " + error;
-          break;
-        }
-        continue;
-      }
-      const ShmSlot* slot = targets[j].slot;
-      if (response.data[j].bytes() != (slot != nullptr ? 0 : targets[j].bytes)) {
-        error = "response from " + runtime_->Describe(response.meta.sender) + " has the wrong size";
-        break;
-      }
-      const std::byte* value = slot != nullptr ? slot->data() : response.data[j].data();
-      try {
-        CopyFromHost(targets[j].data, targets[j].device, value, targets[j].bytes);
-      } catch (const Error& e) {
-        error = e.what();
-        break;
-      }
-    }
+    error = CopyReply(
+        response, inflight.destinations[static_cast<std::size_t>(node - inflight.nodes.begin())]);
   }
   // After a clean reply the server is done with the slots; after a failure it may still
   // write into them, so they are never used again.
@@ -720,8 +748,198 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
       slot->Retire();
     }
   }
+  for (auto& frames : inflight.frames) frames.clear();
   inflights_.Give(inflight);
   Complete(error);
+}
+
+std::string DistKVStore::CopyReply(const Message& response, std::span<const Destination> targets) {
+  if (response.data.size() != targets.size()) {
+    return "malformed response from " + runtime_->Describe(response.meta.sender);
+  }
+  for (std::size_t j = 0; j < targets.size(); ++j) {
+    if (SliceCompression* copy = targets[j].compressed; copy != nullptr) {
+      std::string error;
+      try {  // the change since this worker's copy, or the full value
+        error =
+            copy->ApplyPull(response.data[j], targets[j].pull, targets[j].data, targets[j].device);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      if (!error.empty()) {
+        return "response from " + runtime_->Describe(response.meta.sender) + ": " + error;
+      }
+      continue;
+    }
+    const ShmSlot* slot = targets[j].slot;
+    if (response.data[j].bytes() != (slot != nullptr ? 0 : targets[j].bytes)) {
+      return "response from " + runtime_->Describe(response.meta.sender) + " has the wrong size";
+    }
+    const std::byte* value = slot != nullptr ? slot->data() : response.data[j].data();
+    try {
+      CopyFromHost(targets[j].data, targets[j].device, value, targets[j].bytes);
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+  return "";
+}
+
+int DistKVStore::OwnerRank(int home) {
+  const std::size_t deaths = runtime_->dead_count();
+  if (!replicated_ || deaths == 0) return home;
+  MutexLock lock(ring_mu_);
+  if (ring_deaths_ != deaths) {
+    for (int s = 0; s < runtime_->num_servers(); ++s) {
+      if (runtime_->IsDead(runtime_->ServerId(s))) ring_.MarkDead(s);
+    }
+    ring_deaths_ = deaths;
+  }
+  const int owner = ring_.Primary(home);
+  return owner < 0 ? home : owner;  // none left: the request fails on the dead one
+}
+
+std::vector<int> DistKVStore::LiveServerRanks() const {
+  std::vector<int> live;
+  for (int s = 0; s < runtime_->num_servers(); ++s) {
+    if (!runtime_->IsDead(runtime_->ServerId(s))) live.push_back(s);
+  }
+  return live;
+}
+
+void DistKVStore::Reroute(Inflight& inflight) {
+  // Every message of the request goes again, not only the dead server's: the tracker stopped
+  // listening for the others' answers. A live server recognizes the pushes it already has.
+  auto state = std::make_shared<Rerouted>();
+  state->slots = inflight.slots;
+  std::vector<ReroutedPart> parts;
+  for (std::size_t m = 0; m < inflight.nodes.size(); ++m) {
+    ReroutedPart part;
+    part.request = inflight.requests[m];
+    part.frames = std::move(inflight.frames[m]);
+    part.destinations = inflight.destinations[m];
+    part.origins = inflight.origins[m];
+    part.node = inflight.nodes[m];
+    parts.push_back(std::move(part));
+  }
+  for (auto& frames : inflight.frames) frames.clear();
+  inflights_.Give(inflight);
+  {
+    MutexLock lock(state->mu);
+    state->remaining = parts.size();
+  }
+  for (ReroutedPart& part : parts) SendRerouted(state, std::move(part));
+}
+
+void DistKVStore::SendRerouted(const std::shared_ptr<Rerouted>& state, ReroutedPart part) {
+  std::map<int, ReroutedPart> pieces;
+  try {
+    SplitRerouted(part, pieces);
+  } catch (const Error& e) {  // a GPU value that cannot be copied again
+    ReroutedPartDone(state, e.what());
+    return;
+  }
+  {
+    MutexLock lock(state->mu);
+    state->remaining += pieces.size();
+    --state->remaining;  // `part` itself
+  }
+  for (auto& [owner, piece] : pieces) {
+    Message msg = kv::RequestMessage(piece.request, piece.node);
+    msg.data = piece.frames;
+    auto sent = std::make_shared<ReroutedPart>(std::move(piece));
+    runtime_->Request(std::span<Message>(&msg, 1), [this, state, sent](RequestResult&& result) {
+      OnReroutedReply(state, *sent, result);
+    });
+  }
+}
+
+void DistKVStore::SplitRerouted(const ReroutedPart& part, std::map<int, ReroutedPart>& pieces) {
+  // A slice that went through a slot keeps it only when the same server still serves it;
+  // elsewhere its value travels as a frame.
+  const kv::Request& request = part.request;
+  std::vector<const kv::ShmRef*> shm_of(request.slices.size(), nullptr);
+  for (const kv::ShmRef& ref : request.shm) shm_of[ref.slice] = &ref;
+  const bool carries_values = request.command != kv::kPull;
+  std::size_t destination = 0;
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const int owner = OwnerRank(request.homes[i]);
+    const int node = runtime_->ServerId(owner);
+    ReroutedPart& piece = pieces[owner];
+    piece.node = node;
+    kv::Request& out = piece.request;
+    out.command = request.command;
+    out.sync = request.sync;
+    out.slices.push_back(request.slices[i]);
+    out.homes.push_back(request.homes[i]);
+    if (!request.seqs.empty()) out.seqs.push_back(request.seqs[i]);
+    if (!request.pulls.empty()) out.pulls.push_back(request.pulls[i]);
+    const SliceOrigin origin = i < part.origins.size() ? part.origins[i] : SliceOrigin{};
+    const bool keep_slot = shm_of[i] != nullptr && node == part.node;
+    if (keep_slot) {
+      kv::ShmRef ref = *shm_of[i];
+      ref.slice = static_cast<std::uint32_t>(out.slices.size() - 1);
+      out.shm.push_back(ref);
+    }
+    piece.origins.push_back(keep_slot ? origin : SliceOrigin{});
+    if (carries_values) {
+      Blob frame = part.frames[i];
+      if (shm_of[i] != nullptr && !keep_slot) {
+        // Out of the slot: the pushed value again from the caller's memory (valid until its
+        // WaitAll), through a host copy when it lies on a GPU.
+        const std::size_t bytes = shm_of[i]->bytes;
+        if (origin.device.is_cuda()) {
+          auto host = std::make_shared<std::vector<std::byte>>(bytes);
+          CopyFromDevice(host->data(), origin.source, bytes, origin.device);
+          const std::byte* data = host->data();
+          frame = Blob(std::move(host), data, bytes, frame.dtype());
+        } else {
+          frame = Blob(borrowed_, origin.source, bytes, frame.dtype());
+        }
+      }
+      piece.frames.push_back(std::move(frame));
+    }
+    if (request.command != kv::kPush) {
+      Destination target = part.destinations[destination++];
+      if (!keep_slot) target.slot = nullptr;
+      piece.destinations.push_back(target);
+    }
+  }
+}
+
+void DistKVStore::OnReroutedReply(const std::shared_ptr<Rerouted>& state, const ReroutedPart& part,
+                                  const RequestResult& result) {
+  if (!result.ok() && result.lost_peer != kNoNode) {
+    // Its new server died too: on to the next, as long as a live one serves the slices.
+    bool served = true;
+    for (const int home : part.request.homes) {
+      served = served && !runtime_->IsDead(runtime_->ServerId(OwnerRank(home)));
+    }
+    if (served) {
+      SendRerouted(state, part);  // the pieces take this part's place in the count
+      return;
+    }
+  }
+  std::string error = result.error;
+  if (error.empty() && !result.responses.empty()) {
+    error = CopyReply(result.responses[0], part.destinations);
+  }
+  ReroutedPartDone(state, error);
+}
+
+void DistKVStore::ReroutedPartDone(const std::shared_ptr<Rerouted>& state,
+                                   const std::string& error) {
+  std::string first_error;
+  {
+    MutexLock lock(state->mu);
+    if (!error.empty() && state->error.empty()) state->error = error;
+    if (--state->remaining != 0) return;
+    first_error = state->error;
+  }
+  // The last part: the request is done. Its slots may have been written by a server that
+  // died, or be written by a live one answering a copy sent twice: never used again.
+  for (ShmSlot* slot : state->slots) slot->Retire();
+  Complete(first_error);
 }
 
 }  // namespace ps

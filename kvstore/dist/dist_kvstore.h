@@ -9,6 +9,11 @@
 // slot instead (ShmSlots; PS_USE_SHM=0 turns this off): copied in before the request is sent,
 // copied out when the reply arrives.
 //
+// Replication (PS_REPLICATION, server_ring.h): each message names its slices' home servers and
+// carries this worker's push numbers; a request that failed because its server died is sent
+// again, slice by slice, to the servers that now serve those slices (Reroute). The servers
+// recognize a push sent twice, so none is applied twice.
+//
 // Threads: Push/Pull/PushPull/WaitAll from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
 #include <atomic>
@@ -25,6 +30,7 @@
 #include "kvstore/compression.h"
 #include "kvstore/dist/key_layout.h"
 #include "kvstore/dist/kv_protocol.h"
+#include "kvstore/dist/server_ring.h"
 #include "kvstore/dist/shm_slots.h"
 #include "kvstore/dist/slice_compression.h"
 #include "kvstore/object_pool.h"
@@ -70,6 +76,8 @@ class DistKVStore final : public KVStore {
     // Per slice, with gradient compression on and a float32 key (else empty): its residual and
     // its copy for compressed pulls. Such slices never take a shared-memory slot.
     std::vector<std::unique_ptr<SliceCompression>> compression;
+    // With replication, per slice: the pushes this worker sent of it (seq_mu_).
+    mutable std::vector<std::uint64_t> pushes;
   };
   // Where a pulled slice goes: the caller's tensor and the slice's place in it.
   struct Destination {
@@ -125,6 +133,14 @@ class DistKVStore final : public KVStore {
     ShmSlot* slot;
     const std::byte* source;  // host memory (a GPU tensor is copied while the call is planned)
   };
+  // Where a slice of a message came from, for sending it again (Reroute): its shared-memory
+  // slot (or null) and, for a pushed value, the caller's memory it was copied from. The slot
+  // itself is no source: a server sums the other workers' gradients into the first one's.
+  struct SliceOrigin {
+    ShmSlot* slot = nullptr;
+    const std::byte* source = nullptr;
+    Device device;
+  };
   // A pushed slice to encode with gradient compression into its (placeholder) frame, once
   // every key of the call passed its checks.
   struct Encode {
@@ -145,7 +161,9 @@ class DistKVStore final : public KVStore {
           destinations(arena),
           copies(arena),
           slots(arena),
-          encodes(arena) {}
+          encodes(arena),
+          counters(arena),
+          origins(arena) {}
     kv::Request& request;       // the draft's
     std::vector<Blob>& frames;  // the draft's message's data
     Draft* draft;
@@ -153,6 +171,9 @@ class DistKVStore final : public KVStore {
     std::pmr::vector<SlotCopy> copies;
     std::pmr::vector<ShmSlot*> slots;  // owned by this message until its reply
     std::pmr::vector<Encode> encodes;
+    // With replication, per slice: its push counter (KeyInfo::pushes) and its origin.
+    std::pmr::vector<std::uint64_t*> counters;
+    std::pmr::vector<SliceOrigin> origins;
     std::size_t bytes = 0;
   };
   // Per server rank, the messages planned for it in sending order: wave w of a call is every
@@ -171,6 +192,25 @@ class DistKVStore final : public KVStore {
     std::vector<int> nodes;                              // per message: the server it went to
     std::vector<std::vector<Destination>> destinations;  // per message: where its values go
     std::vector<ShmSlot*> slots;  // the shared-memory slots the request holds
+    // With replication, per message: what Reroute needs to send it again.
+    std::vector<kv::Request> requests;
+    std::vector<std::vector<Blob>> frames;
+    std::vector<std::vector<SliceOrigin>> origins;  // per slice
+  };
+  // One message of a request sent again after its server died (Reroute).
+  struct ReroutedPart {
+    kv::Request request;
+    std::vector<Blob> frames;
+    std::vector<Destination> destinations;
+    std::vector<SliceOrigin> origins;
+    int node = kNoNode;  // the server it goes to
+  };
+  // A request being sent again: done when every part was answered or failed.
+  struct Rerouted {
+    Mutex mu;
+    std::size_t remaining PS_GUARDED_BY(mu) = 0;
+    std::string error PS_GUARDED_BY(mu);
+    std::vector<ShmSlot*> slots;  // the original request's: retired when it is done
   };
   // An in-flight record from the pool, emptied for a request of `messages` messages.
   Inflight& NewInflight(std::size_t messages);
@@ -180,6 +220,25 @@ class DistKVStore final : public KVStore {
   // freed (or retired, on error).
   void Track(std::span<Message> messages, Inflight& inflight);
   void OnReplies(Inflight& inflight, const RequestResult& result);
+  // Copies one response's values to their destinations; "" or what was wrong with it.
+  std::string CopyReply(const Message& response, std::span<const Destination> targets);
+  // The server rank that serves slices whose home is `home`: the home itself until a server
+  // dies, then the one server_ring.h names.
+  int OwnerRank(int home);
+  // The ranks of the servers not reported dead.
+  std::vector<int> LiveServerRanks() const;
+  // Sends the messages of a request whose server died again, split by the servers that now
+  // serve their slices; completes the request when all are answered.
+  void Reroute(Inflight& inflight);
+  // Splits `part` by its slices' owners now, adds the pieces to `state` and sends them.
+  void SendRerouted(const std::shared_ptr<Rerouted>& state, ReroutedPart part);
+  // `part` split by the servers that serve its slices now (throws when a GPU value cannot be
+  // copied again).
+  void SplitRerouted(const ReroutedPart& part, std::map<int, ReroutedPart>& pieces);
+  void OnReroutedReply(const std::shared_ptr<Rerouted>& state, const ReroutedPart& part,
+                       const RequestResult& result);
+  // One part answered (or failed with `error`): the request completes with the last.
+  void ReroutedPartDone(const std::shared_ptr<Rerouted>& state, const std::string& error);
   // Undoes a failed Init on the servers: each drops the slices of `keys` it took.
   void Forget(std::span<const Key> keys);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
@@ -204,7 +263,15 @@ class DistKVStore final : public KVStore {
   ObjectPool<Draft> drafts_;
   std::unique_ptr<Runtime> runtime_;
   const bool sync_;
+  const bool replicated_;  // ClusterConfig::replicated()
   const KeyLayout layout_;
+  // Held while push numbers are given out and their messages sent, so that a slice's pushes
+  // leave in the order of their numbers.
+  Mutex seq_mu_;
+  // The server ring as of `ring_deaths_` reported deaths (OwnerRank).
+  Mutex ring_mu_;
+  ServerRing ring_ PS_GUARDED_BY(ring_mu_);
+  std::size_t ring_deaths_ PS_GUARDED_BY(ring_mu_) = 0;
 
   mutable SharedMutex keys_mu_;
   std::unordered_map<Key, KeyInfo> keys_ PS_GUARDED_BY(keys_mu_);

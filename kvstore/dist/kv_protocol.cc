@@ -13,7 +13,7 @@ namespace {
 constexpr std::size_t kEncodeArenaBytes = 2048;
 
 bool CarriesValues(int command) {
-  return command == kInit || command == kPush || command == kPushPull;
+  return command == kInit || command == kPush || command == kPushPull || command == kReplicate;
 }
 
 // Fills request.shm from the body: every reference names a distinct slice of the request, and
@@ -56,6 +56,46 @@ bool DecodePulls(const pb::KVBody& body, Request& request, std::string* error) {
   return true;
 }
 
+// Fills request.homes, request.seqs and request.replica_ops from the body: each list empty or
+// one entry per slice, and only for the commands that use it.
+bool DecodeReplication(const pb::KVBody& body, Request& request, std::string* error) {
+  const Command command = request.command;
+  const auto slices = static_cast<int>(request.slices.size());
+  const auto fits = [&](int size, bool allowed) {
+    return size == 0 || (allowed && size == slices);
+  };
+  const bool routed = command == kInit || command == kPush || command == kPull ||
+                      command == kPushPull || command == kForget;
+  const bool numbered = command == kPush || command == kPull || command == kPushPull;
+  const bool replicate = command == kReplicate;
+  if (!fits(body.homes_size(), routed) || !fits(body.seqs_size(), numbered) ||
+      body.replica_kinds_size() != (replicate ? slices : 0) ||
+      body.replica_seqs_size() != body.replica_kinds_size() ||
+      body.replica_workers_size() != body.replica_kinds_size() ||
+      body.replica_states_size() != body.replica_kinds_size()) {
+    *error = "malformed replication lists in a " + CommandName(command) + " request";
+    return false;
+  }
+  for (const int home : body.homes()) {
+    if (home < 0) {
+      *error = "a negative home server rank in a " + CommandName(command) + " request";
+      return false;
+    }
+  }
+  request.homes.assign(body.homes().begin(), body.homes().end());
+  request.seqs.assign(body.seqs().begin(), body.seqs().end());
+  for (int i = 0; i < body.replica_kinds_size(); ++i) {
+    const std::uint32_t kind = body.replica_kinds(i);
+    if (kind == 0 || kind > kLastReplicaKind) {
+      *error = "unknown replica operation " + std::to_string(kind);
+      return false;
+    }
+    request.replica_ops.push_back(ReplicaOp{static_cast<ReplicaKind>(kind), body.replica_seqs(i),
+                                            body.replica_workers(i), body.replica_states(i)});
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string CommandName(int command) {
@@ -80,6 +120,8 @@ std::string CommandName(int command) {
       return "LoadCheckpoint";
     case kSetCompression:
       return "SetGradientCompression";
+    case kReplicate:
+      return "Replicate";
   }
   return "command " + std::to_string(command);
 }
@@ -130,6 +172,14 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
   for (const PullState& pull : request.pulls) {
     body.add_pull_base(pull.base);
     body.add_pull_next(pull.next);
+  }
+  for (const int home : request.homes) body.add_homes(home);
+  for (const std::uint64_t seq : request.seqs) body.add_seqs(seq);
+  for (const ReplicaOp& op : request.replica_ops) {
+    body.add_replica_kinds(static_cast<std::uint32_t>(op.kind));
+    body.add_replica_seqs(op.seq);
+    body.add_replica_workers(op.worker);
+    body.add_replica_states(op.state);
   }
   if (request.command == kSetOptimizer) {
     const OptimizerConfig& c = request.optimizer;
@@ -206,6 +256,9 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   request.segment = SharedSegment::Descriptor{};
   request.compression = GradientCompression{};
   request.pulls.clear();
+  request.homes.clear();
+  request.seqs.clear();
+  request.replica_ops.clear();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
@@ -238,6 +291,7 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   }
   if (!DecodeShm(body, request, msg.data, error)) return nullptr;
   if (!DecodePulls(body, request, error)) return nullptr;
+  if (!DecodeReplication(body, request, error)) return nullptr;
   if (request.command == kShmAttach) {
     const auto& attach = body.attach();
     request.segment_id = attach.id();

@@ -33,8 +33,9 @@ enum Command : int {
   kSave = 8,             // no frames; the server writes its checkpoint file (reply: 1 frame)
   kLoad = 9,             // no frames; the server loads its slices from a checkpoint
   kSetCompression = 10,  // no frames; the job's gradient compression
+  kReplicate = 11,       // server to server: one frame per slice, see ReplicaOp
 };
-constexpr int kLastCommand = kSetCompression;
+constexpr int kLastCommand = kReplicate;
 std::string CommandName(int command);
 
 struct SliceRef {
@@ -64,6 +65,25 @@ struct PullState {
   friend bool operator==(const PullState&, const PullState&) = default;
 };
 
+// What a replica does with one slice of a Replicate request (server_ring.h: the primary
+// sends every update it makes, in order, and applies it itself once the replica answered).
+enum class ReplicaKind : std::uint32_t {
+  kState = 1,         // a full copy: the frame is the value, `state` the rest; seq: its rounds
+  kRound = 2,         // dist_sync round `seq` closed: the frame is its sum, to apply
+  kSkippedRound = 3,  // dist_sync round `seq` failed: nothing to apply, the round is over
+  kAsyncPush = 4,     // dist_async: `worker`'s push `seq`, to apply
+  kForget = 5,        // the slice is dropped (an Init undone); empty frame
+};
+constexpr std::uint32_t kLastReplicaKind = 5;
+
+struct ReplicaOp {
+  ReplicaKind kind = ReplicaKind::kState;
+  std::uint64_t seq = 0;
+  int worker = 0;
+  std::string state;
+  friend bool operator==(const ReplicaOp&, const ReplicaOp&) = default;
+};
+
 struct Request {
   Command command = kPush;
   std::vector<SliceRef> slices;
@@ -79,6 +99,11 @@ struct Request {
   GradientCompression compression;  // kSetCompression only
   // kPull, kPushPull: one per slice when any slice's pull is compressed, else empty.
   std::vector<PullState> pulls;
+  // With replication: per slice, its home server rank (or empty), and for kPush, kPushPull and
+  // kPull the sender's push number (or empty); see kv.proto.
+  std::vector<int> homes;
+  std::vector<std::uint64_t> seqs;
+  std::vector<ReplicaOp> replica_ops;  // kReplicate: one per slice
 };
 
 std::string EncodeBody(const Request& request);

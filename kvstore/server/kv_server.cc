@@ -38,6 +38,10 @@ void KeepFreedMemoryForReuse() {
   }
 }
 
+// Requests held until this server's view of the job catches up with their sender's
+// (KVServerStore::RoutedAhead): far more than a death's worth of in-flight requests.
+constexpr std::size_t kMaxHeldRequests = 65536;
+
 // A received frame at least this big has its own allocation, which the server may keep as a
 // slice's value. ZeroMQ packs smaller ones into shared receive buffers.
 constexpr std::size_t kAdoptMinBytes = 64 << 10;
@@ -60,7 +64,12 @@ std::string OutOfMemory(Key key, std::size_t bytes, const std::string& what) {
 }  // namespace
 
 KVServerStore::KVServerStore(Runtime& runtime)
-    : runtime_(runtime), num_workers_(runtime.num_workers()) {}
+    : runtime_(runtime),
+      num_workers_(runtime.num_workers()),
+      ring_(runtime.num_servers(), runtime.config().replicated()) {
+  const int replica = ring_.ReplicaOf(runtime.rank());
+  if (replica >= 0) replica_node_ = runtime.ServerId(replica);
+}
 
 void KVServerStore::OnRequest(Message&& msg) {
   failed_update_ = nullptr;  // a failed update's error is for the waiters it released
@@ -70,6 +79,15 @@ void KVServerStore::OnRequest(Message&& msg) {
     error = "unknown application id " + std::to_string(msg.meta.app_id);
   } else {
     request = decoder_.Decode(msg, &error);
+    if (request && RoutedAhead(msg.meta.sender, *request)) {
+      // Served once this server hears of the death its sender already knows of (OnServerDead).
+      if (held_.size() < kMaxHeldRequests) {
+        held_.push_back(std::move(msg));
+        return;
+      }
+      error = "this server holds too many requests for key ranges it does not serve";
+      request = nullptr;
+    }
     msg.meta.body.clear();  // decoded; Pending keeps a copy of the meta, without it
   }
   shm_.clear();
@@ -117,6 +135,9 @@ void KVServerStore::OnRequest(Message&& msg) {
       break;
     case kv::kSetCompression:
       HandleSetCompression(msg.meta, *request);
+      break;
+    case kv::kReplicate:
+      HandleReplicate(msg.meta, *request, msg.data);
       break;
   }
 }
@@ -180,13 +201,22 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
       if (!IsSummableDType(data[i].dtype())) {
         return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
       }
+      if (!request.homes.empty() && request.homes[i] >= ring_.num_servers()) {
+        return KeyText(ref.key) + ": home server rank " + std::to_string(request.homes[i]) +
+               " out of range (the job has " + std::to_string(ring_.num_servers()) + " servers)";
+      }
       continue;
     }
     if (request.command == kv::kSetOptimizer || request.command == kv::kForget ||
-        request.command == kv::kSetCompression) {
+        request.command == kv::kSetCompression || request.command == kv::kReplicate) {
       continue;
     }
     if (it == slices_.end()) {
+      if (ring_.num_servers() > 1 && !request.homes.empty() && ring_.dead(request.homes[i])) {
+        return KeyText(ref.key) +
+               ": lost: the servers that held it died before a new copy was made (the job "
+               "cannot recover it; restart from a checkpoint)";
+      }
       return KeyText(ref.key) + ": was never initialized (call Init first)";
     }
     const Slice& slice = it->second;
@@ -236,6 +266,9 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     for (; i < request.slices.size(); ++i) {
       const kv::SliceRef& ref = request.slices[i];
       Slice slice;
+      slice.key = ref.key;
+      slice.offset = ref.offset;
+      slice.home = request.homes.empty() ? runtime_.rank() : request.homes[i];
       slice.dtype = data[i].dtype();
       slice.length = data[i].count();
       slice.total = ref.total;
@@ -254,7 +287,20 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     return;
   }
   slices_.merge(staged);  // moves the nodes: allocates nothing (Validate: all keys are new)
-  runtime_.Reply(meta, Message{});
+  if (replica_node_ == kNoNode) {
+    runtime_.Reply(meta, Message{});
+    return;
+  }
+  // Answered once the replica holds every new slice.
+  Pending* const pending = StartPending(meta, request, false, {});
+  for (std::size_t j = 0; j < request.slices.size(); ++j) {
+    Slice& slice = slices_.at({request.slices[j].key, request.slices[j].offset});
+    slice.replicated_to = replica_node_;
+    Forward copy;
+    copy.kind = kv::ReplicaKind::kState;
+    copy.waiters.push_back(Waiter{pending, j});
+    StartForward(slice, std::move(copy));
+  }
 }
 
 void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
@@ -263,8 +309,16 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
   for (const kv::SliceRef& ref : request.slices) {
     const auto it = slices_.find({ref.key, ref.offset});
     if (it == slices_.end()) continue;
-    const Slice& slice = it->second;
-    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty()) continue;
+    Slice& slice = it->second;
+    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
+        !slice.forwards.empty()) {
+      continue;
+    }
+    if (slice.replicated_to != kNoNode) {
+      Forward drop;
+      drop.kind = kv::ReplicaKind::kForget;
+      SendForward(slice, drop);  // no answer awaited: the copy of an Init undone
+    }
     slices_.erase(it);
   }
   runtime_.Reply(meta, Message{});
@@ -272,7 +326,8 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
 
 std::string KVServerStore::RoundInProgress() const {
   for (const auto& [id, slice] : slices_) {
-    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty()) {
+    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
+        !slice.forwards.empty()) {
       return KeyText(id.first) +
              " has a dist_sync round in progress: every worker must finish its "
              "pushes (WaitAll) before a checkpoint";
@@ -290,6 +345,7 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
   checkpoint::Contents contents;
   if (optimizer_) contents.optimizer = optimizer_->config();
   for (const auto& [id, slice] : slices_) {
+    if (!Serves(slice)) continue;  // a replica's copy: its primary writes it
     checkpoint::Record record;
     record.key = id.first;
     record.offset = id.second;
@@ -334,7 +390,9 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     const auto manifest = checkpoint::Manifest::Parse(request.manifest, request.path + "/MANIFEST");
     checkpoint::Index index;
     const int servers = runtime_.num_servers();
-    if (manifest.servers == servers) {  // same layout: this server's own file has its slices
+    // Same layout without replication: this server's own file has its slices. Otherwise they
+    // are spread over the files (a replica's copies are in its primary's).
+    if (manifest.servers == servers && !runtime_.config().replicated()) {
       index.Add(checkpoint::ReadDataFile(
           request.path, manifest.files[static_cast<std::size_t>(runtime_.rank())]));
     } else {
@@ -412,21 +470,74 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     const Waiter waiter{pending, i};
     const Gradient gradient{data[i], !shm.empty() && shm[i].data != nullptr};
     if (!request.sync) {
-      ApplyUpdate(slice, gradient);
-      Resolve(waiter, slice);
+      if (request.seqs.empty()) {
+        ApplyUpdate(slice, gradient);
+        Resolve(waiter, slice);
+        continue;
+      }
+      const std::uint64_t seq = request.seqs[i];
+      SeenPushes& seen = slice.seen[meta.sender];
+      if (seen.Contains(seq)) {  // sent again after a server died: applied once
+        const auto under_way =
+            std::find_if(slice.forwards.begin(), slice.forwards.end(), [&](const Forward& f) {
+              return f.kind == kv::ReplicaKind::kAsyncPush && f.worker == meta.sender &&
+                     f.seq == seq;
+            });
+        if (under_way == slice.forwards.end()) {
+          Resolve(waiter, slice);
+        } else {
+          under_way->waiters.push_back(waiter);
+        }
+        continue;
+      }
+      seen.Add(seq);
+      Forward push;
+      push.kind = kv::ReplicaKind::kAsyncPush;
+      push.seq = seq;
+      push.worker = meta.sender;
+      push.gradient = gradient;
+      push.waiters.push_back(waiter);
+      StartForward(slice, std::move(push));
       continue;
     }
-    std::uint64_t round = slice.completed;
-    const auto last = slice.last_round.find(meta.sender);
-    if (last != slice.last_round.end() && last->second >= slice.completed) round = last->second + 1;
-    slice.last_round[meta.sender] = round;
-    if (round == slice.completed) {
+    const std::uint64_t round = RoundOf(slice, meta.sender, request, i);
+    if (PushedInto(slice, meta.sender, round)) {
+      // Sent again after a server died: answered with the round's value, applied once.
+      if (round < slice.completed) {
+        Resolve(waiter, slice);
+      } else {
+        slice.waiters.push_back({round, waiter});
+      }
+      continue;
+    }
+    auto& last = slice.last_round[meta.sender];
+    last = std::max(last, round);
+    if (round == slice.completed && !slice.round_in_flight) {
       MergeIntoRound(slice, meta.sender, gradient, waiter);
-      if (slice.pushed.size() == static_cast<std::size_t>(num_workers_)) CloseRound(slice);
+      CloseRound(slice);
     } else {
       slice.deferred.push_back(DeferredPush{meta.sender, round, gradient, waiter});
     }
   }
+}
+
+std::uint64_t KVServerStore::RoundOf(const Slice& slice, int sender, const kv::Request& request,
+                                     std::size_t index) const {
+  if (!request.seqs.empty()) return request.seqs[index];
+  const auto last = slice.last_round.find(sender);
+  if (last != slice.last_round.end() && last->second >= slice.completed) return last->second + 1;
+  return slice.completed;
+}
+
+bool KVServerStore::PushedInto(const Slice& slice, int sender, std::uint64_t round) const {
+  if (round < slice.completed) return true;
+  if (round == slice.completed &&
+      std::find(slice.pushed.begin(), slice.pushed.end(), sender) != slice.pushed.end()) {
+    return true;
+  }
+  return std::any_of(slice.deferred.begin(), slice.deferred.end(), [&](const DeferredPush& push) {
+    return push.sender == sender && push.round == round;
+  });
 }
 
 void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
@@ -436,6 +547,16 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
+    if (request.sync && !request.seqs.empty()) {
+      // After the puller's own pushes: the rounds before its push number.
+      const std::uint64_t pushes = request.seqs[i];
+      if (pushes > slice.completed) {
+        slice.waiters.push_back({pushes - 1, waiter});
+      } else {
+        Resolve(waiter, slice);
+      }
+      continue;
+    }
     const auto last = slice.last_round.find(meta.sender);
     if (request.sync && last != slice.last_round.end() && last->second >= slice.completed) {
       slice.waiters.push_back({last->second, waiter});  // after the puller's own push
@@ -453,21 +574,22 @@ void KVServerStore::FailRoundsOf(int sender, const kv::Request& request, const s
   if (!worker || !gone_workers_.empty()) return;
   const std::string reason = "this dist_sync round cannot complete: " + runtime_.Describe(sender) +
                              "'s push was rejected (" + why + ")";
-  for (const kv::SliceRef& ref : request.slices) {
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const kv::SliceRef& ref = request.slices[i];
     const auto it = slices_.find({ref.key, ref.offset});
     if (it == slices_.end()) continue;
     Slice& slice = it->second;
     // The round the rejected push would have joined: it fails, and the push counts as the
     // sender's part in it, so the others' pushes of that round fail too (at once, or when they
     // arrive) and the next round starts aligned.
-    std::uint64_t round = slice.completed;
-    const auto last = slice.last_round.find(sender);
-    if (last != slice.last_round.end() && last->second >= slice.completed) round = last->second + 1;
+    const std::uint64_t round = RoundOf(slice, sender, request, i);
     if (slice.failed_rounds.contains(round)) continue;  // a request naming the slice twice
-    slice.last_round[sender] = round;
+    if (PushedInto(slice, sender, round)) continue;     // sent again: its part is counted
+    auto& last = slice.last_round[sender];
+    last = std::max(last, round);
     slice.failed_rounds.emplace(round, KeyText(ref.key) + ": " + reason);
     const Waiter marker{nullptr, 0};  // the sender's part, with nobody to answer
-    if (round != slice.completed) {
+    if (round != slice.completed || slice.round_in_flight) {
       slice.deferred.push_back(DeferredPush{sender, round, Gradient(), marker});
       continue;
     }
@@ -479,7 +601,7 @@ void KVServerStore::FailRoundsOf(int sender, const kv::Request& request, const s
       return true;
     });
     MergeIntoRound(slice, sender, Gradient(), marker);
-    if (slice.pushed.size() == static_cast<std::size_t>(num_workers_)) CloseRound(slice);
+    CloseRound(slice);
   }
 }
 
@@ -512,27 +634,41 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gra
 }
 
 void KVServerStore::CloseRound(Slice& slice) {
-  const auto full = static_cast<std::size_t>(num_workers_);
-  while (slice.pushed.size() == full) {
-    // A failed round changes nothing: the value stays as the last good round left it.
-    if (slice.failed_rounds.erase(slice.completed) == 0) ApplyUpdate(slice, slice.first);
-    slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
-    slice.pushed.clear();
-    ++slice.completed;
-    // Answer everyone whose round is now closed (answering never touches this slice), and
-    // keep the others in order.
-    std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
-      if (entry.round >= slice.completed) return false;
-      Resolve(entry.waiter, slice);
-      return true;
-    });
-    // Pushes that arrived early join the round that just opened.
-    std::erase_if(slice.deferred, [&](const DeferredPush& push) {
-      if (push.round != slice.completed) return false;
-      MergeIntoRound(slice, push.sender, push.gradient, push.waiter);
-      return true;
-    });
+  if (slice.round_in_flight || slice.pushed.size() != static_cast<std::size_t>(num_workers_)) {
+    return;
   }
+  slice.round_in_flight = true;
+  Forward round;
+  // A failed round changes nothing: the value stays as the last good round left it.
+  round.kind = slice.failed_rounds.contains(slice.completed) ? kv::ReplicaKind::kSkippedRound
+                                                             : kv::ReplicaKind::kRound;
+  round.seq = slice.completed;
+  if (round.kind == kv::ReplicaKind::kRound) round.gradient = slice.first;
+  StartForward(slice, std::move(round));  // CommitRound, now or when the replica answers
+}
+
+void KVServerStore::CommitRound(Slice& slice, const Gradient& sum) {
+  if (slice.failed_rounds.erase(slice.completed) == 0 && sum.values.data() != nullptr) {
+    ApplyUpdate(slice, sum);
+  }
+  slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
+  slice.pushed.clear();
+  slice.round_in_flight = false;
+  ++slice.completed;
+  // Answer everyone whose round is now closed (answering never touches this slice), and keep
+  // the others in order.
+  std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
+    if (entry.round >= slice.completed) return false;
+    Resolve(entry.waiter, slice);
+    return true;
+  });
+  // Pushes that arrived early join the round that just opened.
+  std::erase_if(slice.deferred, [&](const DeferredPush& push) {
+    if (push.round != slice.completed) return false;
+    MergeIntoRound(slice, push.sender, push.gradient, push.waiter);
+    return true;
+  });
+  CloseRound(slice);
 }
 
 std::byte* KVServerStore::WritableValue(Slice& slice) {
@@ -638,6 +774,10 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
 }
 
 void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
+  if (peer.role == Role::kServer && event == Runtime::PeerEvent::kDead) {
+    OnServerDead(peer);
+    return;
+  }
   if (peer.role != Role::kWorker) return;
   const std::string why =
       peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");

@@ -12,6 +12,15 @@
 // returns the value after that push's round.
 // dist_async: each push is applied on arrival.
 //
+// Replication (PS_REPLICATION, two or more servers; kv_server_replication.cc): each slice
+// lives on its primary and on the primary's replica (server_ring.h). The primary sends every
+// update it makes (a dist_sync round's sum, a dist_async push, a new slice) to the replica and
+// applies it itself, answering the requests it releases, only once the replica answered: no
+// acknowledged update exists in one place only, and what a pull sees the replica holds too.
+// Pushes carry their sender's push number, so a push sent again after a server died is
+// recognized and never applied twice. When a server dies its replica becomes the primary of
+// its ranges, and every range whose copy was lost is copied in full to its new replica.
+//
 // Values are copy-on-write (shared ownership): a pull's reply frame references the current
 // buffer without copying, and an update that finds the buffer still shared writes a fresh one.
 // Without an optimizer a closed round's sum becomes the value as it is: the received frame
@@ -22,13 +31,16 @@
 // the same place before answering. The worker leaves that memory alone from sending the
 // request until the reply arrives.
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "kvstore/compression.h"
 #include "kvstore/dist/kv_protocol.h"
+#include "kvstore/dist/server_ring.h"
 #include "kvstore/object_pool.h"
 #include "kvstore/optimizer.h"
 #include "kvstore/shm/shared_segment.h"
@@ -93,7 +105,27 @@ class KVServerStore {
     std::vector<float> value;
     std::uint64_t state = 0;
   };
+  // dist_async with replication: the push numbers of one worker's pushes into a slice that
+  // were applied or are under way (all below `next`, and those in `ahead`).
+  struct SeenPushes {
+    std::uint64_t next = 0;
+    std::set<std::uint64_t> ahead;
+    bool Contains(std::uint64_t seq) const { return seq < next || ahead.contains(seq); }
+    void Add(std::uint64_t seq);
+  };
+  // An update sent to the replica and applied here when the replica answers, in order.
+  struct Forward {
+    std::uint64_t serial = 0;  // unique on this server: matches the replica's answer
+    kv::ReplicaKind kind = kv::ReplicaKind::kRound;
+    std::uint64_t seq = 0;        // the round (dist_sync) or push number (dist_async)
+    int worker = kNoNode;         // dist_async: the pushing worker
+    Gradient gradient;            // what is applied (a round's sum, a push); kept until then
+    std::vector<Waiter> waiters;  // answered once it is applied (pushes, Init)
+  };
   struct Slice {
+    Key key = 0;               // the slice's id, for messages to the replica
+    std::uint64_t offset = 0;  // (elements)
+    int home = 0;              // the server rank the key layout puts it on (server_ring.h)
     DType dtype = DType::kFloat32;
     std::size_t length = 0;
     std::uint64_t total = 0;
@@ -116,6 +148,13 @@ class KVServerStore {
     // their pushes fail and they close without an update (FailRoundsOf).
     std::map<std::uint64_t, std::string> failed_rounds;
     std::map<int, Mirror> mirrors;  // worker node id -> its copy (compressed pulls only)
+    // Replication. On a primary: the node holding the copy (kNoNode: none), the updates on
+    // their way there, and whether the open dist_sync round is among them (closed, not yet
+    // applied: its pushes stay in `pushed` until then).
+    int replicated_to = kNoNode;
+    std::deque<Forward> forwards;
+    bool round_in_flight = false;
+    std::map<int, SeenPushes> seen;  // worker node id -> its pushes (dist_async)
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);
@@ -161,7 +200,37 @@ class KVServerStore {
   void FailWaiter(const Waiter& waiter, const std::string& why);
   // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.
   void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter);
+  // Closes the open round once every worker pushed into it (and no earlier round is still
+  // on its way to the replica): its update goes to the replica, then CommitRound.
   void CloseRound(Slice& slice);
+  // Applies a closed round's sum (unless the round failed), answers its waiters and opens the
+  // next round, merging the pushes that waited for it.
+  void CommitRound(Slice& slice, const Gradient& sum);
+  // dist_sync: the round a push of `sender` joins (its push number, with replication).
+  std::uint64_t RoundOf(const Slice& slice, int sender, const kv::Request& request,
+                        std::size_t index) const;
+  // dist_sync: whether `sender` already pushed into `round` (a push sent again).
+  bool PushedInto(const Slice& slice, int sender, std::uint64_t round) const;
+
+  // Replication (kv_server_replication.cc).
+  bool Serves(const Slice& slice) const { return ring_.Primary(slice.home) == runtime_.rank(); }
+  // True when `request` names a slice whose primary, as this server sees the job, is another
+  // live server: its sender heard of a server's death first. Such requests wait in held_.
+  bool RoutedAhead(int sender, const kv::Request& request) const;
+  // Sends `forward` to the slice's replica, or applies it at once when the slice has none.
+  void StartForward(Slice& slice, Forward forward);
+  void SendForward(const Slice& slice, const Forward& forward);
+  void OnForwardReply(const SliceId& id, std::uint64_t serial, int to, const RequestResult& result);
+  void ApplyForward(Slice& slice, Forward& forward);
+  // A full copy of `slice` to the node `to`, then the updates still on their way.
+  void CopyToReplica(Slice& slice, int to);
+  void HandleReplicate(const Meta& meta, const kv::Request& request, std::vector<Blob>& data);
+  std::string ApplyReplicaOp(int sender, const kv::SliceRef& ref, const kv::ReplicaOp& op,
+                             const Blob& frame);
+  // The state of a slice besides its value and rounds, as a kState op carries it.
+  std::string EncodeState(const Slice& slice) const;
+  std::string DecodeState(Slice& slice, const std::string& state);
+  void OnServerDead(const NodeInfo& peer);
   // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.
   void ApplyUpdate(Slice& slice, const Gradient& gradient);
   void Resolve(const Waiter& waiter, const Slice& slice);
@@ -174,6 +243,12 @@ class KVServerStore {
 
   Runtime& runtime_;
   const int num_workers_;
+  // Replication: which server serves which home, the node this server's ranges are copied to
+  // (kNoNode: none), and requests that arrived ahead of this server's view (RoutedAhead).
+  ServerRing ring_;
+  int replica_node_ = kNoNode;
+  std::uint64_t next_forward_ = 1;
+  std::vector<Message> held_;
   // Helper threads for big merges, copies and updates, started once with the store.
   ParallelPool pool_;
   const ParallelOptions parallel_{.pool = &pool_};

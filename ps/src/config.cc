@@ -142,6 +142,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.rank_hint = ReadInt(lookup, "PS_RANK", 0, 65535, -1);
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
   config.use_shm = !lookup("PS_USE_SHM").has_value() || ReadBool(lookup, "PS_USE_SHM");
+  config.replication = !lookup("PS_REPLICATION").has_value() || ReadBool(lookup, "PS_REPLICATION");
   config.io_threads = ReadInt(lookup, "PS_IO_THREADS", 1, 16, config.io_threads);
   config.wait_spin = std::chrono::microseconds(
       ReadInt(lookup, "PS_WAIT_SPIN_US", 0, 1000000, static_cast<int>(config.wait_spin.count())));
@@ -202,6 +203,7 @@ std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const 
       {"DMLC_NUM_WORKER", std::to_string(num_workers)},
       {"PS_HEARTBEAT_INTERVAL", SecondsText(heartbeat_interval)},
       {"PS_HEARTBEAT_TIMEOUT", SecondsText(heartbeat_timeout)},
+      {"PS_REPLICATION", replication ? "1" : "0"},
       {"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(big_array_bound), true},
       {"PS_CHUNK_BYTES", std::to_string(chunk_bytes), true},
   };

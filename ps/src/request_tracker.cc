@@ -55,6 +55,7 @@ void RequestTracker::Finish(Slot& slot) {
   const auto release = [&] {
     slot.callback = nullptr;  // drops what the callback captured, outside the lock
     slot.result.error.clear();
+    slot.result.lost_peer = kNoNode;
     // The responses, emptied of their frames, go back to the receive loop one by one.
     for (Message& response : slot.result.responses) {
       response.data.clear();
@@ -97,7 +98,7 @@ bool RequestTracker::OnResponse(Message&& msg) {
 }
 
 void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
-                               const std::function<std::string(const Slot&)>& why) {
+                               const std::function<std::string(const Slot&)>& why, int lost_peer) {
   std::vector<Slot*> failed;
   {
     MutexLock lock(mu_);
@@ -105,19 +106,20 @@ void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
       Slot& slot = *owned;
       if (slot.state != SlotState::kWaiting || !matches(slot)) continue;
       Complete(slot, why(slot));
+      slot.result.lost_peer = lost_peer;
       failed.push_back(&slot);
     }
   }
   for (Slot* slot : failed) Finish(*slot);
 }
 
-void RequestTracker::FailPeer(int node, const std::string& why) {
+void RequestTracker::FailPeer(int node, const std::string& why, bool died) {
   FailWhere(
       [node](const Slot& slot) {
         return std::find(slot.waiting_on.begin(), slot.waiting_on.end(), node) !=
                slot.waiting_on.end();
       },
-      [&why](const Slot&) { return why; });
+      [&why](const Slot&) { return why; }, died ? node : kNoNode);
 }
 
 void RequestTracker::FailAll(const std::string& why) {

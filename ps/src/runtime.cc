@@ -214,6 +214,11 @@ int Runtime::WorkerId(int rank) const {
   throw Error("no worker with rank " + std::to_string(rank));
 }
 
+bool Runtime::IsDead(int node_id) const {
+  MutexLock lock(mu_);
+  return dead_.contains(node_id);
+}
+
 std::string Runtime::Describe(int node_id) const {
   for (const NodeInfo& node : nodes_) {
     if (node.id == node_id) return node.Describe();
@@ -254,6 +259,12 @@ void Runtime::OnMessage(Message&& msg) {
       return;
     }
     if (from_scheduler) last_scheduler_contact_ = RequestTracker::Clock::now();
+    // A node the scheduler declared dead may still be running (stopped past the heartbeat
+    // timeout, then resumed): the others went on without it, so what it says now is stale.
+    if (dead_.contains(meta.sender)) {
+      ++dropped_;
+      return;
+    }
   }
   if (meta.control != Control::kNone && meta.control != Control::kError) {
     OnControl(std::move(msg));
@@ -357,9 +368,10 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
   {
     MutexLock lock(mu_);
     if (!dead_.insert(dead.id).second) return;
+    dead_count_.fetch_add(1);
   }
   PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
-  tracker_.FailPeer(dead.id, dead.Describe() + " died");
+  tracker_.FailPeer(dead.id, dead.Describe() + " died", /*died=*/true);
   NotifyPeer(dead, PeerEvent::kDead);
 }
 
@@ -471,16 +483,17 @@ std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Call
   std::pmr::vector<int> peers(&arena);
   peers.reserve(messages.size());
   for (const Message& msg : messages) peers.push_back(msg.meta.recipient);
+  int dead_peer = kNoNode;
   {
     MutexLock lock(mu_);
     for (int peer : peers) {
-      if (dead_.contains(peer)) {
-        const std::string why = Describe(peer) + " died";
-        RequestResult result{why, {}};
-        callback(std::move(result));
-        return 0;
-      }
+      if (dead_.contains(peer)) dead_peer = peer;
     }
+  }
+  if (dead_peer != kNoNode) {  // outside mu_: the callback may send again (re-routing)
+    RequestResult result{Describe(dead_peer) + " died", {}, dead_peer};
+    callback(std::move(result));
+    return 0;
   }
   const std::uint64_t timestamp = tracker_.Start(peers, std::move(callback), deadline);
   for (Message& msg : messages) {

@@ -552,14 +552,14 @@ void Scheduler::OnTick() {
     }
     return;
   }
-  if (DeclareClosedConnectionsDead(now)) return;  // the job has ended
+  if (DeclareClosedConnectionsDead(now)) return;  // one death per tick
   if (config_.heartbeat_interval.count() == 0) return;
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
       DeclareDead(static_cast<int>(id), "no heartbeat for over " +
                                             FormatSeconds(config_.heartbeat_timeout) +
                                             " (PS_HEARTBEAT_TIMEOUT)");
-      return;  // the job has ended
+      return;  // one death per tick (the job may have ended)
     }
   }
 }
@@ -629,6 +629,19 @@ void Scheduler::DeclareDead(int id, const std::string& why) {
     if (RoleBit(node.role) & group) blocked.push_back(group);
   }
   for (int group : blocked) ReleaseBarrier(group, node.Describe() + " died");
+  // With replication a server's key ranges live on in its replica, which takes them over as
+  // soon as it hears of the death (the notice above); the job goes on while a server lives.
+  if (node.role == Role::kServer && config_.replicated()) {
+    int live_servers = 0;
+    for (std::size_t other = 1; other < nodes_.size(); ++other) {
+      live_servers += nodes_[other].role == Role::kServer && IsLive(static_cast<int>(other));
+    }
+    if (live_servers > 0) {
+      LOG(WARNING) << "the job goes on without " << node.Describe() << ": " << live_servers
+                   << " server(s) left; its replica serves its keys (PS_REPLICATION)";
+      return;
+    }
+  }
   // A job that lost a node cannot go on as launched: end it now, naming the node, instead of
   // letting the others discover it one timeout at a time.
   Finish(1, node.Describe() + " died (" + why + ")");

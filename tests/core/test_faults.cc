@@ -252,6 +252,7 @@ TEST_CASE("faults: a server killed with SIGKILL ends the job within 3 s, naming 
   const bool traffic = GENERATE(false, true);
   INFO((traffic ? "workers pushing and pulling" : "workers waiting"));
   Env env = JobEnv(2, 2, 0);
+  env["PS_REPLICATION"] = "0";  // without a replica a dead server ends the job (test_failover)
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
   Env server_env = env;

@@ -60,6 +60,12 @@ struct ClusterConfig {
   // PS_ENCRYPT: every connection encrypted with ZeroMQ's CURVE, keys derived from job_secret
   // (which it needs). Every node of a job must agree.
   bool encrypt = false;
+  // PS_REPLICATION: with two or more servers, every key range also lives on a replica (the next
+  // live server in rank order) that applies each update before it is acknowledged, so a dead
+  // server's ranges go on from its replica instead of ending the job. Every node must agree.
+  bool replication = true;
+  // Whether this job replicates: PS_REPLICATION and at least two servers.
+  bool replicated() const { return replication && num_servers >= 2; }
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those

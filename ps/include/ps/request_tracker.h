@@ -30,6 +30,9 @@ namespace ps {
 struct RequestResult {
   std::string error;               // empty: success
   std::vector<Message> responses;  // in arrival order; partial on error
+  // The peer whose death failed the request (RequestTracker::FailPeer with `died`), else
+  // kNoNode: a caller that can re-route the request knows where not to send it again.
+  int lost_peer = kNoNode;
   bool ok() const { return error.empty(); }
 };
 
@@ -60,8 +63,9 @@ class RequestTracker {
   // receive loop) reuses for the next message.
   bool OnResponse(Message&& msg);
 
-  // Fails every request still waiting on `node` with `why`.
-  void FailPeer(int node, const std::string& why);
+  // Fails every request still waiting on `node` with `why`; `died`: because the node died
+  // (RequestResult::lost_peer).
+  void FailPeer(int node, const std::string& why, bool died = false);
   // Fails every outstanding request with `why`, and every later Start() at once.
   void FailAll(const std::string& why);
   // Fails the requests whose deadline is past.
@@ -90,7 +94,7 @@ class RequestTracker {
   void Finish(Slot& slot) PS_EXCLUDES(mu_);
   // Fails, then finishes, every waiting slot `matches` selects.
   void FailWhere(const std::function<bool(const Slot&)>& matches,
-                 const std::function<std::string(const Slot&)>& why);
+                 const std::function<std::string(const Slot&)>& why, int lost_peer = kNoNode);
 
   mutable Mutex mu_;
   // Slots are heap objects so that a completing callback's reference survives slots_ growing.

@@ -57,6 +57,10 @@ class Runtime {
   const std::vector<NodeInfo>& nodes() const { return nodes_; }
   int ServerId(int rank) const;  // node id of the server with that rank
   int WorkerId(int rank) const;
+  // Whether the scheduler reported `node_id` dead (set before the requests waiting on it fail
+  // and before the peer handler hears of it), and how many nodes it reported so far.
+  bool IsDead(int node_id) const;
+  std::size_t dead_count() const { return dead_count_.load(); }
   // "worker 1 (node 5 at 127.0.0.1:4321)", or "node N" for an unknown id.
   std::string Describe(int node_id) const;
 
@@ -169,7 +173,8 @@ class Runtime {
   std::vector<Message> held_until_registered_ PS_GUARDED_BY(mu_);  // peers' early messages
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
 
-  std::atomic<std::size_t> dropped_{0};  // from unknown senders, or unexpected controls
+  std::atomic<std::size_t> dead_count_{0};  // dead_.size(), readable without mu_
+  std::atomic<std::size_t> dropped_{0};     // from unknown senders, or unexpected controls
 
   Mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
   RequestHandler request_handler_ PS_GUARDED_BY(handler_mu_);

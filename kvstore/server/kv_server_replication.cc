@@ -1,0 +1,356 @@
+// KVServerStore's replication (PS_REPLICATION): the primary's side (updates sent to the
+// replica and applied once it answers, full copies after a death), the replica's side
+// (Replicate requests) and the take-over when a server dies. See kv_server.h.
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kvstore/server/kv_server.h"
+#include "ps/src/log_text.h"
+
+namespace ps {
+namespace {
+
+// The state a kState op carries besides the value, as bytes: the optimizer's update count
+// and buffers, then each worker's dist_async push numbers. Native byte order: both ends are
+// servers of one job, built alike.
+class StateWriter {
+ public:
+  void U64(std::uint64_t value) { Bytes(&value, sizeof(value)); }
+  void Bytes(const void* data, std::size_t bytes) {
+    const auto* begin = static_cast<const char*>(data);
+    text_.append(begin, bytes);
+  }
+  std::string Take() { return std::move(text_); }
+
+ private:
+  std::string text_;
+};
+
+class StateReader {
+ public:
+  explicit StateReader(const std::string& text) : text_(text) {}
+  bool U64(std::uint64_t* value) { return Bytes(value, sizeof(*value)); }
+  bool Bytes(void* out, std::size_t bytes) {
+    if (bytes > text_.size() - at_) return false;
+    std::memcpy(out, text_.data() + at_, bytes);
+    at_ += bytes;
+    return true;
+  }
+  bool done() const { return at_ == text_.size(); }
+
+ private:
+  const std::string& text_;
+  std::size_t at_ = 0;
+};
+
+std::string SliceText(const kv::SliceRef& ref) {
+  return "key " + std::to_string(ref.key) + " (slice at " + std::to_string(ref.offset) + ")";
+}
+
+}  // namespace
+
+void KVServerStore::SeenPushes::Add(std::uint64_t seq) {
+  if (seq != next) {
+    ahead.insert(seq);
+    return;
+  }
+  ++next;
+  while (ahead.erase(next) != 0) ++next;
+}
+
+bool KVServerStore::RoutedAhead(int sender, const kv::Request& request) const {
+  if (ring_.num_servers() < 2) return false;
+  const int me = runtime_.rank();
+  if (request.command == kv::kReplicate) {
+    // From the primary of the slices, which names this server its replica.
+    const auto& nodes = runtime_.nodes();
+    if (sender <= 0 || static_cast<std::size_t>(sender) >= nodes.size() ||
+        nodes[static_cast<std::size_t>(sender)].role != Role::kServer) {
+      return false;  // HandleReplicate refuses it
+    }
+    return ring_.ReplicaOf(nodes[static_cast<std::size_t>(sender)].rank) != me;
+  }
+  for (const int home : request.homes) {
+    if (home >= ring_.num_servers()) return false;  // Validate refuses it
+    if (ring_.Primary(home) != me) return true;
+  }
+  return false;
+}
+
+void KVServerStore::StartForward(Slice& slice, Forward forward) {
+  forward.serial = next_forward_++;
+  if (slice.replicated_to == kNoNode) {
+    ApplyForward(slice, forward);
+    return;
+  }
+  slice.forwards.push_back(std::move(forward));
+  SendForward(slice, slice.forwards.back());
+}
+
+void KVServerStore::SendForward(const Slice& slice, const Forward& forward) {
+  kv::Request request;
+  request.command = kv::kReplicate;
+  request.slices.push_back(kv::SliceRef{slice.key, slice.offset, slice.total});
+  kv::ReplicaOp op{forward.kind, forward.seq, forward.worker, {}};
+  Blob frame(nullptr, nullptr, 0, slice.dtype);
+  switch (forward.kind) {
+    case kv::ReplicaKind::kState:
+      op.seq = slice.completed;
+      op.state = EncodeState(slice);
+      frame = slice.value;
+      break;
+    case kv::ReplicaKind::kRound:
+    case kv::ReplicaKind::kAsyncPush:
+      frame = forward.gradient.values;
+      break;
+    case kv::ReplicaKind::kSkippedRound:
+    case kv::ReplicaKind::kForget:
+      break;
+  }
+  request.replica_ops.push_back(std::move(op));
+  Message msg = kv::RequestMessage(request, slice.replicated_to);
+  msg.data.push_back(std::move(frame));
+  const SliceId id{slice.key, slice.offset};
+  const int to = slice.replicated_to;
+  runtime_.Request(std::span<Message>(&msg, 1),
+                   [this, id, serial = forward.serial, to](RequestResult&& result) {
+                     OnForwardReply(id, serial, to, result);
+                   });
+}
+
+void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int to,
+                                   const RequestResult& result) {
+  failed_update_ = nullptr;
+  const auto it = slices_.find(id);
+  if (it == slices_.end()) return;  // dropped since (an Init undone)
+  Slice& slice = it->second;
+  // Answers from a replica that was replaced, or to updates sent again since, are stale.
+  if (slice.replicated_to != to || slice.forwards.empty() ||
+      slice.forwards.front().serial != serial) {
+    return;
+  }
+  if (!result.ok()) {
+    // A replica that died is replaced by OnServerDead, which sends the updates again; at the
+    // end of the job the requests still out fail without anyone at fault.
+    if (result.lost_peer != kNoNode || runtime_.terminated()) return;
+    // A replica that refuses an update no longer mirrors this server: the job cannot go on
+    // with the guarantee it was started with.
+    runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": its replica " +
+                  runtime_.Describe(to) + " refused an update of key " + std::to_string(slice.key) +
+                  ": " + result.error);
+    return;
+  }
+  Forward forward = std::move(slice.forwards.front());
+  slice.forwards.pop_front();
+  ApplyForward(slice, forward);
+}
+
+void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
+  switch (forward.kind) {
+    case kv::ReplicaKind::kRound:
+    case kv::ReplicaKind::kSkippedRound:
+      CommitRound(slice, forward.gradient);
+      return;
+    case kv::ReplicaKind::kAsyncPush:
+      ApplyUpdate(slice, forward.gradient);
+      break;
+    case kv::ReplicaKind::kState:
+    case kv::ReplicaKind::kForget:
+      break;
+  }
+  for (const Waiter& waiter : forward.waiters) Resolve(waiter, slice);
+}
+
+void KVServerStore::CopyToReplica(Slice& slice, int to) {
+  slice.replicated_to = to;
+  if (to == kNoNode) {
+    // The last server standing: what was on its way to a replica is applied here now.
+    while (!slice.forwards.empty()) {
+      Forward forward = std::move(slice.forwards.front());
+      slice.forwards.pop_front();
+      ApplyForward(slice, forward);
+    }
+    return;
+  }
+  // The copy goes first, with the value as this server applied it; the updates not yet
+  // applied follow in order, answered as they would have been.
+  Forward copy;
+  copy.kind = kv::ReplicaKind::kState;
+  copy.serial = next_forward_++;
+  SendForward(slice, copy);  // its answer matches no queued update: ignored
+  for (const Forward& forward : slice.forwards) SendForward(slice, forward);
+}
+
+void KVServerStore::OnServerDead(const NodeInfo& peer) {
+  if (ring_.num_servers() < 2 || peer.rank < 0 || peer.rank >= ring_.num_servers()) return;
+  ring_.MarkDead(peer.rank);
+  const int me = runtime_.rank();
+  const int replica = ring_.ReplicaOf(me);
+  replica_node_ = replica >= 0 ? runtime_.ServerId(replica) : kNoNode;
+  std::size_t taken_over = 0;
+  std::size_t copied = 0;
+  for (auto& [id, slice] : slices_) {
+    if (!Serves(slice)) continue;  // a copy this server keeps for another
+    if (slice.replicated_to == replica_node_) continue;
+    // A range this server takes over from the dead primary (it held the copy, so nothing is
+    // on its way yet), or one whose replica died: either way the replica needs a full copy.
+    taken_over += slice.forwards.empty() && slice.pushed.empty() && slice.last_round.empty();
+    ++copied;
+    CopyToReplica(slice, replica_node_);
+  }
+  LOG(WARNING) << "server " << me << ": " << peer.Describe() << " died; "
+               << (replica_node_ == kNoNode
+                       ? std::string("no replica is left for this server's keys")
+                       : std::to_string(copied) + " key slice(s) copied to " +
+                             runtime_.Describe(replica_node_))
+               << " (" << taken_over << " taken over or never used)";
+  // Requests that came before this server heard of the death are served now, in order.
+  std::vector<Message> held;
+  held.swap(held_);
+  for (Message& msg : held) OnRequest(std::move(msg));
+}
+
+void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request,
+                                    std::vector<Blob>& data) {
+  const std::string server = "server " + std::to_string(runtime_.rank());
+  const auto& nodes = runtime_.nodes();
+  if (meta.sender <= 0 || static_cast<std::size_t>(meta.sender) >= nodes.size() ||
+      nodes[static_cast<std::size_t>(meta.sender)].role != Role::kServer) {
+    runtime_.ReplyError(meta, server + ": only servers replicate key ranges");
+    return;
+  }
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const std::string error =
+        ApplyReplicaOp(meta.sender, request.slices[i], request.replica_ops[i], data[i]);
+    if (!error.empty()) {
+      LOG(ERROR) << server << ": " << error;
+      runtime_.ReplyError(meta, server + ": " + error);
+      return;
+    }
+  }
+  runtime_.Reply(meta, Message{});
+}
+
+std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
+                                          const kv::ReplicaOp& op, const Blob& frame) {
+  const SliceId id{ref.key, ref.offset};
+  if (op.kind == kv::ReplicaKind::kForget) {
+    slices_.erase(id);
+    return "";
+  }
+  if (op.kind == kv::ReplicaKind::kState) {
+    if (!IsSummableDType(frame.dtype()) || frame.count() == 0 ||
+        frame.count() > ref.total - ref.offset) {
+      return SliceText(ref) + ": a malformed copy from " + runtime_.Describe(sender);
+    }
+    auto [it, added] = slices_.try_emplace(id);
+    Slice& slice = it->second;
+    if (added) slice.state_id = next_state_id_++;
+    slice.key = ref.key;
+    slice.offset = ref.offset;
+    slice.dtype = frame.dtype();
+    slice.length = frame.count();
+    slice.total = ref.total;
+    slice.completed = op.seq;
+    slice.value = Blob::Copy(frame.data(), frame.bytes(), frame.dtype());
+    if (std::string why = DecodeState(slice, op.state); !why.empty()) {
+      slices_.erase(it);
+      return SliceText(ref) + ": " + why;
+    }
+    return "";
+  }
+  const auto it = slices_.find(id);
+  if (it == slices_.end()) {
+    return SliceText(ref) + ": an update from " + runtime_.Describe(sender) +
+           " for a slice this replica does not hold";
+  }
+  Slice& slice = it->second;
+  switch (op.kind) {
+    case kv::ReplicaKind::kRound:
+    case kv::ReplicaKind::kSkippedRound:
+      if (op.seq != slice.completed) {
+        return SliceText(ref) + ": round " + std::to_string(op.seq) + " from " +
+               runtime_.Describe(sender) + ", this replica expects round " +
+               std::to_string(slice.completed);
+      }
+      if (op.kind == kv::ReplicaKind::kRound) {
+        if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
+          return SliceText(ref) + ": a round's sum of the wrong size";
+        }
+        ApplyUpdate(slice, Gradient{frame, false});
+      }
+      ++slice.completed;
+      break;
+    case kv::ReplicaKind::kAsyncPush:
+      if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
+        return SliceText(ref) + ": a push of the wrong size";
+      }
+      ApplyUpdate(slice, Gradient{frame, false});
+      slice.seen[op.worker].Add(op.seq);
+      break;
+    case kv::ReplicaKind::kState:
+    case kv::ReplicaKind::kForget:
+      break;
+  }
+  if (failed_update_ == &slice) return failed_update_error_;
+  return "";
+}
+
+std::string KVServerStore::EncodeState(const Slice& slice) const {
+  StateWriter out;
+  out.U64(static_cast<std::uint64_t>(slice.home));
+  std::optional<Optimizer::SavedState> saved;
+  if (optimizer_) saved = optimizer_->ExportState(slice.state_id);
+  out.U64(saved ? saved->count : 0);
+  out.U64(saved ? saved->buffers.size() : 0);
+  if (saved) out.Bytes(saved->buffers.data(), saved->buffers.size() * sizeof(float));
+  out.U64(slice.seen.size());
+  for (const auto& [worker, seen] : slice.seen) {
+    out.U64(static_cast<std::uint64_t>(worker));
+    out.U64(seen.next);
+    out.U64(seen.ahead.size());
+    for (const std::uint64_t seq : seen.ahead) out.U64(seq);
+  }
+  return out.Take();
+}
+
+std::string KVServerStore::DecodeState(Slice& slice, const std::string& state) {
+  StateReader in(state);
+  std::uint64_t home = 0, count = 0, floats = 0, workers = 0;
+  if (!in.U64(&home) || home >= static_cast<std::uint64_t>(ring_.num_servers()) ||
+      !in.U64(&count) || !in.U64(&floats) || floats > state.size() / sizeof(float)) {
+    return "a malformed state in a copy";
+  }
+  slice.home = static_cast<int>(home);
+  std::vector<float> buffers(floats);
+  if (!in.Bytes(buffers.data(), floats * sizeof(float)) || !in.U64(&workers)) {
+    return "a malformed state in a copy";
+  }
+  slice.seen.clear();
+  for (std::uint64_t w = 0; w < workers; ++w) {
+    std::uint64_t worker = 0, next = 0, ahead = 0;
+    if (!in.U64(&worker) || !in.U64(&next) || !in.U64(&ahead) || ahead > state.size()) {
+      return "a malformed state in a copy";
+    }
+    SeenPushes& seen = slice.seen[static_cast<int>(worker)];
+    seen.next = next;
+    for (std::uint64_t a = 0; a < ahead; ++a) {
+      std::uint64_t seq = 0;
+      if (!in.U64(&seq)) return "a malformed state in a copy";
+      seen.ahead.insert(seq);
+    }
+  }
+  if (!in.done()) return "a malformed state in a copy";
+  if (count == 0 && buffers.empty()) return "";
+  if (!optimizer_) return "a copy with optimizer state reached a server without an optimizer";
+  try {
+    optimizer_->ImportState(slice.state_id, {slice.length, count, std::move(buffers)});
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace ps
