@@ -50,7 +50,8 @@ JOB_WIDE = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
 SECRET_VARS = ("PS_JOB_SECRET", "PS_JOB_SECRET_FILE")
 # Forwarded from the launcher's environment to remote processes when set (MXNet forwards a
 # similar list; credentials are deliberately not forwarded).
-FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "DMLC_INTERFACE", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
+FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "DMLC_INTERFACE", "OMP_NUM_THREADS",
+             "LD_LIBRARY_PATH")
 
 STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
 LAST_LINES = 20  # lines kept per process for failure reports
@@ -487,6 +488,10 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     c.user_root_port = int(port) if port else None
     c.user_root_uri = c.env_all.pop("DMLC_PS_ROOT_URI", None) or environ.get("DMLC_PS_ROOT_URI")
     c.job_secret = job_secret(environ)
+    # With replication a dead server's keys live on in its replica and the job goes on
+    # (docs/kvstore.md, "Replication and failover"): the launcher lets it.
+    replication = c.env_all.get("PS_REPLICATION", environ.get("PS_REPLICATION", "1"))
+    c.replicated = replication not in ("0", "false") and c.num_servers >= 2
 
     # commands
     c.worker_cmd = command
@@ -558,6 +563,7 @@ class Launch:
         self.err = err or sys.stderr
         self.events = queue.Queue()
         self.procs = []
+        self.lost_servers = []  # servers that died while the job went on (replication)
         self.signal_received = None
         self.signal_count = 0
         self.out_broken = False
@@ -966,12 +972,18 @@ class Launch:
             self.pump(0.1)
             if self.signal_received is not None:
                 return self.signal_exit()
-            failed = [p for p in self.procs if p.returncode not in (None, 0)]
+            self.note_lost_servers()
+            failed = [p for p in self.procs
+                      if p.returncode not in (None, 0) and p not in self.lost_servers]
             if failed:
                 return self.fail()
-            if all(p.returncode == 0 for p in self.procs):
+            if all(p.returncode == 0 or p in self.lost_servers for p in self.procs):
                 self.drain(self.procs)
-                self.say("all processes exited 0")
+                if self.lost_servers:
+                    self.say(f"the job finished without {len(self.lost_servers)} lost "
+                             "server(s); every other process exited 0")
+                else:
+                    self.say("all processes exited 0")
                 return 0
             sched_done = any(p.spec.role == "scheduler" and p.returncode == 0 for p in self.procs)
             if shutdown_deadline is None and (all(p.returncode == 0 for p in workers) or
@@ -979,6 +991,8 @@ class Launch:
                 shutdown_deadline = time.monotonic() + c.shutdown_timeout
             if shutdown_deadline is not None and time.monotonic() > shutdown_deadline:
                 hung = [p for p in self.procs if p.returncode is None]
+                if self.finished_without(hung):
+                    return 0
                 self.say(f"{', '.join(p.spec.label + ' on ' + p.spec.where for p in hung)} did "
                          f"not exit within {c.shutdown_timeout:g} s (--shutdown-timeout) after "
                          "the job finished; stopping")
@@ -987,6 +1001,44 @@ class Launch:
                     self.report_lines(p)
                 self.stop_all()
                 return 1
+
+    def finished_without(self, hung):
+        """With replication, servers still there after a successful end (stopped or hung: the
+        scheduler declared them dead and the job went on) are stopped; the job succeeded."""
+        others = [p for p in self.procs if p not in hung]
+        if not (self.c.replicated and hung and all(p.spec.role == "server" for p in hung)
+                and any(p.spec.role == "scheduler" for p in others)
+                and all(p.returncode == 0 or p in self.lost_servers for p in others)):
+            return False
+        for p in hung:
+            self.say(f"{p.spec.label} on {p.spec.where} did not exit after the job finished "
+                     "(stopped or hung: the job went on without it, PS_REPLICATION); stopping it")
+        self.stop_all()
+        self.lost_servers.extend(hung)
+        self.say(f"the job finished without {len(self.lost_servers)} lost server(s); every "
+                 "other process exited 0")
+        return True
+
+    def note_lost_servers(self):
+        """With replication a server that dies while another lives and the scheduler runs is
+        survived: reported once, not a failure of the job."""
+        if not self.c.replicated:
+            return
+        scheduler_ok = all(p.returncode in (None, 0) for p in self.procs
+                           if p.spec.role == "scheduler")
+        for p in self.procs:
+            if (p.spec.role != "server" or p.returncode in (None, 0) or p in self.lost_servers
+                    or not scheduler_ok):
+                continue
+            if not any(q.spec.role == "server" and q.returncode in (None, 0) for q in self.procs
+                       if q is not p and q not in self.lost_servers):
+                return  # none left: the job cannot go on, and fails
+            self.lost_servers.append(p)
+            self.drain([p])
+            self.say(f"{p.spec.label} on {p.spec.where} exited with status {p.status_text()}; "
+                     "the job goes on, the other servers serve its keys (PS_REPLICATION); "
+                     "last lines:")
+            self.report_lines(p, 3)
 
     def fail(self):
         """A process failed: report it, stop the others, return the exit status."""

@@ -12,7 +12,8 @@ import signal
 import tempfile
 import unittest
 
-from launcher_testlib import REPO, LauncherTest, Sshd, ssh_missing, wait_until
+from launcher_testlib import (REPO, LauncherTest, Sshd, pids_with_marker, ssh_missing,
+                              wait_until)
 
 BIN = os.environ.get("PS_BIN_DIR") or os.path.join(REPO, "build", "bin")
 
@@ -102,6 +103,27 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assertEqual(r.rc, 3, r)
         self.assertIn("exited with status 3; last lines:", r.err)
         self.assertIn("worker giving up", r.err)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_killed_server_is_survived_with_replication(self):
+        # 3 servers (replication on by default): one killed mid-job, the job finishes exact,
+        # the launcher names the lost server and exits 0.
+        proc = self.start_launcher(["-n", "2", "-s", "3"] + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", "3000",
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+        servers = [pid for pid in pids_with_marker(self.marker, environ=True)
+                   if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "ps-server"]
+        self.assertEqual(len(servers), 3, servers)
+        os.kill(servers[1], signal.SIGKILL)
+        r = self.finish_launcher(proc, timeout=120)
+        self.assertEqual(r.rc, 0, r)
+        self.assertIn("the job goes on, the other servers serve its keys (PS_REPLICATION)", r.err)
+        self.assertIn("the job finished without 1 lost server(s)", r.err)
+        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
+                         r)
         self.assert_nothing_left_here()
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-node"),
