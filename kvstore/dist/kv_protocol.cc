@@ -22,7 +22,7 @@ bool DecodeShm(const pb::KVBody& body, Request& request, const std::vector<Blob>
                std::string* error) {
   if (body.shm_size() == 0) return true;
   const Command command = request.command;
-  if (command != kPush && command != kPull && command != kPushPull) {
+  if (command != kPush && command != kPull && command != kPushPull && command != kReplicate) {
     *error = CommandName(command) + " request with shared-memory slices";
     return false;
   }

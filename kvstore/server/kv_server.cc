@@ -137,7 +137,7 @@ void KVServerStore::OnRequest(Message&& msg) {
       HandleSetCompression(msg.meta, *request);
       break;
     case kv::kReplicate:
-      HandleReplicate(msg.meta, *request, msg.data);
+      HandleReplicate(msg.meta, *request, msg.data, shm_);
       break;
   }
 }
@@ -292,6 +292,9 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     return;
   }
   // Answered once the replica holds every new slice.
+  std::vector<SliceId> ids;
+  for (const kv::SliceRef& ref : request.slices) ids.emplace_back(ref.key, ref.offset);
+  AttachReplicaSlots(ids, replica_node_);
   Pending* const pending = StartPending(meta, request, false, {});
   for (std::size_t j = 0; j < request.slices.size(); ++j) {
     Slice& slice = slices_.at({request.slices[j].key, request.slices[j].offset});

@@ -41,6 +41,7 @@
 #include "kvstore/compression.h"
 #include "kvstore/dist/kv_protocol.h"
 #include "kvstore/dist/server_ring.h"
+#include "kvstore/dist/shm_slots.h"
 #include "kvstore/object_pool.h"
 #include "kvstore/optimizer.h"
 #include "kvstore/shm/shared_segment.h"
@@ -121,6 +122,7 @@ class KVServerStore {
     int worker = kNoNode;         // dist_async: the pushing worker
     Gradient gradient;            // what is applied (a round's sum, a push); kept until then
     std::vector<Waiter> waiters;  // answered once it is applied (pushes, Init)
+    ShmSlot* slot = nullptr;      // the replica slot it travels through, held until answered
   };
   struct Slice {
     Key key = 0;               // the slice's id, for messages to the replica
@@ -152,6 +154,9 @@ class KVServerStore {
     // their way there, and whether the open dist_sync round is among them (closed, not yet
     // applied: its pushes stay in `pushed` until then).
     int replicated_to = kNoNode;
+    // A same-host replica's view of this slice's updates: a slot in this server's segment that
+    // the replica maps (null: updates travel as frames).
+    ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
     bool round_in_flight = false;
     std::map<int, SeenPushes> seen;  // worker node id -> its pushes (dist_async)
@@ -219,14 +224,19 @@ class KVServerStore {
   bool RoutedAhead(int sender, const kv::Request& request) const;
   // Sends `forward` to the slice's replica, or applies it at once when the slice has none.
   void StartForward(Slice& slice, Forward forward);
-  void SendForward(const Slice& slice, const Forward& forward);
+  void SendForward(const Slice& slice, Forward& forward);
+  // Gives the slices `ids` (replicated to the same-host node `to`) slots in a new segment that
+  // `to` maps, once it answered (updates go as frames until then).
+  void AttachReplicaSlots(const std::vector<SliceId>& ids, int to);
   void OnForwardReply(const SliceId& id, std::uint64_t serial, int to, const RequestResult& result);
   void ApplyForward(Slice& slice, Forward& forward);
   // A full copy of `slice` to the node `to`, then the updates still on their way.
   void CopyToReplica(Slice& slice, int to);
-  void HandleReplicate(const Meta& meta, const kv::Request& request, std::vector<Blob>& data);
+  void HandleReplicate(const Meta& meta, const kv::Request& request, std::vector<Blob>& data,
+                       const std::vector<ShmTarget>& shm);
+  // `in_shared_memory`: the frame is a view of the primary's segment.
   std::string ApplyReplicaOp(int sender, const kv::SliceRef& ref, const kv::ReplicaOp& op,
-                             const Blob& frame);
+                             const Blob& frame, bool in_shared_memory);
   // The state of a slice besides its value and rounds, as a kState op carries it.
   std::string EncodeState(const Slice& slice) const;
   std::string DecodeState(Slice& slice, const std::string& state);
@@ -249,6 +259,7 @@ class KVServerStore {
   int replica_node_ = kNoNode;
   std::uint64_t next_forward_ = 1;
   std::vector<Message> held_;
+  ShmSlots replica_shm_;  // this server's segments for its same-host replicas
   // Helper threads for big merges, copies and updates, started once with the store.
   ParallelPool pool_;
   const ParallelOptions parallel_{.pool = &pool_};

@@ -89,7 +89,53 @@ void KVServerStore::StartForward(Slice& slice, Forward forward) {
   SendForward(slice, slice.forwards.back());
 }
 
-void KVServerStore::SendForward(const Slice& slice, const Forward& forward) {
+void KVServerStore::AttachReplicaSlots(const std::vector<SliceId>& ids, int to) {
+  if (to == kNoNode || !runtime_.config().use_shm || !runtime_.SameHost(to)) return;
+  std::vector<SliceId> wanted;
+  std::vector<std::size_t> sizes;
+  for (const SliceId& id : ids) {
+    const auto it = slices_.find(id);
+    if (it == slices_.end()) continue;
+    const std::size_t bytes = it->second.value.bytes();
+    if (bytes < kShmMinBytes) continue;
+    wanted.push_back(id);
+    sizes.push_back(bytes);
+  }
+  if (wanted.empty()) return;
+  ShmSlots::NewSegment segment;
+  try {
+    segment = replica_shm_.Create(sizes);
+  } catch (const Error& e) {
+    LOG(WARNING) << "server " << runtime_.rank() << ": updates for " << runtime_.Describe(to)
+                 << " travel over the socket, not shared memory: " << e.what();
+    return;
+  }
+  kv::Request request;
+  request.command = kv::kShmAttach;
+  request.segment_id = segment.id;
+  request.segment = segment.descriptor;
+  Message msg = kv::RequestMessage(request, to);
+  runtime_.Request(std::span<Message>(&msg, 1), [this, segment, wanted = std::move(wanted),
+                                                 to](RequestResult&& result) {
+    if (!result.ok()) {
+      replica_shm_.Abandon(segment);
+      if (result.lost_peer == kNoNode && !runtime_.terminated()) {
+        LOG(WARNING) << "server " << runtime_.rank() << ": updates for " << runtime_.Describe(to)
+                     << " travel over the socket, not shared memory: " << result.error;
+      }
+      return;
+    }
+    replica_shm_.Attached(segment);
+    for (std::size_t n = 0; n < wanted.size(); ++n) {
+      const auto it = slices_.find(wanted[n]);
+      if (it != slices_.end() && it->second.replicated_to == to) {
+        it->second.replica_slot = segment.slots[n];
+      }
+    }
+  });
+}
+
+void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   kv::Request request;
   request.command = kv::kReplicate;
   request.slices.push_back(kv::SliceRef{slice.key, slice.offset, slice.total});
@@ -104,6 +150,18 @@ void KVServerStore::SendForward(const Slice& slice, const Forward& forward) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kAsyncPush:
       frame = forward.gradient.values;
+      // To a same-host replica through its slot: one copy here instead of two through the
+      // kernel and a buffer on the other side.
+      if (forward.slot == nullptr && slice.replica_slot != nullptr &&
+          slice.replica_slot->bytes() == frame.bytes() && slice.replica_slot->TryAcquire()) {
+        forward.slot = slice.replica_slot;
+      }
+      if (forward.slot != nullptr) {
+        CopyInto(forward.slot->data(), frame.data(), frame.bytes(), parallel_);
+        request.shm.push_back(
+            kv::ShmRef{0, forward.slot->segment(), forward.slot->offset(), frame.bytes()});
+        frame = Blob(nullptr, nullptr, 0, slice.dtype);
+      }
       break;
     case kv::ReplicaKind::kSkippedRound:
     case kv::ReplicaKind::kForget:
@@ -144,6 +202,7 @@ void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int 
   }
   Forward forward = std::move(slice.forwards.front());
   slice.forwards.pop_front();
+  if (forward.slot != nullptr) forward.slot->Release();  // the replica has read it
   ApplyForward(slice, forward);
 }
 
@@ -165,6 +224,12 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
 
 void KVServerStore::CopyToReplica(Slice& slice, int to) {
   slice.replicated_to = to;
+  // Slots of the old replica: never used again (a stopped one might still read them).
+  slice.replica_slot = nullptr;
+  for (Forward& forward : slice.forwards) {
+    if (forward.slot != nullptr) forward.slot->Retire();
+    forward.slot = nullptr;
+  }
   if (to == kNoNode) {
     // The last server standing: what was on its way to a replica is applied here now.
     while (!slice.forwards.empty()) {
@@ -180,7 +245,7 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
   copy.kind = kv::ReplicaKind::kState;
   copy.serial = next_forward_++;
   SendForward(slice, copy);  // its answer matches no queued update: ignored
-  for (const Forward& forward : slice.forwards) SendForward(slice, forward);
+  for (Forward& forward : slice.forwards) SendForward(slice, forward);
 }
 
 void KVServerStore::OnServerDead(const NodeInfo& peer) {
@@ -189,17 +254,22 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   const int me = runtime_.rank();
   const int replica = ring_.ReplicaOf(me);
   replica_node_ = replica >= 0 ? runtime_.ServerId(replica) : kNoNode;
+  // Segments the dead server shared with this one (as its replica): mapped until the requests
+  // that reference them are done.
+  std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   std::size_t taken_over = 0;
-  std::size_t copied = 0;
+  std::vector<SliceId> copied_ids;
   for (auto& [id, slice] : slices_) {
     if (!Serves(slice)) continue;  // a copy this server keeps for another
     if (slice.replicated_to == replica_node_) continue;
     // A range this server takes over from the dead primary (it held the copy, so nothing is
     // on its way yet), or one whose replica died: either way the replica needs a full copy.
     taken_over += slice.forwards.empty() && slice.pushed.empty() && slice.last_round.empty();
-    ++copied;
+    copied_ids.push_back(id);
     CopyToReplica(slice, replica_node_);
   }
+  AttachReplicaSlots(copied_ids, replica_node_);
+  const std::size_t copied = copied_ids.size();
   LOG(WARNING) << "server " << me << ": " << peer.Describe() << " died; "
                << (replica_node_ == kNoNode
                        ? std::string("no replica is left for this server's keys")
@@ -213,7 +283,7 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
 }
 
 void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request,
-                                    std::vector<Blob>& data) {
+                                    std::vector<Blob>& data, const std::vector<ShmTarget>& shm) {
   const std::string server = "server " + std::to_string(runtime_.rank());
   const auto& nodes = runtime_.nodes();
   if (meta.sender <= 0 || static_cast<std::size_t>(meta.sender) >= nodes.size() ||
@@ -222,8 +292,9 @@ void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request
     return;
   }
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const bool in_shm = !shm.empty() && shm[i].data != nullptr;
     const std::string error =
-        ApplyReplicaOp(meta.sender, request.slices[i], request.replica_ops[i], data[i]);
+        ApplyReplicaOp(meta.sender, request.slices[i], request.replica_ops[i], data[i], in_shm);
     if (!error.empty()) {
       LOG(ERROR) << server << ": " << error;
       runtime_.ReplyError(meta, server + ": " + error);
@@ -234,7 +305,8 @@ void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request
 }
 
 std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
-                                          const kv::ReplicaOp& op, const Blob& frame) {
+                                          const kv::ReplicaOp& op, const Blob& frame,
+                                          bool in_shared_memory) {
   const SliceId id{ref.key, ref.offset};
   if (op.kind == kv::ReplicaKind::kForget) {
     slices_.erase(id);
@@ -279,7 +351,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
         if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
           return SliceText(ref) + ": a round's sum of the wrong size";
         }
-        ApplyUpdate(slice, Gradient{frame, false});
+        ApplyUpdate(slice, Gradient{frame, in_shared_memory});
       }
       ++slice.completed;
       break;
@@ -287,7 +359,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
       if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
         return SliceText(ref) + ": a push of the wrong size";
       }
-      ApplyUpdate(slice, Gradient{frame, false});
+      ApplyUpdate(slice, Gradient{frame, in_shared_memory});
       slice.seen[op.worker].Add(op.seq);
       break;
     case kv::ReplicaKind::kState:
