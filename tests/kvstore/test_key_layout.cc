@@ -6,6 +6,7 @@
 
 #include "kvstore/dist/key_layout.h"
 #include "kvstore/dist/kv_protocol.h"
+#include "kvstore/dist/server_ring.h"
 
 TEST_CASE("layout: small keys spread evenly over the servers", "[layout]") {
   for (int servers : {2, 3, 4, 8}) {
@@ -87,4 +88,81 @@ TEST_CASE("kv protocol: requests round-trip and inconsistent ones are rejected",
   msg.meta.head = 77;
   CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
   CHECK_THAT(error, Catch::Contains("unknown KVStore command 77"));
+}
+
+TEST_CASE("server ring: a dead server's ranges go to the server holding their copy", "[layout]") {
+  ps::ServerRing ring(4, /*replicated=*/true);
+  for (int home = 0; home < 4; ++home) {
+    CHECK(ring.Primary(home) == home);
+    CHECK(ring.Replica(home) == (home + 1) % 4);
+  }
+  ring.MarkDead(1);
+  CHECK(ring.Primary(1) == 2);  // its replica serves them
+  CHECK(ring.Replica(1) == 3);  // and copies them to the next
+  CHECK(ring.Replica(0) == 2);  // server 0 lost its replica: the next live one
+  CHECK(ring.Primary(0) == 0);
+  CHECK(ring.Replica(3) == 0);  // unchanged
+  ring.MarkDead(2);
+  CHECK(ring.Primary(1) == 3);
+  CHECK(ring.Primary(2) == 3);
+  CHECK(ring.Replica(2) == 0);
+  ring.MarkDead(0);
+  CHECK(ring.Primary(0) == 3);
+  CHECK(ring.Replica(0) == -1);  // the last server: no replica
+  ring.MarkDead(3);
+  CHECK(ring.Primary(0) == -1);
+
+  ps::ServerRing single(1, true);
+  CHECK(single.Replica(0) == -1);
+  ps::ServerRing off(3, /*replicated=*/false);
+  CHECK(off.Replica(0) == -1);
+  off.MarkDead(0);
+  CHECK(off.Primary(0) == 1);
+}
+
+TEST_CASE("kv protocol: replication fields round-trip, malformed ones are rejected", "[layout]") {
+  std::string error;
+  ps::kv::Request push;
+  push.command = ps::kv::kPushPull;
+  push.slices = {{7, 0, 2}, {9, 0, 2}};
+  push.homes = {2, 0};
+  push.seqs = {5, 11};
+  ps::Message msg;
+  msg.meta.head = ps::kv::kPushPull;
+  msg.meta.body = ps::kv::EncodeBody(push);
+  const float values[2] = {1, 2};
+  msg.data = {ps::Blob::Copy(values, 8, ps::DType::kFloat32),
+              ps::Blob::Copy(values, 8, ps::DType::kFloat32)};
+  auto decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->homes == push.homes);
+  CHECK(decoded->seqs == push.seqs);
+
+  ps::kv::Request replicate;
+  replicate.command = ps::kv::kReplicate;
+  replicate.slices = {{7, 0, 2}, {9, 0, 2}};
+  replicate.replica_ops = {{ps::kv::ReplicaKind::kRound, 4, 0, ""},
+                           {ps::kv::ReplicaKind::kState, 1, 0, std::string("\x01\0state", 7)}};
+  msg.meta.head = ps::kv::kReplicate;
+  msg.meta.body = ps::kv::EncodeBody(replicate);
+  decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->replica_ops == replicate.replica_ops);
+
+  replicate.replica_ops.pop_back();  // one op for two slices
+  msg.meta.body = ps::kv::EncodeBody(replicate);
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("malformed replication lists in a Replicate request"));
+
+  push.seqs = {5};  // one number for two slices
+  msg.meta.head = ps::kv::kPushPull;
+  msg.meta.body = ps::kv::EncodeBody(push);
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("malformed replication lists in a PushPull request"));
+
+  push.seqs = {5, 11};
+  push.homes = {-1, 0};
+  msg.meta.body = ps::kv::EncodeBody(push);
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("a negative home server rank"));
 }
