@@ -249,7 +249,10 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
 }
 
 void KVServerStore::OnServerDead(const NodeInfo& peer) {
-  if (ring_.num_servers() < 2 || peer.rank < 0 || peer.rank >= ring_.num_servers()) return;
+  // Without replication the scheduler ends the job: nothing to take over.
+  if (!runtime_.config().replicated() || peer.rank < 0 || peer.rank >= ring_.num_servers()) {
+    return;
+  }
   ring_.MarkDead(peer.rank);
   const int me = runtime_.rank();
   const int replica = ring_.ReplicaOf(me);

@@ -569,6 +569,7 @@ class Bench:
             argv += ["-s", str(self.W)]
         if self.args.chunk_bytes:
             argv += ["--env", f"PS_CHUNK_BYTES={self.args.chunk_bytes}"]
+        argv += ["--env", f"PS_REPLICATION={self.args.replication}"]
         argv += [os.path.join(self.bin, "ps-bench"), "--worker_mode", f"--mode={mode}",
                  f"--sizes={size_name(size)}", "--ops=pushpull", f"--iterations={iterations}",
                  f"--warmup={self.warmup_for(size)}", f"--compression={compression[0]}",
@@ -1097,6 +1098,9 @@ def build_parser():
                    help="PS_CHUNK_BYTES for the PS jobs (default 64KB: the runtime's 4MB "
                         "leaves one slice per server of a 16MB key, so a slice's pull cannot "
                         "overlap another's push; see docs/scaling.md)")
+    p.add_argument("--replication", choices=("0", "1"), default="0",
+                   help="PS_REPLICATION for the PS jobs (default 0: all-reduce keeps no second "
+                        "copy either; 1 measures what replication costs on the links)")
     p.add_argument("--bin-dir", default=_default_bin_dir(),
                    help="where ps-scheduler, ps-server, ps-bench, ps-bench-mpi-allreduce are "
                         "($PS_BIN_DIR, else the source tree's build/bin, else this script's "
