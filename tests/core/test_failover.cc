@@ -66,14 +66,16 @@ void RunJob(const Disturbance& what, std::size_t victim, std::chrono::millisecon
   env["DMLC_PS_ROOT_PORT"] = std::to_string(std::stoi(listening.substr(at + 23)));
   std::vector<std::unique_ptr<ChildProcess>> servers, workers;
   for (int s = 0; s < 3; ++s) servers.push_back(Start("ps-server", env));
-  const std::string rounds = what.second_victim ? "3000" : "600";
+  // Enough rounds that the faults land mid-job on an idle machine (about 700 rounds/s here).
+  const std::string rounds = what.second_victim ? "5000" : "2500";
   std::vector<std::string> args{"--type",     what.type, "--rounds",       rounds,
                                 "--keys",     "6",       "--size",         "2000",
                                 "--big_size", "300000",  "--report_every", "10"};
   if (what.separate_pull) args.push_back("--separate_pull");
   for (int w = 0; w < 2; ++w) workers.push_back(Start("ps-kvstore-check", env, args));
   REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 10\n", 60s));
-  std::this_thread::sleep_for(delay);  // the moment of the fault, not a synchronization
+  std::this_thread::sleep_for(delay);              // the moment of the fault, not a synchronization
+  REQUIRE(workers[0]->Wait(0ms) == std::nullopt);  // still running: the fault is mid-job
   servers[victim]->Kill(what.signal);
   const std::size_t second = (victim + 1) % servers.size();
   if (what.second_victim) {
