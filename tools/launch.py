@@ -39,6 +39,11 @@ MARKER_WATCH_RE = re.compile(r"^@@ps-launch watch=(\d+)$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # How the runtime names a node it declared dead (docs/errors.md): "server 3 (node 7 at
 # 10.0.0.4:38003) died" / "... is dead: no heartbeat ...".
+# The scheduler's line when a job with replication goes on without a dead server.
+SURVIVED_RE = re.compile(r"the job goes on without server (\d+) \(")
+# How long a server's non-zero exit waits for that line before it counts as a failure: the
+# scheduler declares a closed connection dead after 1 s.
+SURVIVAL_WAIT_S = 5.0
 DEAD_NODE_RE = re.compile(r"\b(worker|server) (\d+) \(node \d+ at (\S+):\d+\) (?:died|is dead)")
 
 # Variables the launcher sets itself; --env* may not change them.
@@ -490,8 +495,9 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     c.job_secret = job_secret(environ)
     # With replication a dead server's keys live on in its replica and the job goes on
     # (docs/kvstore.md, "Replication and failover"): the launcher lets it.
-    replication = c.env_all.get("PS_REPLICATION", environ.get("PS_REPLICATION", "1"))
-    c.replicated = replication not in ("0", "false") and c.num_servers >= 2
+    replication = c.env_all.get("PS_REPLICATION", c.env_role["server"].get(
+        "PS_REPLICATION", environ.get("PS_REPLICATION")))
+    c.replicated = (replication is None or replication in ("1", "true")) and c.num_servers >= 2
 
     # commands
     c.worker_cmd = command
@@ -564,6 +570,8 @@ class Launch:
         self.events = queue.Queue()
         self.procs = []
         self.lost_servers = []  # servers that died while the job went on (replication)
+        self.survived_ranks = set()  # server ranks the scheduler said the job goes on without
+        self.waiting_on_scheduler = False  # a server exit awaits the scheduler's word (watch)
         self.signal_received = None
         self.signal_count = 0
         self.out_broken = False
@@ -794,6 +802,10 @@ class Launch:
                         m = LISTEN_RE.match(line)
                         if m:
                             p.port = int(m.group(2))
+                    if p.spec.role == "scheduler":
+                        m = SURVIVED_RE.search(line)
+                        if m:
+                            self.survived_ranks.add(int(m.group(1)))
             for q in self.procs:
                 q.poll()
             if remaining <= 0 or self.signal_received is not None:
@@ -972,9 +984,13 @@ class Launch:
             self.pump(0.1)
             if self.signal_received is not None:
                 return self.signal_exit()
+            self.waiting_on_scheduler = False
             self.note_lost_servers()
             failed = [p for p in self.procs
                       if p.returncode not in (None, 0) and p not in self.lost_servers]
+            if failed and self.waiting_on_scheduler and all(
+                    p.spec.role == "server" for p in failed):
+                continue  # a server's exit the scheduler may still declare survived
             if failed:
                 return self.fail()
             if all(p.returncode == 0 or p in self.lost_servers for p in self.procs):
@@ -1006,7 +1022,9 @@ class Launch:
         """With replication, servers still there after a successful end (stopped or hung: the
         scheduler declared them dead and the job went on) are stopped; the job succeeded."""
         others = [p for p in self.procs if p not in hung]
-        if not (self.c.replicated and hung and all(p.spec.role == "server" for p in hung)
+        if not (self.c.replicated and hung
+                and all(p.spec.role == "server" and p.spec.rank in self.survived_ranks
+                        for p in hung)
                 and any(p.spec.role == "scheduler" for p in others)
                 and all(p.returncode == 0 or p in self.lost_servers for p in others)):
             return False
@@ -1030,9 +1048,12 @@ class Launch:
             if (p.spec.role != "server" or p.returncode in (None, 0) or p in self.lost_servers
                     or not scheduler_ok):
                 continue
-            if not any(q.spec.role == "server" and q.returncode in (None, 0) for q in self.procs
-                       if q is not p and q not in self.lost_servers):
-                return  # none left: the job cannot go on, and fails
+            if p.spec.rank not in self.survived_ranks:
+                # Not (yet) a server the scheduler said the job goes on without: wait for its
+                # word a few seconds, then the exit is a failure like any other.
+                if time.monotonic() - p.exit_time < SURVIVAL_WAIT_S:
+                    self.waiting_on_scheduler = True
+                continue
             self.lost_servers.append(p)
             self.drain([p])
             self.say(f"{p.spec.label} on {p.spec.where} exited with status {p.status_text()}; "

@@ -664,7 +664,8 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
         Message& msg = target.draft->msg;
         kv::FillRequestMessage(target.request, runtime_->ServerId(server), msg);
         msg.meta.priority = call.priority;
-        if (replicated_) {
+        if (replicated_ && call.command != kv::kInit) {
+          inflight.reroutable = true;
           const std::size_t m = messages.size();
           inflight.requests[m] = target.request;
           inflight.frames[m] = msg.data;
@@ -693,6 +694,7 @@ DistKVStore::Inflight& DistKVStore::NewInflight(std::size_t messages) {
   Inflight& inflight = inflights_.Take();
   inflight.nodes.clear();
   inflight.slots.clear();
+  inflight.reroutable = false;
   if (inflight.destinations.size() < messages) inflight.destinations.resize(messages);
   for (auto& list : inflight.destinations) list.clear();
   if (replicated_) {
@@ -723,13 +725,9 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
 }
 
 void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
-  if (!result.ok() && result.lost_peer != kNoNode && replicated_ && !inflight.nodes.empty() &&
-      !inflight.requests.empty()) {
-    const kv::Command command = inflight.requests[0].command;
-    if (command == kv::kPush || command == kv::kPull || command == kv::kPushPull) {
-      Reroute(inflight);  // completes the request when the new servers answered
-      return;
-    }
+  if (!result.ok() && result.lost_peer != kNoNode && inflight.reroutable) {
+    Reroute(inflight);  // completes the request when the new servers answered
+    return;
   }
   std::string error = result.error;
   for (const Message& response : result.responses) {

@@ -192,7 +192,9 @@ class DistKVStore final : public KVStore {
     std::vector<int> nodes;                              // per message: the server it went to
     std::vector<std::vector<Destination>> destinations;  // per message: where its values go
     std::vector<ShmSlot*> slots;  // the shared-memory slots the request holds
-    // With replication, per message: what Reroute needs to send it again.
+    // With replication, for a Push, Pull or PushPull (SendPlan): sent again when its server
+    // dies, with what Reroute needs per message.
+    bool reroutable = false;
     std::vector<kv::Request> requests;
     std::vector<std::vector<Blob>> frames;
     std::vector<std::vector<SliceOrigin>> origins;  // per slice

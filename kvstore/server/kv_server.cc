@@ -191,6 +191,13 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
     const auto twice = std::adjacent_find(seen_.begin(), seen_.end());
     if (twice != seen_.end()) return KeyText(twice->first) + ": given twice in one request";
   }
+  for (std::size_t i = 0; i < request.homes.size(); ++i) {
+    if (request.homes[i] >= ring_.num_servers()) {
+      return KeyText(request.slices[i].key) + ": home server rank " +
+             std::to_string(request.homes[i]) + " out of range (the job has " +
+             std::to_string(ring_.num_servers()) + " servers)";
+    }
+  }
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const kv::SliceRef& ref = request.slices[i];
     const SliceId id{ref.key, ref.offset};
@@ -200,10 +207,6 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
         return KeyText(ref.key) + ": already initialized (a key is initialized once)";
       if (!IsSummableDType(data[i].dtype())) {
         return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
-      }
-      if (!request.homes.empty() && request.homes[i] >= ring_.num_servers()) {
-        return KeyText(ref.key) + ": home server rank " + std::to_string(request.homes[i]) +
-               " out of range (the job has " + std::to_string(ring_.num_servers()) + " servers)";
       }
       continue;
     }
@@ -478,22 +481,22 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
         Resolve(waiter, slice);
         continue;
       }
+      // A push sent again after a server died is applied once: answered now when it was
+      // applied (`seen` holds applied pushes only, so a copy to a new replica never claims one
+      // that is still on its way), or with the copy under way.
       const std::uint64_t seq = request.seqs[i];
-      SeenPushes& seen = slice.seen[meta.sender];
-      if (seen.Contains(seq)) {  // sent again after a server died: applied once
-        const auto under_way =
-            std::find_if(slice.forwards.begin(), slice.forwards.end(), [&](const Forward& f) {
-              return f.kind == kv::ReplicaKind::kAsyncPush && f.worker == meta.sender &&
-                     f.seq == seq;
-            });
-        if (under_way == slice.forwards.end()) {
-          Resolve(waiter, slice);
-        } else {
-          under_way->waiters.push_back(waiter);
-        }
+      if (slice.seen[meta.sender].Contains(seq)) {
+        Resolve(waiter, slice);
         continue;
       }
-      seen.Add(seq);
+      const auto under_way =
+          std::find_if(slice.forwards.begin(), slice.forwards.end(), [&](const Forward& f) {
+            return f.kind == kv::ReplicaKind::kAsyncPush && f.worker == meta.sender && f.seq == seq;
+          });
+      if (under_way != slice.forwards.end()) {
+        under_way->waiters.push_back(waiter);
+        continue;
+      }
       Forward push;
       push.kind = kv::ReplicaKind::kAsyncPush;
       push.seq = seq;
@@ -804,8 +807,15 @@ int RunServer(const ClusterConfig& config) {
   auto runtime = Runtime::Start(config);
   const int rank = runtime->rank();
   auto store = std::make_unique<KVServerStore>(*runtime);
-  runtime->SetPeerHandler(
-      [&store](const NodeInfo& peer, Runtime::PeerEvent event) { store->OnPeer(peer, event); });
+  // Taking over a dead server's keys may fail too (out of memory): the server stops then, as
+  // below, instead of the exception ending the process from the receive thread.
+  runtime->SetPeerHandler([&store, &runtime, rank](const NodeInfo& peer, Runtime::PeerEvent event) {
+    try {
+      store->OnPeer(peer, event);
+    } catch (const std::exception& e) {
+      runtime->Fail("server " + std::to_string(rank) + " failed: " + e.what());
+    }
+  });
   // A request the store cannot handle for a reason of its own (not the requester's mistake,
   // which it answers) leaves it in an unknown state: the server stops, and the job ends
   // naming it and the reason instead of waiting for its heartbeats to stop.

@@ -52,6 +52,7 @@ std::string SliceText(const kv::SliceRef& ref) {
 }  // namespace
 
 void KVServerStore::SeenPushes::Add(std::uint64_t seq) {
+  if (Contains(seq)) return;
   if (seq != next) {
     ahead.insert(seq);
     return;
@@ -118,8 +119,10 @@ void KVServerStore::AttachReplicaSlots(const std::vector<SliceId>& ids, int to) 
   runtime_.Request(std::span<Message>(&msg, 1), [this, segment, wanted = std::move(wanted),
                                                  to](RequestResult&& result) {
     if (!result.ok()) {
-      replica_shm_.Abandon(segment);
-      if (result.lost_peer == kNoNode && !runtime_.terminated()) {
+      // Only a refusal is answered on the receive thread; other failures leave the segment
+      // as it is (this server is going, or the replica died).
+      if (result.lost_peer == kNoNode && !runtime_.terminated() && runtime_.failure().empty()) {
+        replica_shm_.Abandon(segment);
         LOG(WARNING) << "server " << runtime_.rank() << ": updates for " << runtime_.Describe(to)
                      << " travel over the socket, not shared memory: " << result.error;
       }
@@ -172,14 +175,32 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   msg.data.push_back(std::move(frame));
   const SliceId id{slice.key, slice.offset};
   const int to = slice.replicated_to;
-  runtime_.Request(std::span<Message>(&msg, 1),
-                   [this, id, serial = forward.serial, to](RequestResult&& result) {
-                     OnForwardReply(id, serial, to, result);
-                   });
+  runtime_.Request(
+      std::span<Message>(&msg, 1), [this, id, serial = forward.serial, to](RequestResult&& result) {
+        try {
+          OnForwardReply(id, serial, to, result);
+        } catch (const std::exception& e) {  // not from the receive loop
+          runtime_.Fail("server " + std::to_string(runtime_.rank()) + " failed: " + e.what());
+        }
+      });
 }
 
 void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int to,
                                    const RequestResult& result) {
+  if (!result.ok()) {
+    // A replica that died is replaced by OnServerDead, which sends the updates again. At the
+    // end of the job, or when this node failed, the requests still out fail without anyone at
+    // fault, possibly on another thread than the receive thread: the store is not touched.
+    if (result.lost_peer != kNoNode || runtime_.terminated() || !runtime_.failure().empty()) {
+      return;
+    }
+    // A replica that refuses an update (an answer, on the receive thread) no longer mirrors
+    // this server: the job cannot go on with the guarantee it was started with.
+    runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": its replica " +
+                  runtime_.Describe(to) + " refused an update of key " + std::to_string(id.first) +
+                  ": " + result.error);
+    return;
+  }
   failed_update_ = nullptr;
   const auto it = slices_.find(id);
   if (it == slices_.end()) return;  // dropped since (an Init undone)
@@ -187,17 +208,6 @@ void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int 
   // Answers from a replica that was replaced, or to updates sent again since, are stale.
   if (slice.replicated_to != to || slice.forwards.empty() ||
       slice.forwards.front().serial != serial) {
-    return;
-  }
-  if (!result.ok()) {
-    // A replica that died is replaced by OnServerDead, which sends the updates again; at the
-    // end of the job the requests still out fail without anyone at fault.
-    if (result.lost_peer != kNoNode || runtime_.terminated()) return;
-    // A replica that refuses an update no longer mirrors this server: the job cannot go on
-    // with the guarantee it was started with.
-    runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": its replica " +
-                  runtime_.Describe(to) + " refused an update of key " + std::to_string(slice.key) +
-                  ": " + result.error);
     return;
   }
   Forward forward = std::move(slice.forwards.front());
@@ -214,6 +224,7 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
       return;
     case kv::ReplicaKind::kAsyncPush:
       ApplyUpdate(slice, forward.gradient);
+      slice.seen[forward.worker].Add(forward.seq);
       break;
     case kv::ReplicaKind::kState:
     case kv::ReplicaKind::kForget:

@@ -371,6 +371,10 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
     dead_count_.fetch_add(1);
   }
   PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
+  // What is queued for it goes now, not when it comes back (a stopped process may resume):
+  // queued frames may borrow memory their senders get back with the failure below.
+  transport_->Abandon(dead.id);
+  transport_->Disconnect(dead.id);
   tracker_.FailPeer(dead.id, dead.Describe() + " died", /*died=*/true);
   NotifyPeer(dead, PeerEvent::kDead);
 }
@@ -496,6 +500,11 @@ std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Call
     return 0;
   }
   const std::uint64_t timestamp = tracker_.Start(peers, std::move(callback), deadline);
+  // A death reported between the check above and Start found no request to fail: fail it
+  // now (a request already answered or failed is left alone).
+  for (int peer : peers) {
+    if (IsDead(peer)) tracker_.FailPeer(peer, Describe(peer) + " died", /*died=*/true);
+  }
   for (Message& msg : messages) {
     msg.meta.request = true;
     msg.meta.timestamp = timestamp;
