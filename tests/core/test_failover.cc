@@ -129,3 +129,36 @@ TEST_CASE("failover: a server killed or stopped at a random moment changes no va
     RunJob(what, victim, delay);
   }
 }
+
+TEST_CASE("failover: two servers lost at once end the job naming the lost keys", "[failover]") {
+  // Both copies of some slices die before a new copy can be made: the job cannot recover them
+  // and must end with a message saying so, not hang or compute on.
+  Env env = JobEnv(0);
+  auto scheduler = Start("ps-scheduler", env);
+  REQUIRE(scheduler->WaitForOutput("listening on 127.0.0.1:", 10s));
+  const std::string listening = scheduler->Output();
+  const auto at = listening.find("listening on 127.0.0.1:");
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(std::stoi(listening.substr(at + 23)));
+  std::vector<std::unique_ptr<ChildProcess>> servers, workers;
+  for (int s = 0; s < 3; ++s) servers.push_back(Start("ps-server", env));
+  const std::vector<std::string> args{"--rounds",       "100000", "--keys",     "6",
+                                      "--size",         "2000",   "--big_size", "300000",
+                                      "--report_every", "10"};
+  for (int w = 0; w < 2; ++w) workers.push_back(Start("ps-kvstore-check", env, args));
+  REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 10\n", 60s));
+  servers[0]->Kill(SIGKILL);
+  servers[1]->Kill(SIGKILL);
+  for (auto& worker : workers) {
+    const auto status = worker->Wait(60s);
+    INFO(worker->name() << ": " << worker->Tail(8));
+    CHECK(status == 1);
+    CHECK_THAT(worker->Output(), Catch::Contains("lost: the servers that held it died before a "
+                                                 "new copy was made"));
+  }
+  const auto scheduler_status = scheduler->Wait(20s);
+  INFO("scheduler: " << scheduler->Tail(8));
+  CHECK(scheduler_status == 1);
+  const auto survivor = servers[2]->Wait(20s);
+  INFO("server: " << servers[2]->Tail(8));
+  CHECK(survivor.has_value());
+}
