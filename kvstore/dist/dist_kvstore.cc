@@ -225,11 +225,7 @@ void DistKVStore::LoadCheckpoint(const std::string& dir) {
     request.path = dir;
     request.manifest = checkpoint::ReadManifestText(dir);
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
-    std::vector<Message> messages;
-    for (const int s : LiveServerRanks()) {
-      messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
-    }
-    Track(messages, NewInflight(messages.size()));
+    SendToLiveServers(request);
   });
 }
 
@@ -244,11 +240,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
     kv::Request request;
     request.command = kv::kSetOptimizer;
     request.optimizer = config;
-    std::vector<Message> messages;
-    for (const int s : LiveServerRanks()) {
-      messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
-    }
-    Track(messages, NewInflight(messages.size()));
+    SendToLiveServers(request);
   });
   optimizer_set_ = true;
 }
@@ -271,11 +263,7 @@ void DistKVStore::SetGradientCompression(const GradientCompression& config) {
     kv::Request request;
     request.command = kv::kSetCompression;
     request.compression = config;
-    std::vector<Message> messages;
-    for (const int s : LiveServerRanks()) {
-      messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
-    }
-    Track(messages, NewInflight(messages.size()));
+    SendToLiveServers(request);
   });
   // Every worker and every server has the setting: the keys there so far get their state.
   ExclusiveLock lock(keys_mu_);
@@ -795,6 +783,14 @@ int DistKVStore::OwnerRank(int home) {
   }
   const int owner = ring_.Primary(home);
   return owner < 0 ? home : owner;  // none left: the request fails on the dead one
+}
+
+void DistKVStore::SendToLiveServers(const kv::Request& request) {
+  std::vector<Message> messages;
+  for (const int s : LiveServerRanks()) {
+    messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
+  }
+  Track(messages, NewInflight(messages.size()));
 }
 
 std::vector<int> DistKVStore::LiveServerRanks() const {

@@ -229,6 +229,9 @@ class DistKVStore final : public KVStore {
   int OwnerRank(int home);
   // The ranks of the servers not reported dead.
   std::vector<int> LiveServerRanks() const;
+  // Sends `request` to every live server as one tracked request (the collectives' settings and
+  // loads).
+  void SendToLiveServers(const kv::Request& request);
   // Sends the messages of a request whose server died again, split by the servers that now
   // serve their slices; completes the request when all are answered.
   void Reroute(Inflight& inflight);

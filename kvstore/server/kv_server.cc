@@ -574,10 +574,8 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
 
 void KVServerStore::FailRoundsOf(int sender, const kv::Request& request, const std::string& why) {
   // Only a worker of the job takes part in rounds; a worker that is gone already failed them.
-  const auto& nodes = runtime_.nodes();
-  const bool worker = sender > 0 && static_cast<std::size_t>(sender) < nodes.size() &&
-                      nodes[static_cast<std::size_t>(sender)].role == Role::kWorker;
-  if (!worker || !gone_workers_.empty()) return;
+  const NodeInfo* node = PeerOf(sender);
+  if (node == nullptr || node->role != Role::kWorker || !gone_workers_.empty()) return;
   const std::string reason = "this dist_sync round cannot complete: " + runtime_.Describe(sender) +
                              "'s push was rejected (" + why + ")";
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
@@ -712,18 +710,17 @@ void KVServerStore::ApplyUpdate(Slice& slice, const Gradient& gradient) {
     // value stays, and the waiters this update releases get the error instead (Resolve).
     failed_update_ = &slice;
     failed_update_error_ = "server " + std::to_string(runtime_.rank()) + ": " +
-                           OutOfMemory(KeyOf(slice), slice.value.bytes(),
+                           OutOfMemory(slice.key, slice.value.bytes(),
                                        optimizer_ ? "for its updated value or its optimizer state"
                                                   : "for its updated value");
     if (LogOccurrence(++rejected_)) LOG(WARNING) << failed_update_error_;
   }
 }
 
-Key KVServerStore::KeyOf(const Slice& slice) const {
-  for (const auto& [id, stored] : slices_) {
-    if (&stored == &slice) return id.first;
-  }
-  return 0;
+const NodeInfo* KVServerStore::PeerOf(int node_id) const {
+  const auto& nodes = runtime_.nodes();
+  if (node_id <= 0 || static_cast<std::size_t>(node_id) >= nodes.size()) return nullptr;
+  return &nodes[static_cast<std::size_t>(node_id)];
 }
 
 void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {

@@ -125,7 +125,7 @@ class KVServerStore {
     ShmSlot* slot = nullptr;      // the replica slot it travels through, held until answered
   };
   struct Slice {
-    Key key = 0;               // the slice's id, for messages to the replica
+    Key key = 0;               // the slice's id (its key in slices_), for messages
     std::uint64_t offset = 0;  // (elements)
     int home = 0;              // the server rank the key layout puts it on (server_ring.h)
     DType dtype = DType::kFloat32;
@@ -248,8 +248,8 @@ class KVServerStore {
   void FailWaiters(Slice& slice, const std::string& why);
   // The value's bytes, made this slice's alone first (copy-on-write).
   std::byte* WritableValue(Slice& slice);
-  // The key of a stored slice (a search: for error messages only).
-  Key KeyOf(const Slice& slice) const;
+  // The node `node_id` of the job's table (not the scheduler), or null for any other id.
+  const NodeInfo* PeerOf(int node_id) const;
 
   Runtime& runtime_;
   const int num_workers_;

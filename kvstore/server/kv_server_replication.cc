@@ -66,12 +66,9 @@ bool KVServerStore::RoutedAhead(int sender, const kv::Request& request) const {
   const int me = runtime_.rank();
   if (request.command == kv::kReplicate) {
     // From the primary of the slices, which names this server its replica.
-    const auto& nodes = runtime_.nodes();
-    if (sender <= 0 || static_cast<std::size_t>(sender) >= nodes.size() ||
-        nodes[static_cast<std::size_t>(sender)].role != Role::kServer) {
-      return false;  // HandleReplicate refuses it
-    }
-    return ring_.ReplicaOf(nodes[static_cast<std::size_t>(sender)].rank) != me;
+    const NodeInfo* node = PeerOf(sender);
+    if (node == nullptr || node->role != Role::kServer) return false;  // HandleReplicate refuses it
+    return ring_.ReplicaOf(node->rank) != me;
   }
   for (const int home : request.homes) {
     if (home >= ring_.num_servers()) return false;  // Validate refuses it
@@ -271,14 +268,12 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   // Segments the dead server shared with this one (as its replica): mapped until the requests
   // that reference them are done.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
-  std::size_t taken_over = 0;
   std::vector<SliceId> copied_ids;
   for (auto& [id, slice] : slices_) {
     if (!Serves(slice)) continue;  // a copy this server keeps for another
     if (slice.replicated_to == replica_node_) continue;
     // A range this server takes over from the dead primary (it held the copy, so nothing is
     // on its way yet), or one whose replica died: either way the replica needs a full copy.
-    taken_over += slice.forwards.empty() && slice.pushed.empty() && slice.last_round.empty();
     copied_ids.push_back(id);
     CopyToReplica(slice, replica_node_);
   }
@@ -288,8 +283,7 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
                << (replica_node_ == kNoNode
                        ? std::string("no replica is left for this server's keys")
                        : std::to_string(copied) + " key slice(s) copied to " +
-                             runtime_.Describe(replica_node_))
-               << " (" << taken_over << " taken over or never used)";
+                             runtime_.Describe(replica_node_));
   // Requests that came before this server heard of the death are served now, in order.
   std::vector<Message> held;
   held.swap(held_);
@@ -299,9 +293,8 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
 void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request,
                                     std::vector<Blob>& data, const std::vector<ShmTarget>& shm) {
   const std::string server = "server " + std::to_string(runtime_.rank());
-  const auto& nodes = runtime_.nodes();
-  if (meta.sender <= 0 || static_cast<std::size_t>(meta.sender) >= nodes.size() ||
-      nodes[static_cast<std::size_t>(meta.sender)].role != Role::kServer) {
+  const NodeInfo* node = PeerOf(meta.sender);
+  if (node == nullptr || node->role != Role::kServer) {
     runtime_.ReplyError(meta, server + ": only servers replicate key ranges");
     return;
   }

@@ -487,23 +487,15 @@ std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Call
   std::pmr::vector<int> peers(&arena);
   peers.reserve(messages.size());
   for (const Message& msg : messages) peers.push_back(msg.meta.recipient);
-  int dead_peer = kNoNode;
-  {
-    MutexLock lock(mu_);
-    for (int peer : peers) {
-      if (dead_.contains(peer)) dead_peer = peer;
-    }
-  }
-  if (dead_peer != kNoNode) {  // outside mu_: the callback may send again (re-routing)
-    RequestResult result{Describe(dead_peer) + " died", {}, dead_peer};
-    callback(std::move(result));
-    return 0;
-  }
   const std::uint64_t timestamp = tracker_.Start(peers, std::move(callback), deadline);
-  // A death reported between the check above and Start found no request to fail: fail it
-  // now (a request already answered or failed is left alone).
+  // A request to a peer reported dead fails at once (its callback runs on this thread, so it
+  // may send again: re-routing) and is not sent. Checked after Start: a death reported just
+  // before it found no request to fail (one reported after the count is read finds it).
   for (int peer : peers) {
-    if (IsDead(peer)) tracker_.FailPeer(peer, Describe(peer) + " died", /*died=*/true);
+    if (dead_count_.load() != 0 && IsDead(peer)) {
+      tracker_.FailPeer(peer, Describe(peer) + " died", /*died=*/true);
+      return 0;
+    }
   }
   for (Message& msg : messages) {
     msg.meta.request = true;

@@ -43,6 +43,25 @@ std::unique_ptr<ChildProcess> Start(const std::string& binary, const Env& env,
   return std::make_unique<ChildProcess>(args, env);
 }
 
+// A job's scheduler (on a port it picks) and its 3 servers, with `env` pointing at it, before
+// the workers start (the tests pick their victims by process index).
+struct Job {
+  Env env = JobEnv(0);
+  std::unique_ptr<ChildProcess> scheduler;
+  std::vector<std::unique_ptr<ChildProcess>> servers;
+};
+
+Job StartSchedulerAndServers() {
+  Job job;
+  job.scheduler = Start("ps-scheduler", job.env);
+  REQUIRE(job.scheduler->WaitForOutput("listening on 127.0.0.1:", 10s));
+  const std::string listening = job.scheduler->Output();
+  const auto at = listening.find("listening on 127.0.0.1:");
+  job.env["DMLC_PS_ROOT_PORT"] = std::to_string(std::stoi(listening.substr(at + 23)));
+  for (int s = 0; s < 3; ++s) job.servers.push_back(Start("ps-server", job.env));
+  return job;
+}
+
 struct Disturbance {
   std::string type;
   int signal;
@@ -58,14 +77,8 @@ void RunJob(const Disturbance& what, std::size_t victim, std::chrono::millisecon
                  << victim << " " << delay.count() << " ms after round 10"
                  << (what.separate_pull ? ", Push then Pull" : ", PushPull")
                  << (what.second_victim ? ", then SIGKILL to the next server process" : ""));
-  Env env = JobEnv(0);
-  auto scheduler = Start("ps-scheduler", env);
-  REQUIRE(scheduler->WaitForOutput("listening on 127.0.0.1:", 10s));
-  const std::string listening = scheduler->Output();
-  const auto at = listening.find("listening on 127.0.0.1:");
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(std::stoi(listening.substr(at + 23)));
-  std::vector<std::unique_ptr<ChildProcess>> servers, workers;
-  for (int s = 0; s < 3; ++s) servers.push_back(Start("ps-server", env));
+  auto [env, scheduler, servers] = StartSchedulerAndServers();
+  std::vector<std::unique_ptr<ChildProcess>> workers;
   // Enough rounds that the faults land mid-job on an idle machine (about 700 rounds/s here).
   const std::string rounds = what.second_victim ? "5000" : "2500";
   std::vector<std::string> args{"--type",     what.type, "--rounds",       rounds,
@@ -133,14 +146,8 @@ TEST_CASE("failover: a server killed or stopped at a random moment changes no va
 TEST_CASE("failover: two servers lost at once end the job naming the lost keys", "[failover]") {
   // Both copies of some slices die before a new copy can be made: the job cannot recover them
   // and must end with a message saying so, not hang or compute on.
-  Env env = JobEnv(0);
-  auto scheduler = Start("ps-scheduler", env);
-  REQUIRE(scheduler->WaitForOutput("listening on 127.0.0.1:", 10s));
-  const std::string listening = scheduler->Output();
-  const auto at = listening.find("listening on 127.0.0.1:");
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(std::stoi(listening.substr(at + 23)));
-  std::vector<std::unique_ptr<ChildProcess>> servers, workers;
-  for (int s = 0; s < 3; ++s) servers.push_back(Start("ps-server", env));
+  auto [env, scheduler, servers] = StartSchedulerAndServers();
+  std::vector<std::unique_ptr<ChildProcess>> workers;
   const std::vector<std::string> args{"--rounds",       "100000", "--keys",     "6",
                                       "--size",         "2000",   "--big_size", "300000",
                                       "--report_every", "10"};
