@@ -492,6 +492,19 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
   CHECK(scheduler.Run() == 1);
   CHECK_THAT(scheduler.failure(), Catch::Contains("PS_HEARTBEAT_TIMEOUT=5"));
 
+  // Replication too: a node without it would answer pushes its replica never saw.
+  ps::Scheduler replicated_job(job);
+  ps::ClusterConfig unreplicated = replicated_job.NodeConfig(ps::Role::kWorker);
+  unreplicated.replication = false;
+  try {
+    ps::Runtime::Start(unreplicated);
+    FAIL("a worker without replication was accepted into a job with it");
+  } catch (const ps::Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("was started with PS_REPLICATION=0, the scheduler "
+                                         "with PS_REPLICATION=1"));
+  }
+  CHECK(replicated_job.Run() == 1);
+
   // Workers must slice keys alike: each worker's layout is compared with the first one's,
   // whichever registers first.
   ps::Scheduler second_job(job);

@@ -56,6 +56,7 @@ TEST_CASE("config: a complete environment parses with defaults", "[config]") {
   CHECK(config.use_shm);
   CHECK(config.io_threads == 2);
   CHECK(config.wait_spin == std::chrono::microseconds(200));
+  CHECK(config.replication);
   CHECK(config.SchedulerAddress() == "127.0.0.1:9000");
 }
 
@@ -75,6 +76,7 @@ TEST_CASE("config: optional settings are read", "[config]") {
   settings["PS_USE_SHM"] = "false";
   settings["PS_IO_THREADS"] = "1";
   settings["PS_WAIT_SPIN_US"] = "0";
+  settings["PS_REPLICATION"] = "0";
   const auto config = ParseSettings(settings);
   CHECK(config.role == ps::Role::kScheduler);
   CHECK(config.root_port == 0);
@@ -90,6 +92,8 @@ TEST_CASE("config: optional settings are read", "[config]") {
   CHECK_FALSE(config.use_shm);
   CHECK(config.io_threads == 1);
   CHECK(config.wait_spin == std::chrono::microseconds(0));
+  CHECK_FALSE(config.replication);
+  CHECK_FALSE(config.replicated());
 }
 
 TEST_CASE("config: every invalid value names the variable and what is accepted", "[config]") {
@@ -121,6 +125,7 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_RANK", "-3", "PS_RANK='-3' is invalid: expected an integer in 0..65535"},
       {"PS_USE_IPC", "maybe", "PS_USE_IPC='maybe' is invalid: expected 0, 1, true or false"},
       {"PS_USE_SHM", "2", "PS_USE_SHM='2' is invalid: expected 0, 1, true or false"},
+      {"PS_REPLICATION", "on", "PS_REPLICATION='on' is invalid: expected 0, 1, true or false"},
       {"PS_IO_THREADS", "0", "PS_IO_THREADS='0' is invalid: expected an integer in 1..16"},
       {"PS_WAIT_SPIN_US", "-5",
        "PS_WAIT_SPIN_US='-5' is invalid: expected an integer in 0..1000000"},
