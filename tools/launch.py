@@ -55,8 +55,8 @@ JOB_WIDE = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
 SECRET_VARS = ("PS_JOB_SECRET", "PS_JOB_SECRET_FILE")
 # Forwarded from the launcher's environment to remote processes when set (MXNet forwards a
 # similar list; credentials are deliberately not forwarded).
-FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "DMLC_INTERFACE", "OMP_NUM_THREADS",
-             "LD_LIBRARY_PATH")
+FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "PS_TCP_RCVBUF", "DMLC_INTERFACE",
+             "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
 
 STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
 LAST_LINES = 20  # lines kept per process for failure reports

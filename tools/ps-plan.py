@@ -57,16 +57,24 @@ DEFAULT_EFFICIENCY = 0.95        # payload / line rate of TCP over Ethernet (144
 # Flow-sharing efficiency of dist_sync's many-to-many TCP flows, measured on the test bed
 # (4 worker hosts, FIFO queues of 50 ms, TCP reno, PS_CHUNK_BYTES 64 KiB; docs/scaling.md): the
 # mean share implied by the two 16 MB dist_sync cases of the first run at each rate (`check`
-# prints it per case); every other case is predicted with it. At 100 Mbit/s the fan-in of
-# many flows overflows the 625 KB queues (tens of drops per job) and a flow that lost a packet
-# lags; at 200 Mbit/s (1.25 MB queues) a few drops remain.
-BED_PS_SHARES = {100e6: 0.84, 200e6: 0.99}
-BED_PS_SHARE = BED_PS_SHARES[100e6]  # the default of predict and advise: the pessimistic one
+# prints it per case); every other case is predicted with it. Keyed by (rate, PS_TCP_RCVBUF;
+# None: the kernel's autotuning). With autotuned windows the fan-in of many flows overflows
+# the 625 KB queues at 100 Mbit/s (tens of drops per job) and a flow that lost a packet lags;
+# at 200 Mbit/s (1.25 MB queues) a few drops remain. With 64 KiB receive buffers the flows
+# into a link fit its queue and none is dropped.
+BED_PS_SHARES = {(100e6, None): 0.84, (200e6, None): 0.99,
+                 (100e6, 64 * 1024): 1.0, (200e6, 64 * 1024): 1.0}
+# The default of predict and advise: the pessimistic one, the runtime's default settings.
+BED_PS_SHARE = BED_PS_SHARES[(100e6, None)]
 
 
-def bed_share(rate):
-    """The measured share of the bed rate nearest `rate` (on a log scale)."""
-    return BED_PS_SHARES[min(BED_PS_SHARES, key=lambda r: abs(math.log(r / rate)))]
+def bed_share(rate, tcp_rcvbuf=None):
+    """The share measured at the bed rate nearest `rate` (on a log scale) with the receive
+    buffer `tcp_rcvbuf` (one the bed did not measure: the autotuned windows' share)."""
+    measured = {r: v for (r, b), v in BED_PS_SHARES.items() if b == (tcp_rcvbuf or None)}
+    if not measured:
+        measured = {r: v for (r, b), v in BED_PS_SHARES.items() if b is None}
+    return measured[min(measured, key=lambda r: abs(math.log(r / rate)))]
 DEFAULT_LATENCY = 25e-6          # one-way seconds per message between hosts (datacenter TCP)
 DEFAULT_FUSION = 64 * MiB        # all-reduce bucket (Horovod's tensor fusion buffer)
 
@@ -462,10 +470,10 @@ def case_to_job(meta, case, ps_share, efficiency):
 
 def check_rows(doc, ps_share=None, efficiency=None, tolerance=0.15):
     """Predicted against measured for every case of a bed_bench.py JSON document. ps_share
-    None: the share measured on the bed at the run's rate (BED_PS_SHARES)."""
+    None: the share measured on the bed at the run's rate and receive buffer (BED_PS_SHARES)."""
     meta = doc["meta"]
     if ps_share is None:
-        ps_share = bed_share(float(meta["rate_bit"]))
+        ps_share = bed_share(float(meta["rate_bit"]), meta.get("tcp_rcvbuf"))
     if efficiency is None:
         ref = doc.get("reference") or {}
         efficiency = ref.get("goodput_fraction") or DEFAULT_EFFICIENCY
@@ -704,8 +712,10 @@ def build_parser():
     ch = sub.add_parser("check", help="the model against bed_bench.py's measurements")
     ch.add_argument("json_files", nargs="+", metavar="JSON")
     ch.add_argument("--ps-share", type=float, default=None,
-                    help="flow-sharing share (default: measured on the bed at the run's rate: "
-                         + ", ".join(f"{fmt_rate(r)} {v}" for r, v in BED_PS_SHARES.items())
+                    help="flow-sharing share (default: measured on the bed at the run's rate "
+                         "and PS_TCP_RCVBUF: "
+                         + ", ".join(f"{fmt_rate(r)} {fmt_size(b) if b else 'autotuned'} {v}"
+                                     for (r, b), v in BED_PS_SHARES.items())
                          + ")")
     ch.add_argument("--efficiency", type=float, default=None,
                     help="payload share (default: the run's own single-flow reference)")
@@ -785,7 +795,8 @@ def cmd_check(a):
         head = (f"{path}: {doc['meta'].get('date', '')}, {doc['meta']['workers']} worker "
                 f"hosts, links {fmt_rate(doc['meta']['rate_bit'])}, TCP "
                 f"{doc['meta'].get('tcp_congestion_control') or '?'}, PS_CHUNK_BYTES "
-                f"{fmt_size(doc['meta'].get('chunk_bytes') or DEFAULT_CHUNK)}")
+                f"{fmt_size(doc['meta'].get('chunk_bytes') or DEFAULT_CHUNK)}, PS_TCP_RCVBUF "
+                f"{fmt_size(doc['meta']['tcp_rcvbuf']) if doc['meta'].get('tcp_rcvbuf') else 'autotuned'}")
         print(f"\n**{head}**\n" if a.markdown else head)
         print_check(rows, markdown=a.markdown, tolerance=a.tolerance)
     bad = [r for r in all_rows if r["predicted"] is not None and not r["within"]]

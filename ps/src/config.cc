@@ -11,6 +11,9 @@
 namespace ps {
 namespace {
 
+// PS_TCP_RCVBUF's least non-zero value: a few segments; the kernel rounds smaller ones up.
+constexpr int kMinTcpReceiveBuffer = 4096;
+
 [[noreturn]] void Invalid(std::string_view name, const std::string& value,
                           std::string_view accepted) {
   throw Error(std::string(name) + "='" + value + "' is invalid: " + std::string(accepted));
@@ -139,6 +142,12 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES");
   config.chunk_bytes =
       static_cast<std::size_t>(ReadInt(lookup, "PS_CHUNK_BYTES", 4096, 2147483647, 4 << 20));
+  config.tcp_receive_buffer = ReadInt(lookup, "PS_TCP_RCVBUF", 0, 1 << 30, 0);
+  if (config.tcp_receive_buffer > 0 && config.tcp_receive_buffer < kMinTcpReceiveBuffer) {
+    Invalid("PS_TCP_RCVBUF", std::to_string(config.tcp_receive_buffer),
+            "expected 0 (the kernel's autotuning) or at least " +
+                std::to_string(kMinTcpReceiveBuffer) + " bytes");
+  }
   config.rank_hint = ReadInt(lookup, "PS_RANK", 0, 65535, -1);
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
   config.use_shm = !lookup("PS_USE_SHM").has_value() || ReadBool(lookup, "PS_USE_SHM");

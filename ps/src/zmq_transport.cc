@@ -144,6 +144,7 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
   TransportOptions options;
   options.verbose = config.verbose;
   options.io_threads = config.io_threads;
+  options.tcp_receive_buffer = config.tcp_receive_buffer;
   options.job_nodes = config.num_servers + config.num_workers + 1;
   const std::uint64_t header =
       kHeaderBaseBytes + kHeaderBytesPerNode * static_cast<std::uint64_t>(options.job_nodes);
@@ -199,6 +200,11 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   receiver_.set(zmq::sockopt::affinity, receive_affinity_);
   receiver_.set(zmq::sockopt::handshake_ivl, static_cast<int>(monitor_.limits().handshake.count()));
   receiver_.set(zmq::sockopt::backlog, kListenBacklog);
+  // Set on the listening socket, so every accepted connection starts with it (ZeroMQ applies
+  // it to each accepted descriptor); the kernel caps it at net.core.rmem_max.
+  if (options_.tcp_receive_buffer > 0) {
+    receiver_.set(zmq::sockopt::rcvbuf, options_.tcp_receive_buffer);
+  }
   // Every connection authenticates (PLAIN or CURVE, checked by authenticator_) and its
   // messages carry the sender's connection key.
   if (options_.encrypt) {
@@ -228,7 +234,12 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
     const ConnectionLimits& limits = monitor_.limits();
     PS_LOG(INFO) << "listening on " << ip << ":" << bound << " (frames up to "
                  << options_.max_frame_bytes << " bytes; at most " << limits.max_open
-                 << " connections, " << limits.max_pending << " of them in the handshake)";
+                 << " connections, " << limits.max_pending << " of them in the handshake"
+                 << (options_.tcp_receive_buffer > 0
+                         ? "; receive buffer " + std::to_string(options_.tcp_receive_buffer) +
+                               " bytes per connection"
+                         : std::string())
+                 << ")";
   }
   return bound;
 }

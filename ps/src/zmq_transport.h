@@ -39,6 +39,9 @@ struct TransportOptions {
   // ZMQ_MAXMSGSIZE of the receive socket: ZeroMQ closes the connection of a peer that declares
   // a larger frame, before allocating anything.
   std::int64_t max_frame_bytes = std::int64_t{8} << 30;
+  // ZMQ_RCVBUF of the receive socket, so SO_RCVBUF of every TCP connection it accepts (0: the
+  // kernel's autotuning; ClusterConfig::tcp_receive_buffer).
+  int tcp_receive_buffer = 0;
   // ZMQ_RCVHWM: complete messages that wait for the receive thread, per connection (0: no cap);
   // past it ZeroMQ stops reading that connection until the thread catches up.
   int receive_hwm = 0;

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <zmq.hpp>
@@ -90,6 +91,44 @@ zmq::socket_t OutsiderSocket(zmq::context_t& context, const std::string& key = "
   socket.set(zmq::sockopt::plain_username, key);
   socket.set(zmq::sockopt::plain_password, secret);
   return socket;
+}
+
+// SO_RCVBUF of every TCP connection this process accepted (a socket whose local port is one of
+// the process's listening ports), read from its descriptors.
+std::vector<int> AcceptedReceiveBuffers() {
+  struct TcpSocket {
+    int port;
+    bool listening;
+    int receive_buffer;
+  };
+  std::vector<TcpSocket> sockets;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int type = 0, listening = 0, receive_buffer = 0;
+    socklen_t length = sizeof(int);
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) {
+      continue;
+    }
+    sockaddr_in address{};
+    socklen_t address_length = sizeof(address);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &address_length) != 0 ||
+        address.sin_family != AF_INET) {
+      continue;
+    }
+    length = sizeof(int);
+    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length);
+    length = sizeof(int);
+    getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, &length);
+    sockets.push_back({ntohs(address.sin_port), listening != 0, receive_buffer});
+  }
+  std::vector<int> accepted;
+  for (const TcpSocket& socket : sockets) {
+    if (socket.listening) continue;
+    const bool on_listening_port = std::any_of(
+        sockets.begin(), sockets.end(),
+        [&](const TcpSocket& other) { return other.listening && other.port == socket.port; });
+    if (on_listening_port) accepted.push_back(socket.receive_buffer);
+  }
+  return accepted;
 }
 
 }  // namespace
@@ -449,6 +488,43 @@ TEST_CASE("cluster: same-host peers talk over ipc and PS_USE_IPC=0 keeps them on
       CHECK_THAT(endpoint, Catch::StartsWith("ipc://@ps-"));
     } else {
       CHECK_THAT(endpoint, Catch::StartsWith("tcp://127.0.0.1:"));
+    }
+  }
+}
+
+TEST_CASE("cluster: PS_TCP_RCVBUF sets the receive buffer of every accepted connection",
+          "[cluster]") {
+  // 20000 is no kernel default: Linux doubles a requested SO_RCVBUF for its bookkeeping.
+  for (const int requested : {0, 20000}) {
+    INFO("tcp_receive_buffer=" << requested);
+    auto config = SchedulerConfig(1, 1);
+    config.use_ipc = false;  // every connection on TCP
+    config.tcp_receive_buffer = requested;
+    ps::Scheduler scheduler(config);
+    std::vector<int> buffers;
+    NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, [](ps::Runtime& runtime, int) {
+      runtime.Barrier(ps::kWorkerGroup | ps::kServerGroup);
+      return runtime.WaitForTermination();
+    });
+    NodeThreads worker(scheduler.NodeConfig(ps::Role::kWorker), 1, [&](ps::Runtime& runtime, int) {
+      // Past this barrier every node has accepted the connections of the others.
+      runtime.Barrier(ps::kWorkerGroup | ps::kServerGroup);
+      buffers = AcceptedReceiveBuffers();
+      runtime.FinishWorker();
+      return std::string();
+    });
+    CHECK(scheduler.Run() == 0);
+    CHECK(worker.Join()[0] == "");
+    server.Join();
+    // At least the scheduler's two (the server and the worker registered) and one each of the
+    // server and the worker (the scheduler's node table and barrier release reached them).
+    CHECK(buffers.size() >= 4);
+    for (const int buffer : buffers) {
+      if (requested > 0) {
+        CHECK(buffer == 2 * requested);
+      } else {
+        CHECK(buffer != 2 * 20000);
+      }
     }
   }
 }

@@ -77,6 +77,7 @@ TEST_CASE("config: optional settings are read", "[config]") {
   settings["PS_IO_THREADS"] = "1";
   settings["PS_WAIT_SPIN_US"] = "0";
   settings["PS_REPLICATION"] = "0";
+  settings["PS_TCP_RCVBUF"] = "65536";
   const auto config = ParseSettings(settings);
   CHECK(config.role == ps::Role::kScheduler);
   CHECK(config.root_port == 0);
@@ -94,6 +95,8 @@ TEST_CASE("config: optional settings are read", "[config]") {
   CHECK(config.wait_spin == std::chrono::microseconds(0));
   CHECK_FALSE(config.replication);
   CHECK_FALSE(config.replicated());
+  CHECK(config.tcp_receive_buffer == 65536);
+  CHECK(ParseSettings(Valid()).tcp_receive_buffer == 0);  // the kernel's autotuning
 }
 
 TEST_CASE("config: every invalid value names the variable and what is accepted", "[config]") {
@@ -131,6 +134,9 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
        "PS_WAIT_SPIN_US='-5' is invalid: expected an integer in 0..1000000"},
       {"MXNET_KVSTORE_BIGARRAY_BOUND", "0", "MXNET_KVSTORE_BIGARRAY_BOUND='0' is invalid"},
       {"PS_CHUNK_BYTES", "100", "PS_CHUNK_BYTES='100' is invalid: expected an integer in 4096.."},
+      {"PS_TCP_RCVBUF", "1000",
+       "PS_TCP_RCVBUF='1000' is invalid: expected 0 (the kernel's autotuning) or at least 4096"},
+      {"PS_TCP_RCVBUF", "64KB", "PS_TCP_RCVBUF='64KB' is invalid: expected an integer in 0.."},
   };
   for (const Case& c : cases) {
     auto settings = Valid();

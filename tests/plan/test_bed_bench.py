@@ -58,6 +58,11 @@ class Units(unittest.TestCase):
         for bad in ("16", "3B", "lots"):
             with self.assertRaises(argparse.ArgumentTypeError):
                 bb.parse_size(bad)
+        # --tcp-rcvbuf: a size, or 0 for the kernel's autotuning
+        self.assertEqual(bb.parse_size_or_zero("0"), 0)
+        self.assertEqual(bb.parse_size_or_zero("64KB"), 65536)
+        with self.assertRaises(argparse.ArgumentTypeError):
+            bb.parse_size_or_zero("0KB")
         with self.assertRaises(argparse.ArgumentTypeError):
             bb.parse_rate_bits("100kbit")  # below 1mbit
 

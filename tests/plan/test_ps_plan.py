@@ -245,6 +245,24 @@ class Check(unittest.TestCase):
                          size=M16, workers=4, iteration_s=4.0),
                     dict(label="tcp_reference", system="tcp")]}
 
+    def test_share_follows_the_runs_rate_and_receive_buffer(self):
+        self.assertEqual(plan.bed_share(100e6), plan.BED_PS_SHARES[(100e6, None)])
+        self.assertEqual(plan.bed_share(150e6), plan.BED_PS_SHARES[(200e6, None)])  # log scale
+        self.assertEqual(plan.bed_share(100e6, 65536), plan.BED_PS_SHARES[(100e6, 65536)])
+        # a receive buffer the bed did not measure: the autotuned windows' share
+        self.assertEqual(plan.bed_share(1e9, 12345), plan.BED_PS_SHARES[(200e6, None)])
+        doc = self.doc()
+        rows = {r["label"]: r for r in plan.check_rows(doc)}
+        doc["meta"]["tcp_rcvbuf"] = 65536
+        tuned = {r["label"]: r for r in plan.check_rows(doc)}
+        share, tuned_share = plan.BED_PS_SHARES[(100e6, None)], plan.BED_PS_SHARES[(100e6, 65536)]
+        # the share divides the link time: the predictions scale by its ratio (plus the drain
+        # and the round trip, which it does not touch)
+        self.assertLess(tuned["ps_own_sync_16MB"]["predicted"], rows["ps_own_sync_16MB"]["predicted"])
+        self.assertAlmostEqual(rows["ps_own_sync_16MB"]["implied_share"],
+                               tuned["ps_own_sync_16MB"]["implied_share"])
+        self.assertGreater(tuned_share, share)
+
     def test_rows(self):
         rows = plan.check_rows(self.doc(), ps_share=1.0)
         by = {r["label"]: r for r in rows}

@@ -104,6 +104,11 @@ def parse_size(text):
     return value
 
 
+def parse_size_or_zero(text):
+    """parse_size, or '0' -> 0 (a setting's "off")."""
+    return 0 if text.strip() == "0" else parse_size(text)
+
+
 def size_name(n):
     for unit in ("GB", "MB", "KB"):
         if n % _SIZE_UNITS[unit] == 0:
@@ -570,6 +575,8 @@ class Bench:
         if self.args.chunk_bytes:
             argv += ["--env", f"PS_CHUNK_BYTES={self.args.chunk_bytes}"]
         argv += ["--env", f"PS_REPLICATION={self.args.replication}"]
+        if self.args.tcp_rcvbuf:
+            argv += ["--env", f"PS_TCP_RCVBUF={self.args.tcp_rcvbuf}"]
         argv += [os.path.join(self.bin, "ps-bench"), "--worker_mode", f"--mode={mode}",
                  f"--sizes={size_name(size)}", "--ops=pushpull", f"--iterations={iterations}",
                  f"--warmup={self.warmup_for(size)}", f"--compression={compression[0]}",
@@ -624,7 +631,8 @@ class Bench:
                 "server_hosts": self.S if layout == "own" else 0,
                 "iterations": iterations, "iteration_s": iteration,
                 "per_worker": workers, "window": stats, "wall_s": wall, "log": log,
-                "chunk_bytes": self.args.chunk_bytes or None}
+                "chunk_bytes": self.args.chunk_bytes or None,
+                "tcp_rcvbuf": self.args.tcp_rcvbuf or None}
         if compression != ("none", "none"):
             case["compression"] = {"push": compression[0], "pull": compression[1]}
         return case
@@ -839,7 +847,8 @@ class Bench:
                 "cores": os.cpu_count(), "mpi": mpi_version,
                 "command": " ".join(shlex.quote(x) for x in sys.argv),
                 "rate_bit": self.args.rate, "workers": self.W, "server_hosts": self.S,
-                "chunk_bytes": self.args.chunk_bytes or None, "warmup": self.args.warmup,
+                "chunk_bytes": self.args.chunk_bytes or None,
+                "tcp_rcvbuf": self.args.tcp_rcvbuf or None, "warmup": self.args.warmup,
                 "nice": os.getpriority(os.PRIO_PROCESS, 0),
                 "tcp_congestion_control": getattr(self, "tcp_cc", None),
                 "loadavg_at_end": os.getloadavg()}
@@ -1098,6 +1107,10 @@ def build_parser():
                    help="PS_CHUNK_BYTES for the PS jobs (default 64KB: the runtime's 4MB "
                         "leaves one slice per server of a 16MB key, so a slice's pull cannot "
                         "overlap another's push; see docs/scaling.md)")
+    p.add_argument("--tcp-rcvbuf", type=parse_size_or_zero, default=parse_size("64KB"),
+                   help="PS_TCP_RCVBUF for the PS jobs (default 64KB: the windows of the flows "
+                        "into one link then fit its queue, so none loses packets; 0: the "
+                        "kernel's autotuning; see docs/scaling.md)")
     p.add_argument("--replication", choices=("0", "1"), default="0",
                    help="PS_REPLICATION for the PS jobs (default 0: all-reduce keeps no second "
                         "copy either; 1 measures what replication costs on the links)")

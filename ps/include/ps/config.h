@@ -46,6 +46,11 @@ struct ClusterConfig {
   // PS_USE_SHM: same-host workers and servers exchange KVStore values of at least
   // kShmMinBytes through shared memory, with only the control messages on the socket.
   bool use_shm = true;
+  // PS_TCP_RCVBUF: SO_RCVBUF of every TCP connection this node receives on, in bytes, which caps
+  // each sender's window into it (0: the kernel's autotuning). Many flows into one link (every
+  // worker pushing to one server) overflow a shallow switch queue, and a flow that loses a
+  // packet falls behind the round; windows whose sum fits the queue lose none.
+  int tcp_receive_buffer = 0;
   // PS_IO_THREADS: ZeroMQ I/O threads of this node. Two let a node's outgoing copies into the
   // kernel run beside its incoming ones (a push streams up while earlier replies stream down).
   int io_threads = 2;
