@@ -5,6 +5,9 @@
 // Each round, worker r pushes (r + 1) * (k + 1) into every element of key k; with SGD at
 // learning rate 1 a key's value after R rounds is -R * (k + 1) * W(W+1)/2 (W workers).
 // dist_sync checks that value after every round; dist_async and local check it at the end.
+// With --collectives_every N, every N rounds the workers also set the optimizer again, Init a
+// new key and pull it back, and with --checkpoint_dir save and load a checkpoint: none of
+// which may change a value.
 #include <gflags/gflags.h>
 
 #include <chrono>
@@ -26,6 +29,11 @@ DEFINE_int32(big_size, 0, "Also use one key of this many elements (0: none)");
 DEFINE_int32(report_every, 0, "Print 'kvstore-check: round N' every N rounds (0: never)");
 DEFINE_int32(pause_at_round, -1, "Stop and wait forever at this round (tests kill it)");
 DEFINE_bool(separate_pull, false, "Push, then Pull, instead of one PushPull per round");
+DEFINE_int32(collectives_every, 0,
+             "Every N rounds also SetOptimizer, Init a new key and check it, and save and load "
+             "a checkpoint in --checkpoint_dir (0: never)");
+DEFINE_string(checkpoint_dir, "",
+              "Where --collectives_every saves and loads (\"\": no checkpoints)");
 
 namespace {
 
@@ -33,6 +41,25 @@ namespace {
   std::printf("kvstore-check: error: %s\n", message.c_str());
   std::fflush(stdout);
   std::exit(1);
+}
+
+// The collectives between rounds (--collectives_every): each leaves every value as it was.
+void RunCollectives(ps::KVStore& kv, const ps::OptimizerConfig& optimizer, int round) {
+  kv.SetOptimizer(optimizer);
+  const auto key = static_cast<ps::Key>(1000000 + round);
+  std::vector<float> initial(static_cast<std::size_t>(FLAGS_size), static_cast<float>(round));
+  std::vector<float> pulled(initial.size(), 0.0f);
+  kv.Init(key, ps::Tensor(initial.data(), initial.size()));
+  kv.Pull(key, ps::Tensor(pulled.data(), pulled.size()));
+  kv.WaitAll();
+  if (pulled != initial) {
+    Fail("rank " + std::to_string(kv.Rank()) + " round " + std::to_string(round) +
+         ": the key initialized then did not pull back its initial values");
+  }
+  if (!FLAGS_checkpoint_dir.empty()) {
+    kv.SaveCheckpoint(FLAGS_checkpoint_dir);
+    kv.LoadCheckpoint(FLAGS_checkpoint_dir);
+  }
 }
 
 }  // namespace
@@ -101,6 +128,9 @@ int main(int argc, char** argv) {
             }
           }
         }
+      }
+      if (FLAGS_collectives_every > 0 && round % FLAGS_collectives_every == 0) {
+        RunCollectives(*kv, sgd, round);
       }
       if (FLAGS_report_every > 0 && round % FLAGS_report_every == 0) {
         std::printf("kvstore-check: round %d\n", round);

@@ -148,8 +148,25 @@ void DistKVStore::Barrier() {
   }
 }
 
+void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<void()>& work) {
+  for (;;) {
+    const std::size_t live = LiveServerRanks().size();
+    try {
+      work();
+      WaitAll();
+      return;
+    } catch (const Error& e) {
+      const std::size_t now = LiveServerRanks().size();
+      if (!replicated_ || now == 0 || now >= live) throw;
+      PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
+                      << e.what() << "); running it again on the " << now << " live servers";
+    }
+  }
+}
+
 void DistKVStore::Collective(std::string_view op, const std::string& call,
-                             const std::string& local_error, const std::function<void()>& work) {
+                             const std::string& local_error, const std::function<void()>& work,
+                             const std::function<void()>& undo) {
   const auto failed_everywhere = [&](const Error& e) {
     // A worker whose own checks failed throws its own words; the others learn who and why.
     if (!local_error.empty()) return Error(local_error);
@@ -164,10 +181,10 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
   std::string error;
   if (Rank() == 0) {
     try {
-      work();
-      WaitAll();
+      RunOverLiveServers(op, work);
     } catch (const Error& e) {
       error = e.what();
+      if (undo) undo();
     }
   }
   try {
@@ -326,17 +343,18 @@ void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> va
     }
   };
   try {
-    Collective("Init", call, local_error, [&] {
-      declare();
-      AttachSlots(keys);
-      try {
-        Issue(kv::kInit, keys, values, {}, 0);
-        WaitAll();
-      } catch (const Error&) {
-        Forget(keys);  // a server that took its part gives it back: the key is free again
-        throw;
-      }
-    });
+    Collective(
+        "Init", call, local_error,
+        [&] {
+          if (!declared) {  // not when it runs again after a server died
+            declare();
+            AttachSlots(keys);
+          }
+          Issue(kv::kInit, keys, values, {}, 0);
+        },
+        [&] {
+          if (declared) Forget(keys);  // a server that took its part gives it back
+        });
   } catch (const Error&) {
     if (declared) {  // rank 0, whose Init failed after every worker agreed on it
       ExclusiveLock lock(keys_mu_);

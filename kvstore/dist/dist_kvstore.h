@@ -255,9 +255,15 @@ class DistKVStore final : public KVStore {
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
   // whose outcome every worker then shares. Ranks that disagree, or one that fails, make the
-  // call throw on every rank; none is left waiting.
+  // call throw on every rank; none is left waiting. With replication, `work` runs again when a
+  // server died during it (RunOverLiveServers); `undo` runs when it failed for good.
   void Collective(std::string_view op, const std::string& call, const std::string& local_error,
-                  const std::function<void()>& work);
+                  const std::function<void()>& work, const std::function<void()>& undo = {});
+  // Runs `work` and waits for its requests. When it failed while servers died and, with
+  // replication, live ones took their ranges over, runs it again on those: once per server
+  // lost at most. Every collective's work may run twice: settings are set again, files
+  // written again, and a server answers an Init of the values it already holds.
+  void RunOverLiveServers(std::string_view op, const std::function<void()>& work);
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
 

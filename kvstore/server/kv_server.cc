@@ -203,8 +203,11 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
     const SliceId id{ref.key, ref.offset};
     const auto it = slices_.find(id);
     if (request.command == kv::kInit) {
-      if (it != slices_.end())
+      // The same values again are worker 0's Init sent once more after a server died: the
+      // part that had arrived is kept (HandleInit).
+      if (it != slices_.end() && !HoldsExactly(it->second, ref, data[i])) {
         return KeyText(ref.key) + ": already initialized (a key is initialized once)";
+      }
       if (!IsSummableDType(data[i].dtype())) {
         return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
       }
@@ -259,6 +262,12 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
   return "";
 }
 
+bool KVServerStore::HoldsExactly(const Slice& slice, const kv::SliceRef& ref, const Blob& value) {
+  return slice.dtype == value.dtype() && slice.length == value.count() &&
+         slice.total == ref.total && slice.value.bytes() == value.bytes() &&
+         std::memcmp(slice.value.data(), value.data(), value.bytes()) == 0;
+}
+
 void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
                                const std::vector<Blob>& data) {
   // Every slice is built (and allocated) aside first: an Init this server has no memory for is
@@ -268,6 +277,7 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
   try {
     for (; i < request.slices.size(); ++i) {
       const kv::SliceRef& ref = request.slices[i];
+      if (slices_.contains({ref.key, ref.offset})) continue;  // sent again (Validate)
       Slice slice;
       slice.key = ref.key;
       slice.offset = ref.offset;
@@ -289,24 +299,35 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     runtime_.ReplyError(meta, server + ": " + error);
     return;
   }
-  slices_.merge(staged);  // moves the nodes: allocates nothing (Validate: all keys are new)
+  std::vector<SliceId> ids;
+  for (const auto& [id, slice] : staged) ids.push_back(id);
+  slices_.merge(staged);  // moves the nodes: allocates nothing (all of them are new)
   if (replica_node_ == kNoNode) {
     runtime_.Reply(meta, Message{});
     return;
   }
-  // Answered once the replica holds every new slice.
-  std::vector<SliceId> ids;
-  for (const kv::SliceRef& ref : request.slices) ids.emplace_back(ref.key, ref.offset);
+  // Answered once the replica holds every slice: a new one once its copy is in, one sent
+  // again once the updates on their way to the replica (a copy after a failover) are.
   AttachReplicaSlots(ids, replica_node_);
   Pending* const pending = StartPending(meta, request, false, {});
+  std::vector<std::pair<Waiter, const Slice*>> ready;
   for (std::size_t j = 0; j < request.slices.size(); ++j) {
-    Slice& slice = slices_.at({request.slices[j].key, request.slices[j].offset});
-    slice.replicated_to = replica_node_;
-    Forward copy;
-    copy.kind = kv::ReplicaKind::kState;
-    copy.waiters.push_back(Waiter{pending, j});
-    StartForward(slice, std::move(copy));
+    const SliceId id{request.slices[j].key, request.slices[j].offset};
+    Slice& slice = slices_.at(id);
+    const Waiter waiter{pending, j};
+    if (std::binary_search(ids.begin(), ids.end(), id)) {
+      slice.replicated_to = replica_node_;
+      Forward copy;
+      copy.kind = kv::ReplicaKind::kState;
+      copy.waiters.push_back(waiter);
+      StartForward(slice, std::move(copy));
+    } else if (!slice.forwards.empty()) {
+      slice.forwards.back().waiters.push_back(waiter);
+    } else {
+      ready.emplace_back(waiter, &slice);
+    }
   }
+  for (const auto& [waiter, slice] : ready) Resolve(waiter, *slice);
 }
 
 void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
@@ -331,9 +352,13 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
 }
 
 std::string KVServerStore::RoundInProgress() const {
+  // Copies on their way to a replica (after a failover, or a load) change nothing here.
+  const auto updating = [](const Forward& forward) {
+    return forward.kind != kv::ReplicaKind::kState && forward.kind != kv::ReplicaKind::kForget;
+  };
   for (const auto& [id, slice] : slices_) {
     if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
-        !slice.forwards.empty()) {
+        std::any_of(slice.forwards.begin(), slice.forwards.end(), updating)) {
       return KeyText(id.first) +
              " has a dist_sync round in progress: every worker must finish its "
              "pushes (WaitAll) before a checkpoint";
@@ -423,14 +448,28 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     runtime_.ReplyError(meta, server + ": " + e.what());
     return;
   }
+  std::vector<Slice*> served;
   for (auto& [slice, assembled] : loaded) {
     slice->value = Blob::FromVector(std::move(assembled.value), slice->dtype);
     if (optimizer_ && (assembled.count > 0 || !assembled.state.empty())) {
       optimizer_->ImportState(slice->state_id,
                               {slice->length, assembled.count, std::move(assembled.state)});
     }
+    if (Serves(*slice)) served.push_back(slice);
   }
-  runtime_.Reply(meta, Message{});
+  if (replica_node_ == kNoNode || served.empty()) {
+    runtime_.Reply(meta, Message{});
+    return;
+  }
+  // Answered once every replica holds what was loaded: a replica reads the files itself, but a
+  // copy of the old values on its way after a failover could overwrite what it read.
+  Pending& pending = NewPending(meta, served.size());
+  for (std::size_t j = 0; j < served.size(); ++j) {
+    Forward copy;
+    copy.kind = kv::ReplicaKind::kState;
+    copy.waiters.push_back(Waiter{&pending, j});
+    StartForward(*served[j], std::move(copy));
+  }
 }
 
 void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& request) {
@@ -443,23 +482,32 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
   runtime_.Reply(meta, Message{});
 }
 
+KVServerStore::Pending& KVServerStore::NewPending(const Meta& meta, std::size_t parts) {
+  Pending& pending = pendings_.Take();
+  // Assignments into a reused Pending keep the memory its strings and vectors already hold.
+  pending.request = meta;
+  pending.remaining = parts;
+  pending.with_values = false;
+  pending.values.clear();
+  pending.shm.clear();
+  pending.pulls.clear();
+  pending.pull_ids.clear();
+  pending.error.clear();
+  return pending;
+}
+
 KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, const kv::Request& request,
                                                     bool with_values,
                                                     const std::vector<ShmTarget>& shm) {
   const std::size_t slices = request.slices.size();
-  Pending* pending = &pendings_.Take();
-  // Assignments into a reused Pending keep the memory its strings and vectors already hold.
-  pending->request = meta;
-  pending->remaining = slices;
+  Pending* pending = &NewPending(meta, slices);
   pending->with_values = with_values;
   pending->values.assign(with_values ? slices : 0, Blob());
   pending->shm.assign(shm.begin(), shm.end());
   pending->pulls.assign(request.pulls.begin(), request.pulls.end());
-  pending->pull_ids.clear();
   for (std::size_t i = 0; i < request.pulls.size(); ++i) {
     pending->pull_ids.emplace_back(request.slices[i].key, request.slices[i].offset);
   }
-  pending->error.clear();
   if (slices == 0) {
     Answer(*pending);
     return nullptr;

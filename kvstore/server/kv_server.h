@@ -180,10 +180,13 @@ class KVServerStore {
   // since the worker's copy (or the full value when the copy's state is not the mirror's).
   void CompressPullReplies(Pending& pending);
   void HandleForget(const Meta& meta, const kv::Request& request);
+  // Whether `slice` is exactly what an Init of `ref` with `value` would store.
+  static bool HoldsExactly(const Slice& slice, const kv::SliceRef& ref, const Blob& value);
   // Checkpoints (kvstore/checkpoint.h): writes this server's file / loads its slices from one.
   void HandleSave(const Meta& meta, const kv::Request& request);
   void HandleLoad(const Meta& meta, const kv::Request& request);
-  // "" when no slice has a dist_sync round in progress, else which one does.
+  // "" when no slice has a dist_sync round (or an update on its way to the replica) in
+  // progress, else which one does.
   std::string RoundInProgress() const;
   void HandleShmAttach(const Meta& meta, const kv::Request& request);
   // Points the shared-memory slices of a request into the sender's segment: their frames
@@ -194,6 +197,8 @@ class KVServerStore {
   std::string Validate(const kv::Request& request, const std::vector<Blob>& data,
                        const std::vector<ShmTarget>& shm);
 
+  // A reply to `meta` waiting on `parts` answers (Resolve, FailWaiter), without values.
+  Pending& NewPending(const Meta& meta, std::size_t parts);
   // A reply waiting on the request's slices; answered at once (and null returned) when there
   // are none.
   Pending* StartPending(const Meta& meta, const kv::Request& request, bool with_values,

@@ -2,8 +2,9 @@
 // is killed (SIGKILL) or stopped past the heartbeat timeout (SIGSTOP) at a random moment
 // while 2 workers run ps-kvstore-check, whose integer-valued sums show any update lost or
 // applied twice (it checks every dist_sync round, and dist_async at the end, against what an
-// undisturbed run gives). Every process is started and stopped by the test; every wait is
-// bounded.
+// undisturbed run gives). In some cases the workers also run collectives every round (Init,
+// SetOptimizer, checkpoints), so that the fault lands in those too. Every process is started and
+// stopped by the test; every wait is bounded.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "tests/util/child_process.h"
+#include "tests/util/temp_dir.h"
 
 namespace {
 
@@ -62,6 +64,11 @@ Job StartSchedulerAndServers() {
   return job;
 }
 
+// What the workers do between rounds besides pushing and pulling: nothing; every round set the
+// optimizer and initialize a key (quick collectives); and save and load a checkpoint too (slow
+// ones, so that the fault lands in one of them as often as not).
+enum class Collectives { kNone, kInitAndOptimizer, kWithCheckpoints };
+
 struct Disturbance {
   std::string type;
   int signal;
@@ -69,6 +76,7 @@ struct Disturbance {
   // Then a second server, once the first one's slices were copied to new replicas: the last
   // one carries the job alone.
   bool second_victim = false;
+  Collectives collectives = Collectives::kNone;
 };
 
 // One job with one server disturbed `delay` after the workers' round 10.
@@ -76,15 +84,29 @@ void RunJob(const Disturbance& what, std::size_t victim, std::chrono::millisecon
   INFO(what.type << (what.signal == SIGKILL ? ", SIGKILL" : ", SIGSTOP") << " to server process "
                  << victim << " " << delay.count() << " ms after round 10"
                  << (what.separate_pull ? ", Push then Pull" : ", PushPull")
-                 << (what.second_victim ? ", then SIGKILL to the next server process" : ""));
+                 << (what.second_victim ? ", then SIGKILL to the next server process" : "")
+                 << (what.collectives == Collectives::kNone ? ""
+                     : what.collectives == Collectives::kInitAndOptimizer
+                         ? ", Init every round"
+                         : ", checkpoints every round"));
   auto [env, scheduler, servers] = StartSchedulerAndServers();
   std::vector<std::unique_ptr<ChildProcess>> workers;
-  // Enough rounds that the faults land mid-job on an idle machine (about 700 rounds/s here).
-  const std::string rounds = what.second_victim ? "5000" : "2500";
+  // Enough rounds that the faults land mid-job on an idle machine (about 700 rounds/s here,
+  // 250 with Init every round, 30 with checkpoints).
+  const std::string rounds = what.collectives == Collectives::kWithCheckpoints ? "300"
+                             : what.second_victim                              ? "5000"
+                                                                               : "2500";
   std::vector<std::string> args{"--type",     what.type, "--rounds",       rounds,
                                 "--keys",     "6",       "--size",         "2000",
                                 "--big_size", "300000",  "--report_every", "10"};
   if (what.separate_pull) args.push_back("--separate_pull");
+  const ps::test::TempDir checkpoints;
+  if (what.collectives != Collectives::kNone) {
+    args.insert(args.end(), {"--collectives_every", "1"});
+  }
+  if (what.collectives == Collectives::kWithCheckpoints) {
+    args.insert(args.end(), {"--checkpoint_dir", checkpoints.path()});
+  }
   for (int w = 0; w < 2; ++w) workers.push_back(Start("ps-kvstore-check", env, args));
   REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 10\n", 60s));
   std::this_thread::sleep_for(delay);              // the moment of the fault, not a synchronization
@@ -127,7 +149,10 @@ TEST_CASE("failover: a server killed or stopped at a random moment changes no va
       Disturbance{"dist_sync", SIGKILL, false}, Disturbance{"dist_sync", SIGKILL, true},
       Disturbance{"dist_sync", SIGSTOP, false}, Disturbance{"dist_async", SIGKILL, false},
       Disturbance{"dist_async", SIGSTOP, true}, Disturbance{"dist_sync", SIGKILL, false, true},
-      Disturbance{"dist_async", SIGKILL, true, true});
+      Disturbance{"dist_async", SIGKILL, true, true},
+      Disturbance{"dist_sync", SIGKILL, false, false, Collectives::kWithCheckpoints},
+      Disturbance{"dist_async", SIGKILL, false, false, Collectives::kInitAndOptimizer},
+      Disturbance{"dist_sync", SIGSTOP, false, false, Collectives::kWithCheckpoints});
   // PS_FAILOVER_RUNS=N repeats each case N times at other moments (docs/kvstore.md).
   const char* runs_text = std::getenv("PS_FAILOVER_RUNS");
   const int runs = runs_text != nullptr ? std::max(1, std::atoi(runs_text)) : 2;

@@ -13,26 +13,14 @@
 #include "kvstore/local_kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
+#include "tests/util/temp_dir.h"
 
 namespace {
 
 using ps::test::AllOk;
 using ps::test::Expect;
 using ps::test::KVCluster;
-
-// A fresh directory under the system's temporary one, removed with this object.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "ps-ckpt-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ps::test::TempDir;
 
 constexpr std::size_t kSmall = 6;
 constexpr std::size_t kBig = 3000;  // sliced over every server (bound 1000 below)

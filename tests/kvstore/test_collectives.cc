@@ -195,24 +195,28 @@ TEST_CASE("server: Forget drops an initialized slice, and the key can be initial
   auto worker = ps::Runtime::Start(cluster.WorkerConfig());
   const int server = worker->ServerId(0);
   const auto deadline = [] { return std::chrono::steady_clock::now() + 10s; };
-  const auto send = [&](ps::kv::Command command, ps::Key key) {
+  const auto send = [&](ps::kv::Command command, ps::Key key, float value = 1.0f) {
     ps::kv::Request request;
     request.command = command;
     request.slices = {{key, 0, 2}};
     ps::Message msg = ps::kv::RequestMessage(request, server);
     if (command == ps::kv::kInit || command == ps::kv::kPush) {
-      const std::vector<float> values(2, 1.0f);
+      const std::vector<float> values(2, value);
       msg.data.push_back(ps::Blob::Copy(values.data(), sizeof(float) * 2, ps::DType::kFloat32));
     }
     return worker->RequestAndWait(std::move(msg), deadline()).error;
   };
   CHECK(send(ps::kv::kInit, 3) == "");
-  CHECK_THAT(send(ps::kv::kInit, 3), Catch::Contains("already initialized"));
+  // The same values again: worker 0's Init sent once more after a server died.
+  CHECK(send(ps::kv::kInit, 3) == "");
+  CHECK_THAT(send(ps::kv::kInit, 3, 2.0f), Catch::Contains("already initialized"));
   CHECK(send(ps::kv::kForget, 3) == "");
   CHECK_THAT(send(ps::kv::kPull, 3), Catch::Contains("never initialized"));
-  CHECK(send(ps::kv::kInit, 3) == "");     // free again
-  CHECK(send(ps::kv::kForget, 42) == "");  // a slice this server never had: nothing to do
-  CHECK(send(ps::kv::kPush, 3) == "");     // one worker: its rounds close at once
+  CHECK(send(ps::kv::kInit, 3) == "");        // free again
+  CHECK(send(ps::kv::kForget, 42) == "");     // a slice this server never had: nothing to do
+  CHECK(send(ps::kv::kPush, 3, 5.0f) == "");  // one worker: its rounds close at once
+  // Not the values of the Init any more: the same Init again is refused.
+  CHECK_THAT(send(ps::kv::kInit, 3), Catch::Contains("already initialized"));
   worker->FinishWorker();
   CHECK(cluster.EndedCleanly());
 }

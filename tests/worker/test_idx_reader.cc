@@ -171,8 +171,8 @@ TEST_CASE("dataset loader checks that images and labels agree", "[idx]") {
                      "label 10 of sample 1 is out of range 0..9");
   }
   SECTION("a directory without the dataset") {
-    RequireDataError([&] { LoadFashionMnist(dir.path().string(), Split::kTest); },
-                     ImagesPath(dir.path().string(), Split::kTest), "cannot open data file");
+    RequireDataError([&] { LoadFashionMnist(dir.path(), Split::kTest); },
+                     ImagesPath(dir.path(), Split::kTest), "cannot open data file");
   }
 }
 

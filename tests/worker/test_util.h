@@ -4,12 +4,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "tests/util/temp_dir.h"
 #include "worker/backend.h"
 #include "worker/random.h"
 
@@ -50,26 +50,6 @@ inline double MaxScaledDiff(const std::vector<float>& a, const std::vector<float
   return diff / std::max(scale, 1.0);
 }
 
-// A fresh directory under the system temp dir, removed with everything in it on scope exit.
-class TempDir {
- public:
-  TempDir() {
-    const auto base = std::filesystem::temp_directory_path();
-    std::random_device rd;
-    path_ = base / ("ps_worker_test_" + std::to_string(rd()) + "_" + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
+using ps::test::TempDir;
 
 }  // namespace ps::worker::testing
