@@ -21,8 +21,8 @@ case $what in
 smoke)
   rm -f "$json"
   log=$out/bench_smoke.log
-  timeout 50 "$tool" --quick --verify --sizes=4B,4KB --workers=1,2 --servers=1,2 \
-    --transports=ipc,tcp --json "$json" >"$log" 2>&1
+  PS_WAIT_SPIN_US=200 timeout 50 "$tool" --quick --verify --sizes=4B,4KB --workers=1,2 \
+    --servers=1,2 --transports=ipc,tcp --json "$json" >"$log" 2>&1
   rc=$?
   cat "$log"
   ((rc == 0)) || fail "ps-bench exited with status $rc"
@@ -35,6 +35,9 @@ smoke)
   python3 - "$json" <<'PY' || fail "bad JSON"
 import json, sys
 doc = json.load(open(sys.argv[1]))
+# The run can be repeated from the file: its command line and its runtime settings.
+assert "--sizes=4B,4KB" in doc["command"] and "--json" in doc["command"], doc["command"]
+assert "PS_WAIT_SPIN_US=200\n" in doc["environment"], doc["environment"]
 cases = doc["cases"]
 ps = [c for c in cases if c["mode"] in ("dist_sync", "dist_async")]
 # 2 transports x 2 modes x 2 worker counts x 2 server counts x 2 sizes x 3 ops

@@ -101,6 +101,7 @@ struct Settings {
   bool verify = false;
   bool quick = false;
   std::string json;
+  std::string command;  // as given, for the JSON
   Calibration calibration;
   bool run_ps = true;
   bool run_raw = true;
@@ -200,7 +201,7 @@ class Driver {
         std::thread::hardware_concurrency(), load_start_.c_str(), load_end_.c_str());
     if (!s_.json.empty()) {
       WriteJson(s_.json, results_, ratios, failures_,
-                {load_start_, load_end_, s_.calibration, s_.verify, s_.quick});
+                {s_.command, load_start_, load_end_, s_.calibration, s_.verify, s_.quick});
     }
     std::printf("\nps-bench: %zu case(s) in %.1f s%s\n", results_.ps.size() + results_.raw.size(),
                 SecondsSince(start),
@@ -790,6 +791,7 @@ int main(int argc, char** argv) {
       "Usage: ps-bench [--quick] [--verify] [--json FILE] [--sizes 4B,16MB] [--workers 1,2] "
       "[--servers 1,2] [--modes dist_sync] [--ops pushpull] [--compression none,2bit]\n"
       "Needs ps-scheduler and ps-server next to it. See docs/performance.md.";
+  const std::string command = ps::bench::CommandLine(argc, argv);  // before flags are taken out
   if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "ps_bench.cc")) return 0;
   using namespace ps::bench;
   if (FLAGS_worker_mode) {
@@ -814,7 +816,9 @@ int main(int argc, char** argv) {
   }
   if (!FLAGS_echo_peer.empty()) return RunEchoPeer(FLAGS_echo_peer);
   try {
-    Driver driver(ReadSettings());
+    Settings settings = ReadSettings();
+    settings.command = command;
+    Driver driver(std::move(settings));
     return driver.Run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps-bench: error: %s\n", e.what());

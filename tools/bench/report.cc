@@ -1,15 +1,38 @@
 #include "tools/bench/report.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
+extern char** environ;
+
 namespace ps::bench {
+namespace {
+
+// The settings of this run's environment that change what the runtime does (PS_*, DMLC_*,
+// MXNET_*; not the job secret), as "NAME=value" lines.
+std::string RuntimeEnvironment() {
+  std::vector<std::string> lines;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const bool ours =
+        text.starts_with("PS_") || text.starts_with("DMLC_") || text.starts_with("MXNET_");
+    if (ours && !text.starts_with("PS_JOB_SECRET")) lines.emplace_back(text);
+  }
+  std::sort(lines.begin(), lines.end());
+  std::string joined;
+  for (const std::string& line : lines) joined += line + "\n";
+  return joined;
+}
+
+}  // namespace
 
 const Result* RunResults::Find(const std::string& op, std::size_t size, int workers, int servers,
                                const std::string& mode, const std::string& transport,
@@ -214,6 +237,8 @@ void WriteJson(const std::string& path, const RunResults& results, const std::ve
     return;
   }
   out << "{\n  \"tool\": \"ps-bench\",\n  \"date_utc\": " << JsonString(UtcNow())
+      << ",\n  \"command\": " << JsonString(context.command)
+      << ",\n  \"environment\": " << JsonString(RuntimeEnvironment())
       << ",\n  \"hardware_threads\": " << std::thread::hardware_concurrency()
       << ",\n  \"load_average_start\": " << JsonString(context.load_start)
       << ",\n  \"load_average_end\": " << JsonString(context.load_end)
@@ -270,6 +295,26 @@ std::string UtcNow() {
   char text[32];
   std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return text;
+}
+
+std::string CommandLine(int argc, char** argv) {
+  std::string command;
+  for (int i = 0; i < argc; ++i) {
+    const std::string_view arg(argv[i]);
+    const bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 ||
+             std::string_view("_./=:,+-").find(c) != std::string_view::npos;
+    });
+    if (i > 0) command += ' ';
+    if (plain) {
+      command += arg;
+      continue;
+    }
+    command += '\'';
+    for (const char c : arg) command += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    command += '\'';
+  }
+  return command;
 }
 
 }  // namespace ps::bench

@@ -71,6 +71,7 @@ void PrintRatios(const std::vector<Ratio>& ratios);
 
 // What the JSON records besides the results.
 struct RunContext {
+  std::string command;     // CommandLine() of this run
   std::string load_start;  // LoadAverage() at the start and at the end of the run
   std::string load_end;
   Calibration calibration;
@@ -88,5 +89,8 @@ void WriteJson(const std::string& path, const RunResults& results, const std::ve
 std::string LoadAverage();
 // "2026-11-23T09:15:00Z".
 std::string UtcNow();
+// argv as a shell would take it back: every argument with a character outside [A-Za-z0-9_./=:,+-]
+// in single quotes.
+std::string CommandLine(int argc, char** argv);
 
 }  // namespace ps::bench
