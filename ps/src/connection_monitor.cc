@@ -283,9 +283,19 @@ void ConnectionMonitor::OnReceiverEventOnMonitorThread(const Event& event) {
     case ZMQ_EVENT_DISCONNECTED:
       accepted_.erase(fd);
       break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+      // The refused peer learns why from its own side; this side says it too, once in a while.
+      if (event.value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
+        if (const auto count = ++mechanism_mismatches_; LogOccurrence(count)) {
+          PS_LOG(WARNING) << "refused a connection (#" << count
+                          << "): the peer speaks another security mechanism (PLAIN or CURVE): "
+                             "every node of a job must set the same PS_ENCRYPT";
+        }
+      }
+      ++handshakes_ended_;
+      break;
     case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
     case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
     case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
       ++handshakes_ended_;
       break;

@@ -128,8 +128,10 @@ class ZmqTransport {
   std::uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   // Accepted connections closed to keep within the connection caps.
   std::uint64_t dropped_connections() const { return monitor_.dropped_connections(); }
-  // Connections turned away for a wrong or missing PS_JOB_SECRET.
-  std::uint64_t refused_connections() const { return authenticator_.refused(); }
+  // Connections turned away for a wrong or missing PS_JOB_SECRET, or another PS_ENCRYPT.
+  std::uint64_t refused_connections() const {
+    return authenticator_.refused() + monitor_.mechanism_mismatches();
+  }
   const ConnectionLimits& connection_limits() const { return monitor_.limits(); }
 
  private:

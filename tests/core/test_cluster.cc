@@ -730,5 +730,11 @@ TEST_CASE("cluster: with PS_ENCRYPT every node speaks CURVE and a PLAIN node can
   JobUnderAttack job(scheduler);
   ps::Runtime& target = job.Target();
   CHECK(target.nodes()[target.id()].connection_key.size() == 40);  // Z85 of 32 bytes
+  // A PLAIN connection to a CURVE node, with the right secret: refused, and counted (and
+  // logged) on the refusing side too.
+  const auto dropped_before = target.dropped_messages();
+  job.SendToTarget(ForgedTerminate(target), "plain-node", config.job_secret);
+  CHECK(Eventually([&] { return target.refused_connections() >= 1; }));
+  CHECK(target.dropped_messages() == dropped_before);
   job.CheckEndsCleanly();
 }

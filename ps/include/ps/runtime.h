@@ -121,7 +121,7 @@ class Runtime {
   std::string failure() const;
   bool terminated() const;
   std::size_t dropped_messages() const;
-  // Connections turned away for a wrong or missing PS_JOB_SECRET.
+  // Connections turned away for a wrong or missing PS_JOB_SECRET, or another PS_ENCRYPT.
   std::size_t refused_connections() const;
   // Bytes this node's transport sent and received: headers and payload frames (ps-bench's
   // bytes on the wire; KVStore::Traffic).
