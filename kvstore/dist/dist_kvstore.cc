@@ -22,6 +22,12 @@ namespace ps {
 namespace {
 
 constexpr std::string_view kStore = "dist kvstore";
+// The failure of a call whose server died: with replication a collective runs again on the
+// live servers (RunOverLiveServers); anywhere else it is an Error like any other.
+class ServerLost : public Error {
+ public:
+  using Error::Error;
+};
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
 
@@ -109,9 +115,12 @@ void DistKVStore::ReportFinished(const std::string& failure) {
   }
 }
 
-void DistKVStore::Complete(const std::string& error) {
+void DistKVStore::Complete(const std::string& error, bool server_lost) {
   MutexLock lock(ops_mu_);
-  if (!error.empty() && first_error_.empty()) first_error_ = error;
+  if (!error.empty() && first_error_.empty()) {
+    first_error_ = error;
+    first_error_server_lost_ = server_lost;
+  }
   if (--outstanding_ == 0) ops_done_.NotifyAll();
 }
 
@@ -136,6 +145,7 @@ void DistKVStore::WaitAll() {
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
     first_error_.clear();
+    if (first_error_server_lost_) throw ServerLost(error);
     throw Error(error);
   }
 }
@@ -149,13 +159,14 @@ void DistKVStore::Barrier() {
 }
 
 void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<void()>& work) {
+  WaitAll();  // an earlier operation's error fails the call, never to be hidden by a retry
   for (;;) {
     const std::size_t live = LiveServerRanks().size();
     try {
       work();
       WaitAll();
       return;
-    } catch (const Error& e) {
+    } catch (const ServerLost& e) {
       const std::size_t now = LiveServerRanks().size();
       if (!replicated_ || now == 0 || now >= live) throw;
       PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
@@ -184,7 +195,12 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
       RunOverLiveServers(op, work);
     } catch (const Error& e) {
       error = e.what();
-      if (undo) undo();
+      try {
+        if (undo) undo();
+      } catch (const std::exception& undo_error) {  // the outcome vote must still happen
+        PS_LOG(WARNING) << "worker 0: could not undo the failed " << op << ": "
+                        << undo_error.what();
+      }
     }
   }
   try {
@@ -207,21 +223,34 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
     checkpoint::Manifest manifest;
     const std::vector<int> live = LiveServerRanks();
     manifest.servers = static_cast<int>(live.size());
+    std::uint64_t saved = 0;  // slices in the files
     for (const int s : live) {
       kv::Request request;
       request.command = kv::kSave;
       request.path = dir;
+      request.dead_servers = DeadServerRanks();
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
-      if (!result.ok()) throw Error(result.error);
+      if (!result.ok()) {
+        if (result.lost_peer != kNoNode) throw ServerLost(result.error);
+        throw Error(result.error);
+      }
       const auto& reply = result.responses.at(0);
-      if (reply.data.size() != 1 || reply.data[0].count() != 2 ||
+      if (reply.data.size() != 1 || reply.data[0].count() != 3 ||
           reply.data[0].dtype() != DType::kUInt64) {
         throw Error("malformed checkpoint reply from " + runtime_->Describe(runtime_->ServerId(s)));
       }
       const auto summary = reply.data[0].as<std::uint64_t>();
       manifest.files.push_back(
           {checkpoint::DataFileName(s, runtime_->num_servers()), summary[0], summary[1]});
+      saved += summary[2];
+    }
+    // Every slice once, or no MANIFEST: the last good checkpoint stays the one to load.
+    if (const std::uint64_t slices = SliceCount(); saved != slices) {
+      throw Error("SaveCheckpoint: the live servers hold " + std::to_string(saved) + " of the " +
+                  std::to_string(slices) +
+                  " key slices (the others died with the servers that held them); " + dir +
+                  " keeps its previous checkpoint, if it had one");
     }
     checkpoint::WriteManifest(dir, manifest);  // the commit point
   });
@@ -241,6 +270,7 @@ void DistKVStore::LoadCheckpoint(const std::string& dir) {
     request.command = kv::kLoad;
     request.path = dir;
     request.manifest = checkpoint::ReadManifestText(dir);
+    request.dead_servers = DeadServerRanks();
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
     SendToLiveServers(request);
   });
@@ -754,7 +784,7 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   }
   for (auto& frames : inflight.frames) frames.clear();
   inflights_.Give(inflight);
-  Complete(error);
+  Complete(error, !result.ok() && result.lost_peer != kNoNode && error == result.error);
 }
 
 std::string DistKVStore::CopyReply(const Message& response, std::span<const Destination> targets) {
@@ -809,6 +839,22 @@ void DistKVStore::SendToLiveServers(const kv::Request& request) {
     messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
   }
   Track(messages, NewInflight(messages.size()));
+}
+
+std::vector<int> DistKVStore::DeadServerRanks() const {
+  const std::vector<int> live = LiveServerRanks();  // in rank order
+  std::vector<int> dead;
+  for (int s = 0; s < runtime_->num_servers(); ++s) {
+    if (!std::binary_search(live.begin(), live.end(), s)) dead.push_back(s);
+  }
+  return dead;
+}
+
+std::uint64_t DistKVStore::SliceCount() const {
+  SharedLock lock(keys_mu_);
+  std::uint64_t slices = 0;
+  for (const auto& [key, info] : keys_) slices += info.slices.size();
+  return slices;
 }
 
 std::vector<int> DistKVStore::LiveServerRanks() const {

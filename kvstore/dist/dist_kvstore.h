@@ -227,8 +227,11 @@ class DistKVStore final : public KVStore {
   // The server rank that serves slices whose home is `home`: the home itself until a server
   // dies, then the one server_ring.h names.
   int OwnerRank(int home);
-  // The ranks of the servers not reported dead.
+  // The ranks of the servers not reported dead, and of those reported dead.
   std::vector<int> LiveServerRanks() const;
+  std::vector<int> DeadServerRanks() const;
+  // Slices of all the keys this worker knows.
+  std::uint64_t SliceCount() const;
   // Sends `request` to every live server as one tracked request (the collectives' settings and
   // loads).
   void SendToLiveServers(const kv::Request& request);
@@ -251,7 +254,9 @@ class DistKVStore final : public KVStore {
   // Gives a key's slices (`info`, an entry of keys_) their compression state when compression_
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);
-  void Complete(const std::string& error);
+  // One request is done, with `error` ("" for success); `server_lost`: the error is that a
+  // server it waited on died (RunOverLiveServers may run the call again).
+  void Complete(const std::string& error, bool server_lost = false);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
   // whose outcome every worker then shares. Ranks that disagree, or one that fails, make the
@@ -304,6 +309,7 @@ class DistKVStore final : public KVStore {
   // Whether the last WaitAll that had to wait finished within PS_WAIT_SPIN_US (see WaitAll).
   std::atomic<bool> last_wait_short_{true};
   std::string first_error_ PS_GUARDED_BY(ops_mu_);
+  bool first_error_server_lost_ PS_GUARDED_BY(ops_mu_) = false;
 };
 
 }  // namespace ps

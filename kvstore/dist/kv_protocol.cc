@@ -162,6 +162,7 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
   if (request.command == kSave || request.command == kLoad) {
     body.set_path(request.path);
     body.set_manifest(request.manifest);
+    for (const int rank : request.dead_servers) body.add_dead_servers(rank);
   }
   if (request.command == kSetCompression) {
     auto* spec = body.mutable_compression();
@@ -252,6 +253,7 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   request.optimizer = OptimizerConfig{};
   request.path.clear();
   request.manifest.clear();
+  request.dead_servers.clear();
   request.segment_id = 0;
   request.segment = SharedSegment::Descriptor{};
   request.compression = GradientCompression{};
@@ -307,6 +309,16 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     }
     request.path = body.path();
     request.manifest = body.manifest();
+    for (const int rank : body.dead_servers()) {
+      if (rank < 0) {
+        *error = "a negative dead server rank in a " + CommandName(request.command) + " request";
+        return nullptr;
+      }
+      request.dead_servers.push_back(rank);
+    }
+  } else if (body.dead_servers_size() != 0) {
+    *error = "dead server ranks in a " + CommandName(request.command) + " request";
+    return nullptr;
   }
   if (request.command == kSetCompression) {
     const auto& spec = body.compression();

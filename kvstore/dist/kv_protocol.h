@@ -93,9 +93,11 @@ struct Request {
   // kShmAttach only.
   std::uint32_t segment_id = 0;
   SharedSegment::Descriptor segment;
-  // kSave and kLoad only.
+  // kSave and kLoad only: the directory, the MANIFEST (kLoad) and the server ranks the sender
+  // knows dead (see kv.proto).
   std::string path;
   std::string manifest;
+  std::vector<int> dead_servers;
   GradientCompression compression;  // kSetCompression only
   // kPull, kPushPull: one per slice when any slice's pull is compressed, else empty.
   std::vector<PullState> pulls;

@@ -191,6 +191,12 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
     const auto twice = std::adjacent_find(seen_.begin(), seen_.end());
     if (twice != seen_.end()) return KeyText(twice->first) + ": given twice in one request";
   }
+  for (const int rank : request.dead_servers) {
+    if (rank >= ring_.num_servers()) {
+      return "dead server rank " + std::to_string(rank) + " out of range (the job has " +
+             std::to_string(ring_.num_servers()) + " servers)";
+    }
+  }
   for (std::size_t i = 0; i < request.homes.size(); ++i) {
     if (request.homes[i] >= ring_.num_servers()) {
       return KeyText(request.slices[i].key) + ": home server rank " +
@@ -307,7 +313,7 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     return;
   }
   // Answered once the replica holds every slice: a new one once its copy is in, one sent
-  // again once the updates on their way to the replica (a copy after a failover) are.
+  // again once what is on its way to the replica (a copy after a failover, updates) is in.
   AttachReplicaSlots(ids, replica_node_);
   Pending* const pending = StartPending(meta, request, false, {});
   std::vector<std::pair<Waiter, const Slice*>> ready;
@@ -400,8 +406,10 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
     runtime_.ReplyError(meta, server + ": " + e.what());
     return;
   }
-  // The reply tells worker 0 what the MANIFEST must say of this file.
-  const std::vector<std::uint64_t> summary{written.bytes, written.checksum};
+  // The reply tells worker 0 what the MANIFEST must say of this file, and how many slices it
+  // holds (all the servers' files must hold every slice of every key once).
+  const std::vector<std::uint64_t> summary{written.bytes, written.checksum,
+                                           contents.records.size()};
   Message reply;
   reply.data.push_back(
       Blob::Copy(summary.data(), summary.size() * sizeof(std::uint64_t), DType::kUInt64));
@@ -422,8 +430,11 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     checkpoint::Index index;
     const int servers = runtime_.num_servers();
     // Same layout without replication: this server's own file has its slices. Otherwise they
-    // are spread over the files (a replica's copies are in its primary's).
-    if (manifest.servers == servers && !runtime_.config().replicated()) {
+    // are spread over the files (a replica's copies are in its primary's; after a server died,
+    // the survivors' files have the layout of the job that wrote them, not of their count).
+    const auto rank = static_cast<std::size_t>(runtime_.rank());
+    if (manifest.servers == servers && !runtime_.config().replicated() &&
+        manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers)) {
       index.Add(checkpoint::ReadDataFile(
           request.path, manifest.files[static_cast<std::size_t>(runtime_.rank())]));
     } else {

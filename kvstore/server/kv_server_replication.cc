@@ -74,6 +74,9 @@ bool KVServerStore::RoutedAhead(int sender, const kv::Request& request) const {
     if (home >= ring_.num_servers()) return false;  // Validate refuses it
     if (ring_.Primary(home) != me) return true;
   }
+  for (const int rank : request.dead_servers) {
+    if (rank < ring_.num_servers() && !ring_.dead(rank)) return true;  // else Validate refuses
+  }
   return false;
 }
 
@@ -217,8 +220,8 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
   switch (forward.kind) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kSkippedRound:
-      CommitRound(slice, forward.gradient);
-      return;
+      CommitRound(slice, forward.gradient);  // answers the round's pushes (slice.waiters)
+      break;
     case kv::ReplicaKind::kAsyncPush:
       ApplyUpdate(slice, forward.gradient);
       slice.seen[forward.worker].Add(forward.seq);
@@ -248,11 +251,12 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
     return;
   }
   // The copy goes first, with the value as this server applied it; the updates not yet
-  // applied follow in order, answered as they would have been.
+  // applied follow in order, answered as they would have been. The copy is queued like them,
+  // so that what waits for the replica to hold the slice (an Init sent again) waits for it.
   Forward copy;
   copy.kind = kv::ReplicaKind::kState;
   copy.serial = next_forward_++;
-  SendForward(slice, copy);  // its answer matches no queued update: ignored
+  slice.forwards.push_front(std::move(copy));
   for (Forward& forward : slice.forwards) SendForward(slice, forward);
 }
 

@@ -165,4 +165,20 @@ TEST_CASE("kv protocol: replication fields round-trip, malformed ones are reject
   msg.meta.body = ps::kv::EncodeBody(push);
   CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
   CHECK_THAT(error, Catch::Contains("a negative home server rank"));
+
+  // A checkpoint request names the servers its sender knows dead (the server waits to know).
+  ps::kv::Request save;
+  save.command = ps::kv::kSave;
+  save.path = "/tmp/checkpoint";
+  save.dead_servers = {0, 2};
+  msg.meta.head = ps::kv::kSave;
+  msg.meta.body = ps::kv::EncodeBody(save);
+  msg.data.clear();
+  decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->dead_servers == save.dead_servers);
+  save.dead_servers = {-1};
+  msg.meta.body = ps::kv::EncodeBody(save);
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("a negative dead server rank in a SaveCheckpoint request"));
 }
