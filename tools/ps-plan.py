@@ -7,7 +7,7 @@ compression, it predicts the iteration time and the scaling efficiency of the pa
 (dist_sync or dist_async) and of ring all-reduce, and which is faster.
 
     ps-plan.py predict --model 16MB --workers 4 --layout own --rate 100mbit
-    ps-plan.py check docs/scaling/bed-100mbit-run1.json    # the model against bed_bench.py's runs
+    ps-plan.py check docs/scaling/bed-100mbit-1.json       # the model against bed_bench.py's runs
     ps-plan.py advise --rates 25gbit,100gbit --plot scaling.png   # 8 to 1024 GPUs
 
 The model (docs/scaling.md derives it). Every host has one full-duplex link of rate R; C = R x
