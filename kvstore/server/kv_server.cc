@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <new>
 
 #include "kvstore/checkpoint.h"
@@ -337,15 +338,22 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
 }
 
 void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
-  // Only Init's undo sends this, before any push or pull of the keys: a slice with a round in
-  // progress is left alone (its waiters would never be answered).
+  // Only Init's undo sends this, before any push or pull of the keys: a slice with a push in
+  // progress is left alone (its waiters would never be answered). One whose Init copy is still
+  // on its way to the replica goes: what waits for that copy (this Init's other part, maybe
+  // sent again) is answered with an error now, and the replica drops its copy after it.
   for (const kv::SliceRef& ref : request.slices) {
     const auto it = slices_.find({ref.key, ref.offset});
     if (it == slices_.end()) continue;
     Slice& slice = it->second;
     if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
-        !slice.forwards.empty()) {
+        std::any_of(slice.forwards.begin(), slice.forwards.end(), std::mem_fn(&Forward::updates))) {
       continue;
+    }
+    for (const Forward& copy : slice.forwards) {
+      for (const Waiter& waiter : copy.waiters) {
+        FailWaiter(waiter, KeyText(ref.key) + ": its Init was undone");
+      }
     }
     if (slice.replicated_to != kNoNode) {
       Forward drop;
@@ -359,12 +367,9 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
 
 std::string KVServerStore::RoundInProgress() const {
   // Copies on their way to a replica (after a failover, or a load) change nothing here.
-  const auto updating = [](const Forward& forward) {
-    return forward.kind != kv::ReplicaKind::kState && forward.kind != kv::ReplicaKind::kForget;
-  };
   for (const auto& [id, slice] : slices_) {
     if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
-        std::any_of(slice.forwards.begin(), slice.forwards.end(), updating)) {
+        std::any_of(slice.forwards.begin(), slice.forwards.end(), std::mem_fn(&Forward::updates))) {
       return KeyText(id.first) +
              " has a dist_sync round in progress: every worker must finish its "
              "pushes (WaitAll) before a checkpoint";

@@ -123,6 +123,10 @@ class KVServerStore {
     Gradient gradient;            // what is applied (a round's sum, a push); kept until then
     std::vector<Waiter> waiters;  // answered once it is applied (pushes, Init)
     ShmSlot* slot = nullptr;      // the replica slot it travels through, held until answered
+    // Whether it changes the slice (a round, a push) rather than copying or dropping it.
+    bool updates() const {
+      return kind != kv::ReplicaKind::kState && kind != kv::ReplicaKind::kForget;
+    }
   };
   struct Slice {
     Key key = 0;               // the slice's id (its key in slices_), for messages
