@@ -3,10 +3,12 @@
 // number of servers; damaged checkpoints are clear errors on every worker and change nothing.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -194,4 +196,35 @@ TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every 
   CHECK_THROWS_WITH(
       bigger.LoadCheckpoint(adam_dir.path()),
       Catch::Contains("key 1: the checkpoint holds 6 x float32, this job 7 x float32"));
+}
+
+TEST_CASE("checkpoint: a save that cannot hold every slice fails and keeps the last checkpoint",
+          "[dist][checkpoint][failover]") {
+  // Servers 0 and 1 die together: the slices whose home is server 0 had their copy on server
+  // 1, so both copies are gone. The survivor holds the others; a checkpoint of it alone would
+  // silently lack keys, so the save must fail and leave the previous checkpoint as it was.
+  TempDir dir;
+  auto env = SlicedEnv();
+  env["PS_REPLICATION"] = "1";
+  KVCluster cluster(3, 1, env);
+  std::string manifest_before;
+  const auto read_manifest = [&] {
+    std::ifstream in(dir.path() + "/MANIFEST");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    InitKeys(kv);
+    Run(kv, 0, 2);
+    kv.SaveCheckpoint(dir.path());
+    manifest_before = read_manifest();
+    cluster.servers()[0]->Kill(SIGKILL);
+    cluster.servers()[1]->Kill(SIGKILL);
+    kv.SaveCheckpoint(dir.path());  // throws
+  });
+  REQUIRE(outcomes.size() == 1);
+  CHECK_THAT(outcomes[0], Catch::Contains("SaveCheckpoint failed on every worker") &&
+                              Catch::Contains("key slices (the others died with the servers "
+                                              "that held them)"));
+  CHECK_FALSE(manifest_before.empty());
+  CHECK(read_manifest() == manifest_before);
 }
