@@ -278,9 +278,23 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
     return Refusal{"a second scheduler cannot join: set DMLC_ROLE to server or worker"};
   }
   if (complete_) {
-    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
-                   std::to_string(config_.num_servers) +
-                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")"};
+    std::string why = "the job already has all its nodes (DMLC_NUM_SERVER=" +
+                      std::to_string(config_.num_servers) +
+                      ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")";
+    // A server started to replace one that died: say why it cannot, and what can.
+    std::string lost;
+    for (const int id : dead_) {
+      if (nodes_[static_cast<std::size_t>(id)].role != Role::kServer) continue;
+      lost +=
+          (lost.empty() ? "" : ", ") + std::to_string(nodes_[static_cast<std::size_t>(id)].rank);
+    }
+    if (node.role == Role::kServer && !lost.empty()) {
+      why += "; server(s) " + lost +
+             " died and the job goes on without them, but a server cannot join a running job "
+             "in their place: to use more servers, restart the job from a checkpoint "
+             "(SaveCheckpoint, ps-train --resume)";
+    }
+    return Refusal{why};
   }
   // A node that sees the job differently would size rounds, heartbeats or key slices its own
   // way and hang the others: the job cannot run as launched.

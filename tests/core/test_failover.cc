@@ -194,3 +194,28 @@ TEST_CASE("failover: two servers lost at once end the job naming the lost keys",
   INFO("server: " << servers[2]->Tail(8));
   CHECK(survivor.has_value());
 }
+
+TEST_CASE("failover: a server started after one died is refused, naming why, and the job goes on",
+          "[failover]") {
+  auto [env, scheduler, servers] = StartSchedulerAndServers();
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  const std::vector<std::string> args{"--rounds", "4000", "--keys",         "6",
+                                      "--size",   "2000", "--report_every", "10"};
+  for (int w = 0; w < 2; ++w) workers.push_back(Start("ps-kvstore-check", env, args));
+  REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 10\n", 60s));
+  servers[0]->Kill(SIGKILL);
+  REQUIRE(scheduler->WaitForOutput("the job goes on without server", 30s));
+  auto late = Start("ps-server", env);
+  const auto late_status = late->Wait(30s);
+  INFO("late server: " << late->Tail(4));
+  CHECK(late_status == 1);
+  CHECK_THAT(late->Output(), Catch::Contains("died and the job goes on without them, but a "
+                                             "server cannot join a running job"));
+  for (auto& worker : workers) {
+    const auto status = worker->Wait(240s);
+    INFO(worker->name() << ": " << worker->Tail(8));
+    CHECK(status == 0);
+    CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: ok"));
+  }
+  CHECK(scheduler->Wait(20s) == 0);
+}
