@@ -317,7 +317,6 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
   // again once what is on its way to the replica (a copy after a failover, updates) is in.
   AttachReplicaSlots(ids, replica_node_);
   Pending* const pending = StartPending(meta, request, false, {});
-  std::vector<std::pair<Waiter, const Slice*>> ready;
   for (std::size_t j = 0; j < request.slices.size(); ++j) {
     const SliceId id{request.slices[j].key, request.slices[j].offset};
     Slice& slice = slices_.at(id);
@@ -328,13 +327,10 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
       copy.kind = kv::ReplicaKind::kState;
       copy.waiters.push_back(waiter);
       StartForward(slice, std::move(copy));
-    } else if (!slice.forwards.empty()) {
-      slice.forwards.back().waiters.push_back(waiter);
     } else {
-      ready.emplace_back(waiter, &slice);
+      ResolveWhenReplicated(slice, waiter);
     }
   }
-  for (const auto& [waiter, slice] : ready) Resolve(waiter, *slice);
 }
 
 void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
@@ -550,7 +546,7 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
       // that is still on its way), or with the copy under way.
       const std::uint64_t seq = request.seqs[i];
       if (slice.seen[meta.sender].Contains(seq)) {
-        Resolve(waiter, slice);
+        ResolveWhenReplicated(slice, waiter);
         continue;
       }
       const auto under_way =
@@ -572,9 +568,10 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     }
     const std::uint64_t round = RoundOf(slice, meta.sender, request, i);
     if (PushedInto(slice, meta.sender, round)) {
-      // Sent again after a server died: answered with the round's value, applied once.
+      // Sent again after a server died: answered with the round's value, applied once. (No
+      // later round can be on its way to the replica: it would need this sender's next push.)
       if (round < slice.completed) {
-        Resolve(waiter, slice);
+        ResolveWhenReplicated(slice, waiter);
       } else {
         slice.waiters.push_back({round, waiter});
       }
@@ -792,6 +789,14 @@ void KVServerStore::Resolve(const Waiter& waiter, const Slice& slice) {
   if (&slice == failed_update_ && pending.error.empty()) pending.error = failed_update_error_;
   if (pending.with_values) pending.values[waiter.index] = slice.value;
   if (--pending.remaining == 0) Answer(pending);
+}
+
+void KVServerStore::ResolveWhenReplicated(Slice& slice, const Waiter& waiter) {
+  if (slice.forwards.empty()) {
+    Resolve(waiter, slice);
+  } else {
+    slice.forwards.back().waiters.push_back(waiter);  // answered once that one is applied
+  }
 }
 
 void KVServerStore::Answer(Pending& pending) {

@@ -253,6 +253,10 @@ class KVServerStore {
   // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.
   void ApplyUpdate(Slice& slice, const Gradient& gradient);
   void Resolve(const Waiter& waiter, const Slice& slice);
+  // Resolves `waiter` once the replica holds what this server holds of the slice: now, or when
+  // the last update or copy on its way there (a copy after a failover) is applied. For what
+  // was applied before and is asked for again after a server died.
+  void ResolveWhenReplicated(Slice& slice, const Waiter& waiter);
   void Answer(Pending& pending);
   void FailWaiters(Slice& slice, const std::string& why);
   // The value's bytes, made this slice's alone first (copy-on-write).
