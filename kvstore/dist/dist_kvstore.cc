@@ -16,7 +16,7 @@
 #include "kvstore/checkpoint.h"
 #include "kvstore/device_memory.h"
 #include "kvstore/optimizer.h"
-#include "ps/src/glog_or_stderr.h"
+#include "ps/src/internal.h"
 
 namespace ps {
 namespace {

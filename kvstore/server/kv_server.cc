@@ -10,7 +10,7 @@
 
 #include "kvstore/checkpoint.h"
 #include "ps/mutex.h"
-#include "ps/src/log_text.h"
+#include "ps/src/internal.h"
 #include "ps/thread_annotations.h"
 
 namespace ps {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "kvstore/server/kv_server.h"
-#include "ps/src/log_text.h"
+#include "ps/src/internal.h"
 
 namespace ps {
 namespace {

@@ -15,6 +15,9 @@
 //                                      (net_util.h)
 //   FormatSeconds, LogOccurrence       durations as users write them; rate-limited log lines
 //                                      (log_text.h)
+//   PS_LOG                             logging from code a worker process runs, before or
+//                                      after the program sets glog up (glog_or_stderr.h)
+#include "ps/src/glog_or_stderr.h"
 #include "ps/src/log_text.h"
 #include "ps/src/net_util.h"
 #include "ps/src/node_threads.h"
