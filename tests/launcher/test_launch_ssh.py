@@ -101,7 +101,7 @@ class SshLauncher(LauncherTest):
              "--env", "T_FWD", "--env-worker", "T_ROLE=worker 'w'",
              "--env-server", "T_ROLE=server \"s\""]
             + self.fake_cmd("--tag", odd), env=self.env(T_FWD="from the launcher's env",
-                                                         PS_VERBOSE="1"))
+                                                         PS_VERBOSE="1", PS_TCP_RCVBUF="65536"))
         self.assertEqual(r.rc, 0, r)
         recs = self.records("server") + self.records("worker")
         self.assertEqual(len(recs), 3)
@@ -109,6 +109,7 @@ class SshLauncher(LauncherTest):
             self.assertEqual(rec["env"]["T_ODD"], odd)
             self.assertEqual(rec["env"]["T_FWD"], "from the launcher's env")
             self.assertEqual(rec["env"]["PS_VERBOSE"], "1")  # forwarded by default
+            self.assertEqual(rec["env"]["PS_TCP_RCVBUF"], "65536")
             want = "worker 'w'" if rec["role"] == "worker" else 'server "s"'
             self.assertEqual(rec["env"]["T_ROLE"], want)
             self.assertEqual(rec["argv"][-2:], ["--tag", odd])  # command words survive too
