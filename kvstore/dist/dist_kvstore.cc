@@ -223,12 +223,12 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
     checkpoint::Manifest manifest;
     const std::vector<int> live = LiveServerRanks();
     manifest.servers = static_cast<int>(live.size());
+    kv::Request request;
+    request.command = kv::kSave;
+    request.path = dir;
+    request.dead_servers = DeadServerRanks();
     std::uint64_t saved = 0;  // slices in the files
     for (const int s : live) {
-      kv::Request request;
-      request.command = kv::kSave;
-      request.path = dir;
-      request.dead_servers = DeadServerRanks();
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {

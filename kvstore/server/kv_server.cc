@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <new>
 
 #include "kvstore/checkpoint.h"
@@ -342,10 +341,7 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
     const auto it = slices_.find({ref.key, ref.offset});
     if (it == slices_.end()) continue;
     Slice& slice = it->second;
-    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
-        std::any_of(slice.forwards.begin(), slice.forwards.end(), std::mem_fn(&Forward::updates))) {
-      continue;
-    }
+    if (slice.updating()) continue;
     for (const Forward& copy : slice.forwards) {
       for (const Waiter& waiter : copy.waiters) {
         FailWaiter(waiter, KeyText(ref.key) + ": its Init was undone");
@@ -362,10 +358,8 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
 }
 
 std::string KVServerStore::RoundInProgress() const {
-  // Copies on their way to a replica (after a failover, or a load) change nothing here.
   for (const auto& [id, slice] : slices_) {
-    if (!slice.pushed.empty() || !slice.waiters.empty() || !slice.deferred.empty() ||
-        std::any_of(slice.forwards.begin(), slice.forwards.end(), std::mem_fn(&Forward::updates))) {
+    if (slice.updating()) {
       return KeyText(id.first) +
              " has a dist_sync round in progress: every worker must finish its "
              "pushes (WaitAll) before a checkpoint";
@@ -436,8 +430,7 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     const auto rank = static_cast<std::size_t>(runtime_.rank());
     if (manifest.servers == servers && !runtime_.config().replicated() &&
         manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers)) {
-      index.Add(checkpoint::ReadDataFile(
-          request.path, manifest.files[static_cast<std::size_t>(runtime_.rank())]));
+      index.Add(checkpoint::ReadDataFile(request.path, manifest.files[rank]));
     } else {
       for (const auto& file : manifest.files)
         index.Add(checkpoint::ReadDataFile(request.path, file));

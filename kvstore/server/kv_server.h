@@ -30,8 +30,10 @@
 // through it: the server reads a pushed gradient in place and writes a reply value back into
 // the same place before answering. The worker leaves that memory alone from sending the
 // request until the reply arrives.
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -164,6 +166,12 @@ class KVServerStore {
     std::deque<Forward> forwards;
     bool round_in_flight = false;
     std::map<int, SeenPushes> seen;  // worker node id -> its pushes (dist_async)
+    // Whether a round or a push is in progress: pushes gathered or waiting, waiters, or an
+    // update on its way to the replica (copies on their way change nothing here).
+    bool updating() const {
+      return !pushed.empty() || !waiters.empty() || !deferred.empty() ||
+             std::any_of(forwards.begin(), forwards.end(), std::mem_fn(&Forward::updates));
+    }
   };
 
   void HandleInit(const Meta& meta, const kv::Request& request, const std::vector<Blob>& data);

@@ -283,10 +283,10 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
                       ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")";
     // A server started to replace one that died: say why it cannot, and what can.
     std::string lost;
-    for (const int id : dead_) {
-      if (nodes_[static_cast<std::size_t>(id)].role != Role::kServer) continue;
-      lost +=
-          (lost.empty() ? "" : ", ") + std::to_string(nodes_[static_cast<std::size_t>(id)].rank);
+    for (const int id : dead_) {  // not dead_nodes(): that takes mu_, held here
+      const NodeInfo& dead = nodes_[static_cast<std::size_t>(id)];
+      if (dead.role == Role::kServer)
+        lost += (lost.empty() ? "" : ", ") + std::to_string(dead.rank);
     }
     if (node.role == Role::kServer && !lost.empty()) {
       why += "; server(s) " + lost +
