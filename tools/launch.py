@@ -343,6 +343,10 @@ def build_parser():
     p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SEC",
                    help="after every worker succeeded, how long the scheduler and servers may "
                         "take to exit before they are stopped and the job fails (default 30)")
+    p.add_argument("--server-restarts", type=int, default=0, metavar="N",
+                   help="when the job goes on without a dead server (PS_REPLICATION), start a "
+                        "new one on its host, which takes its rank and becomes a replica; at "
+                        "most N times per job (default 0: never)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="show only the workers' output (plus the launcher's own messages)")
     p.add_argument("--dry-run", action="store_true",
@@ -498,6 +502,12 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     replication = c.env_all.get("PS_REPLICATION", c.env_role["server"].get(
         "PS_REPLICATION", environ.get("PS_REPLICATION")))
     c.replicated = (replication is None or replication in ("1", "true")) and c.num_servers >= 2
+    if a.server_restarts < 0:
+        raise UsageError(f"--server-restarts {a.server_restarts}: want 0 or more")
+    if a.server_restarts and not c.replicated:
+        raise UsageError("--server-restarts needs replication: 2 or more servers (-s) and "
+                         "PS_REPLICATION unset or 1; without it a dead server ends the job")
+    c.server_restarts = a.server_restarts
 
     # commands
     c.worker_cmd = command
@@ -571,6 +581,8 @@ class Launch:
         self.procs = []
         self.lost_servers = []  # servers that died while the job went on (replication)
         self.survived_ranks = set()  # server ranks the scheduler said the job goes on without
+        self.ranks_to_restart = []  # survived ranks for which a new server is due (watch)
+        self.restarts_left = c.server_restarts
         self.waiting_on_scheduler = False  # a server exit awaits the scheduler's word (watch)
         self.signal_received = None
         self.signal_count = 0
@@ -806,6 +818,7 @@ class Launch:
                         m = SURVIVED_RE.search(line)
                         if m:
                             self.survived_ranks.add(int(m.group(1)))
+                            self.ranks_to_restart.append(int(m.group(1)))
             for q in self.procs:
                 q.poll()
             if remaining <= 0 or self.signal_received is not None:
@@ -986,6 +999,7 @@ class Launch:
                 return self.signal_exit()
             self.waiting_on_scheduler = False
             self.note_lost_servers()
+            self.restart_servers()
             failed = [p for p in self.procs
                       if p.returncode not in (None, 0) and p not in self.lost_servers]
             if failed and self.waiting_on_scheduler and all(
@@ -1060,6 +1074,28 @@ class Launch:
                      "the job goes on, the other servers serve its keys (PS_REPLICATION); "
                      "last lines:")
             self.report_lines(p, 3)
+
+    def restart_servers(self):
+        """--server-restarts: for each rank the job goes on without, a new server on the host
+        and with the command and environment of the rank's first one; the scheduler gives it
+        the dead one's rank (docs/kvstore.md, "Replication and failover")."""
+        while self.ranks_to_restart:
+            rank = self.ranks_to_restart.pop(0)
+            if self.restarts_left <= 0:
+                if self.c.server_restarts:
+                    self.say(f"no new server for server {rank}: --server-restarts "
+                             f"{self.c.server_restarts} used up")
+                continue
+            first = next((p for p in self.procs
+                          if p.spec.role == "server" and p.spec.rank == rank), None)
+            if first is None:
+                continue
+            self.restarts_left -= 1
+            self.say(f"starting a new server {rank} on {first.spec.where} in the place of the "
+                     f"dead one ({self.restarts_left} of --server-restarts left)")
+            if first.spec.host is not None:
+                self.wait_for_ssh_slot(first.spec.host)
+            self.start(first.spec)
 
     def fail(self):
         """A process failed: report it, stop the others, return the exit status."""

@@ -437,7 +437,7 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
         const KeySlice& slice = info.slices[j];
         const std::size_t bytes = slice.length * DTypeSize(info.dtype);
         if (shm_servers_[slice.server_rank] && bytes >= kShmMinBytes &&
-            OwnerRank(slice.server_rank) == slice.server_rank) {
+            SharesSlotsWith(slice.server_rank)) {
           wanted[slice.server_rank].push_back({key, j, bytes});
         }
       }
@@ -590,7 +590,7 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
     Outgoing& target = queue.back();
     // A slot is shared with the slice's home server only.
     ShmSlot* slot = call.command != kv::kInit && !compressed && !info.slots.empty() &&
-                            owner == slice.server_rank
+                            owner == slice.server_rank && SharesSlotsWith(owner)
                         ? info.slots[j]
                         : nullptr;
     if (slot != nullptr && !slot->TryAcquire()) slot = nullptr;  // in use: frames
@@ -819,18 +819,32 @@ std::string DistKVStore::CopyReply(const Message& response, std::span<const Dest
   return "";
 }
 
-int DistKVStore::OwnerRank(int home) {
-  const std::size_t deaths = runtime_->dead_count();
-  if (!replicated_ || deaths == 0) return home;
-  MutexLock lock(ring_mu_);
-  if (ring_deaths_ != deaths) {
-    for (int s = 0; s < runtime_->num_servers(); ++s) {
-      if (runtime_->IsDead(runtime_->ServerId(s))) ring_.MarkDead(s);
+void DistKVStore::FollowRing() {
+  if (ring_events_ == runtime_->server_event_count()) return;
+  for (const Runtime::ServerEvent& event : runtime_->ServerEvents(ring_events_)) {
+    if (event.joined) {
+      ring_.MarkJoined(event.rank);
+    } else {
+      ring_.MarkDead(event.rank);
     }
-    ring_deaths_ = deaths;
+    ++ring_events_;
   }
+}
+
+int DistKVStore::OwnerRank(int home) {
+  if (!replicated_ || runtime_->server_event_count() == 0) return home;
+  MutexLock lock(ring_mu_);
+  FollowRing();
   const int owner = ring_.Primary(home);
   return owner < 0 ? home : owner;  // none left: the request fails on the dead one
+}
+
+bool DistKVStore::SharesSlotsWith(int home) {
+  if (!replicated_ || runtime_->server_event_count() == 0) return true;
+  MutexLock lock(ring_mu_);
+  FollowRing();
+  // A server that took a dead one's rank never mapped this worker's segments.
+  return ring_.Primary(home) == home && !ring_.rejoined(home);
 }
 
 void DistKVStore::SendToLiveServers(const kv::Request& request) {

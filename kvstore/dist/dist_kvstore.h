@@ -227,6 +227,10 @@ class DistKVStore final : public KVStore {
   // The server rank that serves slices whose home is `home`: the home itself until a server
   // dies, then the one server_ring.h names.
   int OwnerRank(int home);
+  // Whether slices of `home` may travel through the shared-memory slots this worker gave the
+  // server of that rank: it still serves them and is the server that mapped the slots.
+  bool SharesSlotsWith(int home);
+  void FollowRing() PS_REQUIRES(ring_mu_);  // applies the server events not yet applied
   // The ranks of the servers not reported dead, and of those reported dead.
   std::vector<int> LiveServerRanks() const;
   std::vector<int> DeadServerRanks() const;
@@ -284,10 +288,10 @@ class DistKVStore final : public KVStore {
   // Held while push numbers are given out and their messages sent, so that a slice's pushes
   // leave in the order of their numbers.
   Mutex seq_mu_;
-  // The server ring as of `ring_deaths_` reported deaths (OwnerRank).
+  // The server ring after the first `ring_events_` server deaths and joins (OwnerRank).
   Mutex ring_mu_;
   ServerRing ring_ PS_GUARDED_BY(ring_mu_);
-  std::size_t ring_deaths_ PS_GUARDED_BY(ring_mu_) = 0;
+  std::size_t ring_events_ PS_GUARDED_BY(ring_mu_) = 0;
 
   mutable SharedMutex keys_mu_;
   std::unordered_map<Key, KeyInfo> keys_ PS_GUARDED_BY(keys_mu_);

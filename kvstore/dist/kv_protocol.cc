@@ -176,6 +176,7 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
   }
   for (const int home : request.homes) body.add_homes(home);
   for (const std::uint64_t seq : request.seqs) body.add_seqs(seq);
+  if (request.command == kReplicate) body.set_membership(request.membership);
   for (const ReplicaOp& op : request.replica_ops) {
     body.add_replica_kinds(static_cast<std::uint32_t>(op.kind));
     body.add_replica_seqs(op.seq);
@@ -261,6 +262,7 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   request.homes.clear();
   request.seqs.clear();
   request.replica_ops.clear();
+  request.membership = body.membership();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||

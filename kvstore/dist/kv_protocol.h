@@ -106,6 +106,7 @@ struct Request {
   std::vector<int> homes;
   std::vector<std::uint64_t> seqs;
   std::vector<ReplicaOp> replica_ops;  // kReplicate: one per slice
+  std::uint64_t membership = 0;        // kReplicate: server deaths and joins the sender knows
 };
 
 std::string EncodeBody(const Request& request);

@@ -1,10 +1,15 @@
 #pragma once
-// Where a key range is served while servers die (PS_REPLICATION). Every range has a home, the
-// server rank the key layout (key_layout.h) puts it on. It is served by its primary, the first
-// live server from its home on in rank order (wrapping around), and kept by the primary's
-// replica, the next live server after the primary. Workers and servers compute this alike from
-// the servers the scheduler reported dead, so a death moves a range to the server that
-// already holds its copy.
+// Where a key range is served while servers die and others take their place
+// (PS_REPLICATION). Every range has a home, the server rank the key layout (key_layout.h) puts
+// it on, and an owner, its primary: at first its home. A range's replica is the next live
+// server after its owner in rank order (wrapping around), so when an owner dies its ranges move
+// to that next live server, which already holds their copies.
+//
+// A server started later takes a dead server's rank (it "rejoins" it): it becomes live again
+// in the ring, so the live server before it now sends its copies to it, but it owns nothing
+// (the ranges of its rank stay with the server that took them over). It owns ranges only once
+// the server before it dies. Workers and servers apply the same deaths and joins in the order
+// the scheduler reported them, so they agree on every owner and replica.
 #include <cstddef>
 #include <vector>
 
@@ -14,18 +19,33 @@ class ServerRing {
  public:
   // `replicated`: ranges have a replica (ClusterConfig::replicated()).
   ServerRing(int num_servers, bool replicated)
-      : dead_(static_cast<std::size_t>(num_servers), false), replicated_(replicated) {}
+      : dead_(static_cast<std::size_t>(num_servers), false),
+        rejoined_(static_cast<std::size_t>(num_servers), false),
+        replicated_(replicated) {
+    for (int rank = 0; rank < num_servers; ++rank) owner_.push_back(rank);
+  }
 
   void MarkDead(int rank) {
-    if (rank >= 0 && static_cast<std::size_t>(rank) < dead_.size()) {
-      dead_[static_cast<std::size_t>(rank)] = true;
+    if (!InRange(rank) || dead(rank)) return;
+    dead_[static_cast<std::size_t>(rank)] = true;
+    const int heir = FirstLiveFrom((rank + 1) % num_servers());  // -1: none left
+    for (int& owner : owner_) {
+      if (owner == rank) owner = heir;
     }
   }
+  // A server took `rank`'s place: live again, owning nothing yet.
+  void MarkJoined(int rank) {
+    if (!InRange(rank) || !dead(rank)) return;
+    dead_[static_cast<std::size_t>(rank)] = false;
+    rejoined_[static_cast<std::size_t>(rank)] = true;
+  }
   bool dead(int rank) const { return dead_.at(static_cast<std::size_t>(rank)); }
+  // Whether `rank` is served by a server started later than the job (a rejoined rank).
+  bool rejoined(int rank) const { return rejoined_.at(static_cast<std::size_t>(rank)); }
   int num_servers() const { return static_cast<int>(dead_.size()); }
 
-  // The primary of the range whose home is `home`; -1 when every server is dead.
-  int Primary(int home) const { return FirstLiveFrom(home); }
+  // The primary of the range whose home is `home`; -1 once every server died.
+  int Primary(int home) const { return owner_.at(static_cast<std::size_t>(home)); }
   // The replica of the ranges `primary` serves; -1 without replication or when the primary is
   // the only live server.
   int ReplicaOf(int primary) const {
@@ -36,6 +56,7 @@ class ServerRing {
   int Replica(int home) const { return ReplicaOf(Primary(home)); }
 
  private:
+  bool InRange(int rank) const { return rank >= 0 && rank < num_servers(); }
   int FirstLiveFrom(int rank) const {
     const int n = num_servers();
     for (int step = 0; step < n; ++step) {
@@ -45,7 +66,9 @@ class ServerRing {
     return -1;
   }
 
-  std::vector<bool> dead_;  // per server rank
+  std::vector<bool> dead_;      // per server rank
+  std::vector<bool> rejoined_;  // per server rank
+  std::vector<int> owner_;      // per home rank: its primary (-1: none left)
   bool replicated_;
 };
 

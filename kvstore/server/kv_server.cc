@@ -839,8 +839,9 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
 }
 
 void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
-  if (peer.role == Role::kServer && event == Runtime::PeerEvent::kDead) {
-    OnServerDead(peer);
+  if (peer.role == Role::kServer) {
+    if (event == Runtime::PeerEvent::kDead) OnServerDead(peer);
+    if (event == Runtime::PeerEvent::kJoined) OnServerJoined(peer);
     return;
   }
   if (peer.role != Role::kWorker) return;

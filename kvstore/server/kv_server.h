@@ -258,6 +258,15 @@ class KVServerStore {
   std::string EncodeState(const Slice& slice) const;
   std::string DecodeState(Slice& slice, const std::string& state);
   void OnServerDead(const NodeInfo& peer);
+  // A server took the rank of a dead one: it may be this server's replica now.
+  void OnServerJoined(const NodeInfo& peer);
+  // After a death or join: makes the ring's replica of this server its replica, giving every
+  // slice it serves that another node mirrored a full copy there, then serves the requests
+  // held until this server heard what `cause` says.
+  void FollowRing(const std::string& cause);
+  // The job's optimizer and compression, to a server that took a dead one's rank: it missed
+  // the calls that set them, and needs them before the copies it is sent.
+  void SendSettings(int to);
   // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.
   void ApplyUpdate(Slice& slice, const Gradient& gradient);
   void Resolve(const Waiter& waiter, const Slice& slice);
@@ -277,6 +286,7 @@ class KVServerStore {
   // Replication: which server serves which home, the node this server's ranges are copied to
   // (kNoNode: none), and requests that arrived ahead of this server's view (RoutedAhead).
   ServerRing ring_;
+  std::uint64_t membership_ = 0;  // server deaths and joins applied to ring_
   int replica_node_ = kNoNode;
   std::uint64_t next_forward_ = 1;
   std::vector<Message> held_;
@@ -286,8 +296,9 @@ class KVServerStore {
   const ParallelOptions parallel_{.pool = &pool_};
   std::map<SliceId, Slice> slices_;
   std::unique_ptr<Optimizer> optimizer_;
-  compression::Settings compression_;  // SetGradientCompression's; none until set
-  bool pushed_ = false;                // a push was accepted: the compression is fixed
+  compression::Settings compression_;                    // SetGradientCompression's; none until set
+  std::optional<GradientCompression> compression_call_;  // as it came, for SendSettings
+  bool pushed_ = false;  // a push was accepted: the compression is fixed
   std::uint64_t next_state_id_ = 1;
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
   // (worker node id, segment id) -> the worker's attached shared memory.

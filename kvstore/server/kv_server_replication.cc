@@ -65,17 +65,22 @@ bool KVServerStore::RoutedAhead(int sender, const kv::Request& request) const {
   if (ring_.num_servers() < 2) return false;
   const int me = runtime_.rank();
   if (request.command == kv::kReplicate) {
-    // From the primary of the slices, which names this server its replica.
+    // From a primary that names this server its replica: held while it knows of deaths or
+    // joins this server has not heard of. One that knows fewer is served: what it sends was
+    // meant for this server, and what follows goes to its new replica, with a full copy first.
     const NodeInfo* node = PeerOf(sender);
     if (node == nullptr || node->role != Role::kServer) return false;  // HandleReplicate refuses it
-    return ring_.ReplicaOf(node->rank) != me;
+    return request.membership > membership_;
   }
   for (const int home : request.homes) {
     if (home >= ring_.num_servers()) return false;  // Validate refuses it
     if (ring_.Primary(home) != me) return true;
   }
   for (const int rank : request.dead_servers) {
-    if (rank < ring_.num_servers() && !ring_.dead(rank)) return true;  // else Validate refuses
+    // (A rank a server took since is no reason to wait: its sender will hear of it.)
+    if (rank < ring_.num_servers() && !ring_.dead(rank) && !ring_.rejoined(rank)) {
+      return true;  // else Validate refuses
+    }
   }
   return false;
 }
@@ -171,6 +176,7 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
       break;
   }
   request.replica_ops.push_back(std::move(op));
+  request.membership = membership_;
   Message msg = kv::RequestMessage(request, slice.replicated_to);
   msg.data.push_back(std::move(frame));
   const SliceId id{slice.key, slice.offset};
@@ -187,6 +193,13 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
 
 void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int to,
                                    const RequestResult& result) {
+  if (!result.ok() && result.lost_peer == kNoNode && !runtime_.terminated() &&
+      runtime_.failure().empty()) {
+    // An answer on the receive thread: from a replica that was replaced since (a server took
+    // a dead one's rank), its refusal is stale too.
+    const auto it = slices_.find(id);
+    if (it != slices_.end() && it->second.replicated_to != to) return;
+  }
   if (!result.ok()) {
     // A replica that died is replaced by OnServerDead, which sends the updates again. At the
     // end of the job, or when this node failed, the requests still out fail without anyone at
@@ -266,29 +279,71 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
     return;
   }
   ring_.MarkDead(peer.rank);
-  const int me = runtime_.rank();
-  const int replica = ring_.ReplicaOf(me);
-  replica_node_ = replica >= 0 ? runtime_.ServerId(replica) : kNoNode;
+  ++membership_;
   // Segments the dead server shared with this one (as its replica): mapped until the requests
   // that reference them are done.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
+  FollowRing(peer.Describe() + " died");
+}
+
+void KVServerStore::OnServerJoined(const NodeInfo& peer) {
+  if (!runtime_.config().replicated() || peer.rank < 0 || peer.rank >= ring_.num_servers()) {
+    return;
+  }
+  ring_.MarkJoined(peer.rank);
+  ++membership_;
+  if (peer.id == runtime_.id()) return;  // this server: it serves nothing yet
+  if (ring_.ReplicaOf(runtime_.rank()) == peer.rank) SendSettings(peer.id);
+  FollowRing(peer.Describe() + " joined in the place of a dead server");
+}
+
+void KVServerStore::SendSettings(int to) {
+  std::vector<kv::Request> calls;
+  if (optimizer_) {
+    calls.emplace_back();
+    calls.back().command = kv::kSetOptimizer;
+    calls.back().optimizer = optimizer_->config();
+  }
+  if (compression_call_) {
+    calls.emplace_back();
+    calls.back().command = kv::kSetCompression;
+    calls.back().compression = *compression_call_;
+  }
+  for (const kv::Request& call : calls) {
+    Message msg = kv::RequestMessage(call, to);
+    runtime_.Request(std::span<Message>(&msg, 1), [this, to](RequestResult&& result) {
+      // A refusal: the new replica could not apply this server's updates as it does.
+      if (!result.ok() && result.lost_peer == kNoNode && !runtime_.terminated() &&
+          runtime_.failure().empty()) {
+        runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": its new replica " +
+                      runtime_.Describe(to) + " refused the job's settings: " + result.error);
+      }
+    });
+  }
+}
+
+void KVServerStore::FollowRing(const std::string& cause) {
+  const int me = runtime_.rank();
+  const int replica = ring_.ReplicaOf(me);
+  replica_node_ = replica >= 0 ? runtime_.ServerId(replica) : kNoNode;
   std::vector<SliceId> copied_ids;
   for (auto& [id, slice] : slices_) {
     if (!Serves(slice)) continue;  // a copy this server keeps for another
     if (slice.replicated_to == replica_node_) continue;
     // A range this server takes over from the dead primary (it held the copy, so nothing is
-    // on its way yet), or one whose replica died: either way the replica needs a full copy.
+    // on its way yet), or one whose replica died or gave way to a server that joined: either
+    // way the replica needs a full copy.
     copied_ids.push_back(id);
     CopyToReplica(slice, replica_node_);
   }
   AttachReplicaSlots(copied_ids, replica_node_);
   const std::size_t copied = copied_ids.size();
-  LOG(WARNING) << "server " << me << ": " << peer.Describe() << " died; "
+  LOG(WARNING) << "server " << me << ": " << cause << "; "
                << (replica_node_ == kNoNode
                        ? std::string("no replica is left for this server's keys")
                        : std::to_string(copied) + " key slice(s) copied to " +
                              runtime_.Describe(replica_node_));
-  // Requests that came before this server heard of the death are served now, in order.
+  // Requests that came before this server heard of the change are served now, in order.
   std::vector<Message> held;
   held.swap(held_);
   for (Message& msg : held) OnRequest(std::move(msg));

@@ -29,6 +29,8 @@ std::string ControlName(Control control) {
       return "worker-done";
     case Control::kNodeFailed:
       return "node-failed";
+    case Control::kNodeJoined:
+      return "node-joined";
   }
   return "unknown";
 }

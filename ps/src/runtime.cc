@@ -159,17 +159,6 @@ void Runtime::Register() {
   last_scheduler_contact_ = RequestTracker::Clock::now();
   lock.Unlock();
 
-  for (const NodeInfo& node : nodes_) {
-    if (node.id == self_.id || node.role == Role::kScheduler) continue;
-    // Same kernel and network namespace: the peer's abstract ipc socket is reachable.
-    const bool same_host = config_.use_ipc && !self_.host_id.empty() &&
-                           node.host_id == self_.host_id && !node.ipc_endpoint.empty();
-    if (same_host) {
-      transport_->ConnectEndpoint(node.id, node.ipc_endpoint);
-    } else {
-      transport_->Connect(node.id, node.host, node.port);
-    }
-  }
   if (config_.verbose >= 1) {
     PS_LOG(INFO) << "registered as " << self_.Describe() << " in a job of " << config_.num_servers
                  << " server(s) and " << config_.num_workers << " worker(s)";
@@ -178,6 +167,17 @@ void Runtime::Register() {
   const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
                                                              : std::chrono::milliseconds(500);
   timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
+}
+
+void Runtime::ConnectTo(const NodeInfo& node) {
+  // Same kernel and network namespace: the peer's abstract ipc socket is reachable.
+  const bool same_host = config_.use_ipc && !self_.host_id.empty() &&
+                         node.host_id == self_.host_id && !node.ipc_endpoint.empty();
+  if (same_host) {
+    transport_->ConnectEndpoint(node.id, node.ipc_endpoint);
+  } else {
+    transport_->Connect(node.id, node.host, node.port);
+  }
 }
 
 bool Runtime::RegistrationAnswered() const {
@@ -200,15 +200,32 @@ std::string Runtime::SchedulerProbe() const {
   return probe.why;
 }
 
+std::span<const NodeInfo> Runtime::nodes() const {
+  return {nodes_.data(), node_count_.load(std::memory_order_acquire)};
+}
+
+const NodeInfo* Runtime::Node(int node_id) const {
+  const std::span<const NodeInfo> table = nodes();
+  if (node_id < 0 || static_cast<std::size_t>(node_id) >= table.size()) return nullptr;
+  return &table[static_cast<std::size_t>(node_id)];
+}
+
 int Runtime::ServerId(int rank) const {
-  for (const NodeInfo& node : nodes_) {
-    if (node.role == Role::kServer && node.rank == rank) return node.id;
+  const std::span<const NodeInfo> table = nodes();
+  for (auto node = table.rbegin(); node != table.rend(); ++node) {  // the latest holder
+    if (node->role == Role::kServer && node->rank == rank) return node->id;
   }
   throw Error("no server with rank " + std::to_string(rank));
 }
 
+std::vector<Runtime::ServerEvent> Runtime::ServerEvents(std::size_t from) const {
+  MutexLock lock(mu_);
+  if (from >= server_events_.size()) return {};
+  return {server_events_.begin() + static_cast<std::ptrdiff_t>(from), server_events_.end()};
+}
+
 int Runtime::WorkerId(int rank) const {
-  for (const NodeInfo& node : nodes_) {
+  for (const NodeInfo& node : nodes()) {
     if (node.role == Role::kWorker && node.rank == rank) return node.id;
   }
   throw Error("no worker with rank " + std::to_string(rank));
@@ -220,10 +237,8 @@ bool Runtime::IsDead(int node_id) const {
 }
 
 std::string Runtime::Describe(int node_id) const {
-  for (const NodeInfo& node : nodes_) {
-    if (node.id == node_id) return node.Describe();
-  }
-  return "node " + std::to_string(node_id);
+  const NodeInfo* node = Node(node_id);
+  return node != nullptr ? node->Describe() : "node " + std::to_string(node_id);
 }
 
 void Runtime::OnMessage(Message&& msg) {
@@ -244,11 +259,11 @@ void Runtime::OnMessage(Message&& msg) {
     const bool early_from_scheduler =
         from_scheduler && meta.body == self_.connection_key &&
         (meta.control == Control::kRegisterReply || meta.control == Control::kTerminate);
-    const bool known = registered_ ? meta.sender >= 0 &&
-                                         static_cast<std::size_t>(meta.sender) < nodes_.size() &&
-                                         (from_scheduler || meta.recipient == self_.id) &&
-                                         msg.connection_key == nodes_[meta.sender].connection_key
-                                   : early_from_scheduler;
+    const NodeInfo* sender = registered_ ? Node(meta.sender) : nullptr;
+    const bool known = registered_
+                           ? sender != nullptr && (from_scheduler || meta.recipient == self_.id) &&
+                                 msg.connection_key == sender->connection_key
+                           : early_from_scheduler;
     if (!known) {
       if (const auto count = ++dropped_; LogOccurrence(count)) {
         PS_LOG(WARNING) << "dropped a message (#" << count << ") from node " << meta.sender
@@ -321,6 +336,9 @@ void Runtime::OnControl(Message&& msg) {
     case Control::kNodeDead:
       for (const NodeInfo& dead : meta.nodes) OnNodeDead(dead);
       break;
+    case Control::kNodeJoined:
+      for (const NodeInfo& joined : meta.nodes) OnNodeJoined(joined);
+      break;
     default:
       if (const auto count = ++dropped_; LogOccurrence(count)) {
         PS_LOG(WARNING) << "dropped an unexpected message (#" << count
@@ -331,6 +349,7 @@ void Runtime::OnControl(Message&& msg) {
 
 void Runtime::OnRegisterReply(const Meta& meta) {
   std::vector<Message> held;
+  bool table_arrived = false;
   {
     MutexLock lock(mu_);
     if (registered_) return;
@@ -340,11 +359,12 @@ void Runtime::OnRegisterReply(const Meta& meta) {
     } else if (meta.nodes.empty()) {
       acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
     } else {
-      // The table: ids are dense from 0 (the scheduler); find ourselves by host and port.
-      std::vector<NodeInfo> table(meta.nodes.size());
+      // The table: ids are dense from 0 (the scheduler); find ourselves by host and port. Room
+      // is left for the servers that may take dead ones' ranks later (OnNodeJoined).
+      std::vector<NodeInfo> table(meta.nodes.size() + kMaxRejoins);
       bool valid = true;
       for (const NodeInfo& node : meta.nodes) {
-        if (node.id < 0 || static_cast<std::size_t>(node.id) >= table.size()) valid = false;
+        if (node.id < 0 || static_cast<std::size_t>(node.id) >= meta.nodes.size()) valid = false;
         if (valid) table[node.id] = node;
         if (node.host == self_.host && node.port == self_.port && node.role == self_.role) {
           self_ = node;
@@ -354,9 +374,23 @@ void Runtime::OnRegisterReply(const Meta& meta) {
         register_error_ = "the scheduler sent a node table without this node";
       } else {
         nodes_ = std::move(table);
-        registered_ = true;
+        node_count_.store(meta.nodes.size(), std::memory_order_release);
+        table_arrived = true;
       }
     }
+    if (!table_arrived) {
+      changed_.NotifyAll();
+      held.swap(held_until_registered_);
+    }
+  }
+  if (table_arrived) {
+    // Connected before Register() returns, so the node can send to every peer at once; here,
+    // on the receive thread, so that the deaths and joins reported next find these sockets.
+    for (const NodeInfo& node : nodes()) {
+      if (node.id != self_.id && node.role != Role::kScheduler) ConnectTo(node);
+    }
+    MutexLock lock(mu_);
+    registered_ = true;
     changed_.NotifyAll();
     held.swap(held_until_registered_);
   }
@@ -369,6 +403,10 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
     MutexLock lock(mu_);
     if (!dead_.insert(dead.id).second) return;
     dead_count_.fetch_add(1);
+    if (dead.role == Role::kServer) {
+      server_events_.push_back(ServerEvent{dead.rank, dead.id, false});
+      server_event_count_.store(server_events_.size());
+    }
   }
   PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
   // What is queued for it goes now, not when it comes back (a stopped process may resume):
@@ -379,9 +417,42 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
   NotifyPeer(dead, PeerEvent::kDead);
 }
 
+void Runtime::OnNodeJoined(const NodeInfo& node) {
+  bool is_new = false;
+  {
+    MutexLock lock(mu_);
+    const std::size_t count = node_count_.load();
+    const bool fits = node.role == Role::kServer && node.rank >= 0 &&
+                      node.rank < config_.num_servers && node.id > 0;
+    if (fits && static_cast<std::size_t>(node.id) == count && count < nodes_.size()) {
+      nodes_[count] = node;
+      node_count_.store(count + 1, std::memory_order_release);
+      is_new = true;
+    } else if (!fits || static_cast<std::size_t>(node.id) >= count || nodes_[node.id] != node) {
+      // Not the next id, or a known id with other details: not what this scheduler sends.
+      if (const auto dropped = ++dropped_; LogOccurrence(dropped)) {
+        PS_LOG(WARNING) << "dropped a report (#" << dropped << ") of a joined node that does "
+                        << "not fit the node table: " << node.Describe();
+      }
+      return;
+    }
+    server_events_.push_back(ServerEvent{node.rank, node.id, true});
+    server_event_count_.store(server_events_.size());
+  }
+  if (node.id != self_.id) {
+    if (is_new) ConnectTo(node);
+    PS_LOG(WARNING) << node.Describe() << " joined the job in the place of a dead server";
+  }
+  NotifyPeer(node, PeerEvent::kJoined);
+}
+
 void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
   MutexLock lock(handler_mu_);
-  if (peer_handler_) peer_handler_(peer, event);
+  if (peer_handler_) {
+    peer_handler_(peer, event);
+  } else {
+    early_peer_events_.emplace_back(peer, event);
+  }
 }
 
 void Runtime::OnTick() {
@@ -477,6 +548,9 @@ void Runtime::SetRequestHandler(RequestHandler handler) {
 void Runtime::SetPeerHandler(PeerHandler handler) {
   MutexLock lock(handler_mu_);
   peer_handler_ = std::move(handler);
+  if (!peer_handler_) return;
+  for (const auto& [peer, event] : early_peer_events_) peer_handler_(peer, event);
+  early_peer_events_.clear();
 }
 
 std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Callback callback,

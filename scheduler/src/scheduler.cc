@@ -192,12 +192,7 @@ void Scheduler::OnMessage(Message&& msg) {
       // Servers learn it too: a dist_sync round still waiting for this worker can never end.
       for (std::size_t id = 1; id < nodes_.size(); ++id) {
         if (nodes_[id].role != Role::kServer || !IsLive(static_cast<int>(id))) continue;
-        Message notice;
-        notice.meta.control = Control::kWorkerDone;
-        notice.meta.request = true;
-        notice.meta.recipient = static_cast<int>(id);
-        notice.meta.nodes.push_back(nodes_[meta.sender]);
-        Send(std::move(notice));
+        Send(Notice(Control::kWorkerDone, static_cast<int>(id), nodes_[meta.sender]));
       }
       MaybeFinish();
       break;
@@ -277,38 +272,47 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
   if (node.role == Role::kScheduler) {
     return Refusal{"a second scheduler cannot join: set DMLC_ROLE to server or worker"};
   }
+  if (complete_ && (node.role != Role::kServer || !config_.replicated())) {
+    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
+                   std::to_string(config_.num_servers) +
+                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")" +
+                   (node.role == Role::kServer
+                        ? "; without replication (PS_REPLICATION=0) a server cannot join a "
+                          "running job: to use more servers, restart the job from a checkpoint "
+                          "(SaveCheckpoint, ps-train --resume)"
+                        : "")};
+  }
   if (complete_) {
-    std::string why = "the job already has all its nodes (DMLC_NUM_SERVER=" +
-                      std::to_string(config_.num_servers) +
-                      ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")";
-    // A server started to replace one that died: say why it cannot, and what can.
-    std::string lost;
-    for (const int id : dead_) {  // not dead_nodes(): that takes mu_, held here
-      const NodeInfo& dead = nodes_[static_cast<std::size_t>(id)];
-      if (dead.role == Role::kServer)
-        lost += (lost.empty() ? "" : ", ") + std::to_string(dead.rank);
+    // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
+    if (DeadServerRank() < 0) {
+      return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
+                     std::to_string(config_.num_servers) +
+                     ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) +
+                     ") and none of its servers died: a server started later joins a running "
+                     "job only in the place of a dead one"};
     }
-    if (node.role == Role::kServer && !lost.empty()) {
-      why += "; server(s) " + lost +
-             " died and the job goes on without them, but a server cannot join a running job "
-             "in their place: to use more servers, restart the job from a checkpoint "
-             "(SaveCheckpoint, ps-train --resume)";
+    if (rejoins_ >= kMaxRejoins) {
+      return Refusal{"the job already admitted " + std::to_string(kMaxRejoins) +
+                     " servers in the place of dead ones, the most a job admits: restart the "
+                     "job from a checkpoint (SaveCheckpoint, ps-train --resume)"};
     }
-    return Refusal{why};
   }
   // A node that sees the job differently would size rounds, heartbeats or key slices its own
-  // way and hang the others: the job cannot run as launched.
-  if (auto refusal = SettingsRefusal(node, meta.body)) return refusal;
+  // way and hang the others: the job cannot run as launched. (Not fatal to a running job.)
+  if (auto refusal = SettingsRefusal(node, meta.body)) {
+    refusal->ends_job = refusal->ends_job && !complete_;
+    return refusal;
+  }
   int same_role = 0;
   for (const NodeInfo& other : nodes_) {
-    if (other.host == node.host && other.port == node.port) {
+    if (other.host == node.host && other.port == node.port && IsLive(other.id)) {
       return Refusal{"a node at " + node.host + ":" + std::to_string(node.port) +
                      " is already registered"};
     }
     if (other.role == node.role) ++same_role;
   }
   const int wanted = node.role == Role::kServer ? config_.num_servers : config_.num_workers;
-  if (same_role >= wanted) {
+  if (!complete_ && same_role >= wanted) {
     return Refusal{"the job already has its " + std::to_string(wanted) + " " + RoleName(node.role) +
                    "(s): set " +
                    (node.role == Role::kServer ? "DMLC_NUM_SERVER" : "DMLC_NUM_WORKER") +
@@ -377,7 +381,9 @@ void Scheduler::EndFailedRegistrationOnceAllTold() {
 
 void Scheduler::OnRegister(Message&& msg) {
   const auto refusal = RegistrationRefusal(msg);
-  if (!refusal) {
+  if (!refusal && complete_) {
+    AdmitInPlaceOfDead(msg.meta.nodes[0]);
+  } else if (!refusal) {
     Admit(msg.meta.nodes[0], msg.meta.body);
   } else if (refusal->answer == Refusal::Answer::kDrop) {
     if (LogOccurrence(++dropped_)) {
@@ -415,6 +421,71 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
   if (static_cast<int>(nodes_.size()) == 1 + config_.num_servers + config_.num_workers) {
     CompleteRegistration();
   }
+}
+
+int Scheduler::DeadServerRank(int requested) const {
+  const auto dead = [this](int rank) PS_REQUIRES(mu_) {
+    int holder = kNoNode;  // the last server that took the rank
+    for (const NodeInfo& node : nodes_) {
+      if (node.role == Role::kServer && node.rank == rank) holder = node.id;
+    }
+    return holder != kNoNode && dead_.contains(holder);
+  };
+  if (requested >= 0 && requested < config_.num_servers && dead(requested)) return requested;
+  for (int rank = 0; rank < config_.num_servers; ++rank) {
+    if (dead(rank)) return rank;
+  }
+  return -1;
+}
+
+Message Scheduler::Notice(Control control, int recipient, const NodeInfo& about) {
+  Message notice;
+  notice.meta.control = control;
+  notice.meta.request = true;
+  notice.meta.recipient = recipient;
+  notice.meta.nodes.push_back(about);
+  return notice;
+}
+
+void Scheduler::AdmitInPlaceOfDead(NodeInfo node) {
+  const int rank = DeadServerRank(node.rank);  // the rank it asked for (PS_RANK), if dead
+  node.id = static_cast<int>(nodes_.size());
+  node.rank = rank;
+  try {
+    transport_->Connect(node.id, node.host, node.port);
+  } catch (const Error& e) {
+    Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
+    return;
+  }
+  const int dead_id = [&]() PS_REQUIRES(mu_) {
+    int last = kNoNode;
+    for (const NodeInfo& other : nodes_) {
+      if (other.role == Role::kServer && other.rank == rank) last = other.id;
+    }
+    return last;
+  }();
+  nodes_.push_back(node);
+  last_seen_.push_back(Clock::now());
+  requested_rank_.push_back(-1);
+  ++rejoins_;
+  server_events_.push_back(ServerEvent{node.id, true});
+  // The new server gets the table, then every server death and join so far in order (its own
+  // last), as the others heard them, and the workers that finished: it starts where they are.
+  Message table = RegisterReply(node.id, node.connection_key);
+  table.meta.nodes = nodes_;
+  Send(std::move(table));
+  for (const ServerEvent& event : server_events_) {
+    Send(Notice(event.joined ? Control::kNodeJoined : Control::kNodeDead, node.id,
+                nodes_[static_cast<std::size_t>(event.node_id)]));
+  }
+  for (const int worker : done_) Send(Notice(Control::kWorkerDone, node.id, nodes_[worker]));
+  for (std::size_t other = 1; other + 1 < nodes_.size(); ++other) {
+    if (IsLive(static_cast<int>(other)))
+      Send(Notice(Control::kNodeJoined, static_cast<int>(other), node));
+  }
+  LOG(WARNING) << node.Describe() << " joined the job in the place of dead "
+               << nodes_[static_cast<std::size_t>(dead_id)].Describe()
+               << ": it keeps the copies of the server before it (PS_REPLICATION)";
 }
 
 void Scheduler::CompleteRegistration() {
@@ -630,13 +701,10 @@ void Scheduler::DeclareDead(int id, const std::string& why) {
   transport_->Abandon(id);  // what is queued for it can never arrive: exit without waiting
   const NodeInfo& node = nodes_[id];
   LOG(ERROR) << node.Describe() << " is dead: " << why;
+  if (node.role == Role::kServer) server_events_.push_back(ServerEvent{id, false});
   for (std::size_t other = 1; other < nodes_.size(); ++other) {
-    if (!IsLive(static_cast<int>(other))) continue;
-    Message notice;
-    notice.meta.control = Control::kNodeDead;
-    notice.meta.recipient = static_cast<int>(other);
-    notice.meta.nodes.push_back(node);
-    Send(std::move(notice));
+    if (IsLive(static_cast<int>(other)))
+      Send(Notice(Control::kNodeDead, static_cast<int>(other), node));
   }
   std::vector<int> blocked;
   for (const auto& [group, arrived] : barriers_) {

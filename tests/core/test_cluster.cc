@@ -170,13 +170,89 @@ TEST_CASE(
   CHECK(ps::test::ThreadCount() == baseline_threads);
 }
 
+TEST_CASE("cluster: a server started after one died takes its rank and every node hears of it",
+          "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(2, 1));  // replication is on with 2 servers
+  std::atomic<int> dead_id{ps::kNoNode};
+  // Each server answers a request with its rank, so the worker can tell who answered.
+  const auto serve = [](ps::Runtime& runtime) {
+    runtime.SetRequestHandler([&runtime](ps::Message&& msg) {
+      ps::Message reply;
+      reply.meta.body = std::to_string(runtime.rank());
+      runtime.Reply(msg.meta, std::move(reply));
+    });
+    return runtime.WaitForTermination();
+  };
+  NodeThreads servers(scheduler.NodeConfig(ps::Role::kServer), 2,
+                      [&](ps::Runtime& runtime, int) -> std::string {
+                        if (runtime.rank() == 1) {
+                          dead_id = runtime.id();
+                          return "vanished";  // the Runtime is destroyed: its connections close
+                        }
+                        return serve(runtime);
+                      });
+  // Started once the scheduler declared the first rank-1 server dead.
+  std::unique_ptr<NodeThreads> joined;
+  std::atomic<int> joined_id{ps::kNoNode};
+  std::thread starter([&] {
+    if (!Eventually([&] { return scheduler.dead_nodes().size() == 1; }, 20s)) return;
+    joined = std::make_unique<NodeThreads>(
+        scheduler.NodeConfig(ps::Role::kServer), 1, [&](ps::Runtime& runtime, int) -> std::string {
+          joined_id = runtime.id();
+          if (runtime.rank() != 1) return "took rank " + std::to_string(runtime.rank());
+          // It heard what the others heard, in the same order: rank 1 died, then it joined.
+          if (!Eventually([&] { return runtime.server_event_count() == 2; })) {
+            return "heard " + std::to_string(runtime.server_event_count()) + " server events";
+          }
+          const auto events = runtime.ServerEvents();
+          if (events[0].joined || events[0].rank != 1 || !events[1].joined || events[1].rank != 1 ||
+              events[1].node_id != runtime.id() || !runtime.IsDead(events[0].node_id)) {
+            return "heard other server events";
+          }
+          return serve(runtime);
+        });
+  });
+  std::string seen_by_worker;
+  NodeThreads worker(
+      scheduler.NodeConfig(ps::Role::kWorker), 1, [&](ps::Runtime& runtime, int) -> std::string {
+        if (!Eventually([&] { return runtime.server_event_count() == 2; }, 30s)) {
+          return "heard " + std::to_string(runtime.server_event_count()) + " server events";
+        }
+        const auto events = runtime.ServerEvents();
+        const int new_id = runtime.ServerId(1);
+        seen_by_worker = std::to_string(events[0].node_id) + (events[0].joined ? "+" : "-") +
+                         std::to_string(events[1].node_id) + (events[1].joined ? "+" : "-") +
+                         " rank 1 at node " + std::to_string(new_id);
+        ps::Message request;
+        request.meta.recipient = new_id;
+        const ps::RequestResult answer =
+            runtime.RequestAndWait(std::move(request), ps::RequestTracker::Clock::now() + 10s);
+        if (!answer.ok()) return "the new server did not answer: " + answer.error;
+        if (answer.responses[0].meta.body != "1")
+          return "answered by rank " + answer.responses[0].meta.body;
+        runtime.FinishWorker();
+        return "";
+      });
+  CHECK(scheduler.Run() == 0);
+  starter.join();
+  CHECK(worker.Join()[0] == "");
+  REQUIRE(joined);
+  CHECK(joined->Join()[0] == "");
+  CHECK(seen_by_worker == std::to_string(dead_id.load()) + "-" + std::to_string(joined_id.load()) +
+                              "+ rank 1 at node " + std::to_string(joined_id.load()));
+  auto outcomes = servers.Join();
+  std::sort(outcomes.begin(), outcomes.end());
+  CHECK(outcomes == std::vector<std::string>{"", "vanished"});
+  CHECK(scheduler.dead_nodes().size() == 1);
+}
+
 TEST_CASE("cluster: ranks follow host then port order whoever registers first", "[cluster]") {
   ps::Scheduler scheduler(SchedulerConfig(1, 3));
   std::vector<std::vector<ps::NodeInfo>> tables(3);
   std::vector<int> ids(3);
   NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
   NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 3, [&](ps::Runtime& runtime, int i) {
-    tables[i] = runtime.nodes();
+    tables[i].assign(runtime.nodes().begin(), runtime.nodes().end());
     ids[i] = runtime.id();
     runtime.FinishWorker();
     return std::string();

@@ -120,6 +120,43 @@ TEST_CASE("server ring: a dead server's ranges go to the server holding their co
   CHECK(off.Primary(0) == 1);
 }
 
+TEST_CASE("server ring: a server that takes a dead one's rank mirrors the one before it",
+          "[layout]") {
+  ps::ServerRing ring(3, /*replicated=*/true);
+  ring.MarkDead(1);
+  CHECK(ring.Primary(1) == 2);
+  CHECK(ring.Replica(0) == 2);
+  ring.MarkJoined(1);
+  CHECK_FALSE(ring.dead(1));
+  CHECK(ring.rejoined(1));
+  CHECK_FALSE(ring.rejoined(0));
+  // It owns nothing: rank 1's ranges stay with the server that took them over...
+  CHECK(ring.Primary(1) == 2);
+  CHECK(ring.Primary(0) == 0);
+  CHECK(ring.Primary(2) == 2);
+  // ...but it is the replica of the server before it, which copies its ranges to it.
+  CHECK(ring.Replica(0) == 1);
+  CHECK(ring.Replica(1) == 0);  // server 2's ranges (home 1 and 2) keep their replica
+  CHECK(ring.Replica(2) == 0);
+  // The server before it dies: its ranges move to the new server, which holds their copies.
+  ring.MarkDead(0);
+  CHECK(ring.Primary(0) == 1);
+  CHECK(ring.Replica(0) == 2);
+  CHECK(ring.Primary(1) == 2);
+  CHECK(ring.Replica(1) == 1);
+  // Then the last server of the job's start: the new one serves everything, alone.
+  ring.MarkDead(2);
+  for (int home = 0; home < 3; ++home) {
+    CHECK(ring.Primary(home) == 1);
+    CHECK(ring.Replica(home) == -1);
+  }
+  ring.MarkJoined(0);  // and another one joins: it mirrors the server before it
+  CHECK(ring.Replica(2) == 0);
+  CHECK(ring.Primary(0) == 1);
+  ring.MarkJoined(1);  // a live rank cannot be taken
+  CHECK(ring.Primary(1) == 1);
+}
+
 TEST_CASE("kv protocol: replication fields round-trip, malformed ones are rejected", "[layout]") {
   std::string error;
   ps::kv::Request push;
@@ -143,11 +180,13 @@ TEST_CASE("kv protocol: replication fields round-trip, malformed ones are reject
   replicate.slices = {{7, 0, 2}, {9, 0, 2}};
   replicate.replica_ops = {{ps::kv::ReplicaKind::kRound, 4, 0, ""},
                            {ps::kv::ReplicaKind::kState, 1, 0, std::string("\x01\0state", 7)}};
+  replicate.membership = 3;
   msg.meta.head = ps::kv::kReplicate;
   msg.meta.body = ps::kv::EncodeBody(replicate);
   decoded = ps::kv::DecodeRequest(msg, &error);
   REQUIRE(decoded);
   CHECK(decoded->replica_ops == replicate.replica_ops);
+  CHECK(decoded->membership == 3);
 
   replicate.replica_ops.pop_back();  // one op for two slices
   msg.meta.body = ps::kv::EncodeBody(replicate);

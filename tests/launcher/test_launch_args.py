@@ -368,7 +368,12 @@ class Args(LauncherTest):
                 (["-n", "1", "--scheduler-host", "h", "prog"], "needs the ssh launcher"),
                 (["-n", "1", "--same-cmd-for-all-roles", "--server-cmd", "x", "prog"],
                  "conflicts"),
-                (["-n", "1", "--env", "DMLC_PS_ROOT_PORT=http", "prog"], "want a port")]:
+                (["-n", "1", "--env", "DMLC_PS_ROOT_PORT=http", "prog"], "want a port"),
+                (["-n", "1", "-s", "2", "--server-restarts", "-1", "prog"], "want 0 or more"),
+                (["-n", "1", "-s", "1", "--server-restarts", "1", "prog"],
+                 "--server-restarts needs replication"),
+                (["-n", "1", "-s", "2", "--env", "PS_REPLICATION=0", "--server-restarts", "1",
+                  "prog"], "--server-restarts needs replication")]:
             with self.subTest(argv=argv):
                 with self.assertRaises(launch.UsageError) as cm:
                     self.parse(argv)

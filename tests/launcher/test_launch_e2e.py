@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import time
 import tempfile
 import unittest
 
@@ -122,6 +123,39 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assertEqual(r.rc, 0, r)
         self.assertIn("the job goes on, the other servers serve its keys (PS_REPLICATION)", r.err)
         self.assertIn("the job finished without 1 lost server(s)", r.err)
+        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
+                         r)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_server_restarts_put_a_new_server_in_the_dead_ones_place(self):
+        # --server-restarts 1: a killed server is replaced by a new one, which then carries the
+        # job alone once the other two servers of the start were killed in turn (each after the
+        # copies its death causes): the sums stay exact only if the new server got every update.
+        proc = self.start_launcher(["-n", "2", "-s", "3", "--server-restarts", "1"]
+                                   + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", "20000",
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+
+        def server_pids():
+            return [pid for pid in pids_with_marker(self.marker, environ=True)
+                    if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "ps-server"]
+        originals = server_pids()
+        self.assertEqual(len(originals), 3, originals)
+        os.kill(originals[1], signal.SIGKILL)
+        self.wait_for_output(proc, "joined the job in the place of dead server", 1, timeout=60)
+        self.assertEqual(len(set(server_pids()) - set(originals)), 1)
+        for victim, deaths in ((originals[0], 2), (originals[2], 3)):
+            time.sleep(1.5)  # the copies the last change caused (a few ms here); not a sync
+            os.kill(victim, signal.SIGKILL)
+            self.wait_for_output(proc, "the job goes on without server", deaths, timeout=60)
+        r = self.finish_launcher(proc, timeout=180)
+        self.assertEqual(r.rc, 0, r)
+        self.assertIn("in the place of the dead one (0 of --server-restarts left)", r.err)
+        self.assertIn("--server-restarts 1 used up", r.err)
+        self.assertIn("the job finished without 3 lost server(s)", r.err)
         self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
                          r)
         self.assert_nothing_left_here()

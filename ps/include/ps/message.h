@@ -16,6 +16,9 @@ namespace ps {
 constexpr std::uint32_t kProtocolVersion = 1;
 constexpr int kSchedulerId = 0;
 constexpr int kNoNode = -1;
+// Servers a job admits in the place of dead ones (NODE_JOINED), over its lifetime: every node
+// sizes its node table for the job's nodes plus this many.
+constexpr int kMaxRejoins = 64;
 
 // Barrier groups: a bitmask of roles.
 constexpr int kServerGroup = 1;
@@ -36,6 +39,7 @@ enum class Control {
   kNodeDead = 8,
   kWorkerDone = 9,
   kNodeFailed = 10,
+  kNodeJoined = 11,
 };
 std::string ControlName(Control control);
 

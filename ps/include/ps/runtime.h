@@ -18,6 +18,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ps/config.h"
@@ -54,9 +55,22 @@ class Runtime {
   int num_servers() const { return config_.num_servers; }
   int num_workers() const { return config_.num_workers; }
   const ClusterConfig& config() const { return config_; }
-  const std::vector<NodeInfo>& nodes() const { return nodes_; }
-  int ServerId(int rank) const;  // node id of the server with that rank
+  // Every node of the job so far, indexed by id: the ones it started with, then the servers
+  // that took dead ones' ranks (NODE_JOINED), in the order they joined.
+  std::span<const NodeInfo> nodes() const;
+  // The node id of the server with that rank: the last one that took it, when a server took a
+  // dead one's place.
+  int ServerId(int rank) const;
   int WorkerId(int rank) const;
+  // The servers that died, and those that took a dead one's rank, in the order the scheduler
+  // reported them (the same on every node): ServerRing's input.
+  struct ServerEvent {
+    int rank = -1;
+    int node_id = kNoNode;
+    bool joined = false;  // else died
+  };
+  std::vector<ServerEvent> ServerEvents(std::size_t from = 0) const;
+  std::size_t server_event_count() const { return server_event_count_.load(); }
   // Whether the scheduler reported `node_id` dead (set before the requests waiting on it fail
   // and before the peer handler hears of it), and how many nodes it reported so far.
   bool IsDead(int node_id) const;
@@ -80,10 +94,11 @@ class Runtime {
   // Receives every application request, on the receive thread. Requests that arrive before a
   // handler is set are held and delivered, in order, when it is set.
   void SetRequestHandler(RequestHandler handler);
-  enum class PeerEvent { kDead, kFinished };
+  enum class PeerEvent { kDead, kFinished, kJoined };
   using PeerHandler = std::function<void(const NodeInfo& peer, PeerEvent event)>;
-  // Called on the receive thread when the scheduler reports a node dead, or (to servers) a
-  // worker finished.
+  // Called on the receive thread when the scheduler reports a node dead, a server that took a
+  // dead one's rank, or (to servers) a worker finished. Events reported before a handler is
+  // set are held and delivered, in order, by SetPeerHandler on its caller's thread.
   void SetPeerHandler(PeerHandler handler);
 
   // Sends each message (to its meta.recipient) as one request with a shared timestamp and calls
@@ -144,18 +159,30 @@ class Runtime {
   // Register's wait for the node table: true once it came, the scheduler refused this node or
   // the job ended.
   bool RegistrationAnswered() const PS_REQUIRES(mu_);
-  void OnMessage(Message&& msg) PS_EXCLUDES(mu_);           // receive thread
-  void OnControl(Message&& msg) PS_EXCLUDES(mu_);           // receive thread
-  void OnRegisterReply(const Meta& meta) PS_EXCLUDES(mu_);  // receive thread: Register's answer
-  void OnNodeDead(const NodeInfo& dead) PS_EXCLUDES(mu_);   // receive thread
-  void NotifyPeer(const NodeInfo& peer, PeerEvent event);   // receive thread
-  void OnTick() PS_EXCLUDES(mu_);                           // timer thread
-  bool SendToNode(Message& msg);                            // sets msg.meta.sender
+  void OnMessage(Message&& msg) PS_EXCLUDES(mu_);            // receive thread
+  void OnControl(Message&& msg) PS_EXCLUDES(mu_);            // receive thread
+  void OnRegisterReply(const Meta& meta) PS_EXCLUDES(mu_);   // receive thread: Register's answer
+  void OnNodeDead(const NodeInfo& dead) PS_EXCLUDES(mu_);    // receive thread
+  void OnNodeJoined(const NodeInfo& node) PS_EXCLUDES(mu_);  // receive thread
+  // Connects the send socket for `node`: its ipc endpoint when on this host, else TCP.
+  void ConnectTo(const NodeInfo& node);
+  // The node with id `node_id`, or nullptr: reads the published part of nodes_.
+  const NodeInfo* Node(int node_id) const;
+  void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
+  void OnTick() PS_EXCLUDES(mu_);                          // timer thread
+  bool SendToNode(Message& msg);                           // sets msg.meta.sender
 
   const ClusterConfig config_;
   std::string scheduler_ip_;
   NodeInfo self_;
-  std::vector<NodeInfo> nodes_;  // written by Register() before any other thread reads it
+  // The node table: sized once at registration (the job's nodes plus kMaxRejoins) and never
+  // resized, so readers need no lock. Entries below node_count_ are published and never
+  // change; the receive thread writes the entry at node_count_ (a joined server), then
+  // publishes it by raising the count (release; readers load it with acquire).
+  std::vector<NodeInfo> nodes_;
+  std::atomic<std::size_t> node_count_{0};
+  std::vector<ServerEvent> server_events_ PS_GUARDED_BY(mu_);
+  std::atomic<std::size_t> server_event_count_{0};  // server_events_.size()
   std::unique_ptr<ZmqTransport> transport_;
   RequestTracker tracker_;
 
@@ -180,6 +207,7 @@ class Runtime {
   RequestHandler request_handler_ PS_GUARDED_BY(handler_mu_);
   std::vector<Message> early_requests_ PS_GUARDED_BY(handler_mu_);
   PeerHandler peer_handler_ PS_GUARDED_BY(handler_mu_);
+  std::vector<std::pair<NodeInfo, PeerEvent>> early_peer_events_ PS_GUARDED_BY(handler_mu_);
 
   // Declared last: destroyed first, so no thread runs while the members above die.
   std::unique_ptr<PeriodicTask> timer_;

@@ -108,6 +108,15 @@ class Scheduler {
   // it did (the job has ended).
   bool DeclareClosedConnectionsDead(Clock::time_point now) PS_REQUIRES(mu_);
   void CompleteRegistration() PS_REQUIRES(mu_);
+  // With replication, a server that registers once the job runs takes the rank of a dead one
+  // (DeadServerRank), with a new node id: it gets the table and the job's server deaths and
+  // joins so far, and every live node hears of it (NODE_JOINED).
+  void AdmitInPlaceOfDead(NodeInfo node) PS_REQUIRES(mu_);
+  // `requested` (a rank asked for with PS_RANK) when its last holder is dead, else the lowest
+  // such rank, or -1 when every rank has a live server.
+  int DeadServerRank(int requested = -1) const PS_REQUIRES(mu_);
+  // A control request to `recipient` about node `about` (NODE_DEAD, NODE_JOINED, WORKER_DONE).
+  static Message Notice(Control control, int recipient, const NodeInfo& about);
   void DeclareDead(int id, const std::string& why) PS_REQUIRES(mu_);
   void ReleaseBarrier(int group, const std::string& error) PS_REQUIRES(mu_);
   void MaybeFinish() PS_REQUIRES(mu_);
@@ -135,6 +144,13 @@ class Scheduler {
   bool complete_ PS_GUARDED_BY(mu_) = false;             // the table was sent
   std::set<int> done_ PS_GUARDED_BY(mu_);                // workers that finished
   std::set<int> dead_ PS_GUARDED_BY(mu_);
+  // Server deaths and joins in the order they were reported (what a joining server replays).
+  struct ServerEvent {
+    int node_id;
+    bool joined;
+  };
+  std::vector<ServerEvent> server_events_ PS_GUARDED_BY(mu_);
+  int rejoins_ PS_GUARDED_BY(mu_) = 0;  // servers admitted in the place of dead ones
   // Live nodes whose connection closed, and when.
   std::map<int, Clock::time_point> suspected_ PS_GUARDED_BY(mu_);
   // What OnPeerConnection reported, for OnTick. A leaf lock (never held while taking mu_ or
