@@ -138,11 +138,14 @@ class Manifests(unittest.TestCase):
             seen.append(name)
             job = rj["template"]["spec"]
             self.assert_fields(job, JOB_SPEC, f"replicatedJobs[{name}].template.spec")
-            self.assertEqual(job["backoffLimit"], 0)
+            # A server's process that dies is restarted in its pod and takes its rank again
+            # (replication); any other failure ends the job.
+            self.assertEqual(job["backoffLimit"], 3 if name == "server" else 0)
             per_job = job.get("parallelism", 1)
             self.assertEqual(job.get("completions", 1), per_job)
             pod_tpl = job["template"]
-            container = self.check_pod(pod_tpl["spec"], f"{name} pod")
+            container = self.check_pod(pod_tpl["spec"], f"{name} pod",
+                                       "OnFailure" if name == "server" else "Never")
             pods[name] = (rj["replicas"] * per_job, pod_tpl["metadata"]["labels"], container)
 
         count = {role: n for role, (n, _, _) in pods.items()}
