@@ -41,6 +41,8 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # 10.0.0.4:38003) died" / "... is dead: no heartbeat ...".
 # The scheduler's line when a job with replication goes on without a dead server.
 SURVIVED_RE = re.compile(r"the job goes on without server (\d+) \(")
+# The scheduler's line when a server started later took a dead one's rank.
+JOINED_RE = re.compile(r"server (\d+) \(node \d+ at [^)]*\) joined the job in the place of dead")
 # How long a server's non-zero exit waits for that line before it counts as a failure: the
 # scheduler declares a closed connection dead after 1 s.
 SURVIVAL_WAIT_S = 5.0
@@ -580,7 +582,10 @@ class Launch:
         self.events = queue.Queue()
         self.procs = []
         self.lost_servers = []  # servers that died while the job went on (replication)
-        self.survived_ranks = set()  # server ranks the scheduler said the job goes on without
+        # server rank -> how many times the scheduler said the job goes on without it (each
+        # death of a server holding that rank: the first one, then each restarted one)
+        self.survived_deaths = {}
+        self.joins = {}  # server rank -> servers the scheduler admitted in a dead one's place
         self.ranks_to_restart = []  # survived ranks for which a new server is due (watch)
         self.restarts_left = c.server_restarts
         self.waiting_on_scheduler = False  # a server exit awaits the scheduler's word (watch)
@@ -817,8 +822,13 @@ class Launch:
                     if p.spec.role == "scheduler":
                         m = SURVIVED_RE.search(line)
                         if m:
-                            self.survived_ranks.add(int(m.group(1)))
-                            self.ranks_to_restart.append(int(m.group(1)))
+                            rank = int(m.group(1))
+                            self.survived_deaths[rank] = self.survived_deaths.get(rank, 0) + 1
+                            self.ranks_to_restart.append(rank)
+                        m = JOINED_RE.search(line)
+                        if m:
+                            rank = int(m.group(1))
+                            self.joins[rank] = self.joins.get(rank, 0) + 1
             for q in self.procs:
                 q.poll()
             if remaining <= 0 or self.signal_received is not None:
@@ -1037,8 +1047,7 @@ class Launch:
         scheduler declared them dead and the job went on) are stopped; the job succeeded."""
         others = [p for p in self.procs if p not in hung]
         if not (self.c.replicated and hung
-                and all(p.spec.role == "server" and p.spec.rank in self.survived_ranks
-                        for p in hung)
+                and all(self.survived(p) for p in hung)
                 and any(p.spec.role == "scheduler" for p in others)
                 and all(p.returncode == 0 or p in self.lost_servers for p in others)):
             return False
@@ -1062,7 +1071,17 @@ class Launch:
             if (p.spec.role != "server" or p.returncode in (None, 0) or p in self.lost_servers
                     or not scheduler_ok):
                 continue
-            if p.spec.rank not in self.survived_ranks:
+            if self.never_joined(p):
+                # A server started in a dead one's place that exited before it took the place:
+                # the job goes on as it did without the first.
+                self.lost_servers.append(p)
+                self.drain([p])
+                self.say(f"the new {p.spec.label} on {p.spec.where} exited with status "
+                         f"{p.status_text()} before it joined the job; the job goes on without "
+                         "it; last lines:")
+                self.report_lines(p, 3)
+                continue
+            if not self.survived(p):
                 # Not (yet) a server the scheduler said the job goes on without: wait for its
                 # word a few seconds, then the exit is a failure like any other.
                 if time.monotonic() - p.exit_time < SURVIVAL_WAIT_S:
@@ -1075,12 +1094,34 @@ class Launch:
                      "last lines:")
             self.report_lines(p, 3)
 
+    def rank_index(self, p):
+        """Server process p's place among the processes started for its rank (0: the first)."""
+        return [q for q in self.procs
+                if q.spec.role == "server" and q.spec.rank == p.spec.rank].index(p)
+
+    def survived(self, p):
+        """Whether the scheduler said the job goes on without server process p: the n-th
+        process started for a rank needs the n-th such word for that rank."""
+        return (p.spec.role == "server"
+                and self.survived_deaths.get(p.spec.rank, 0) > self.rank_index(p))
+
+    def never_joined(self, p):
+        """Whether p was started in a dead server's place (--server-restarts) and the
+        scheduler never admitted it (refused, or its host is down)."""
+        index = self.rank_index(p) if p.spec.role == "server" else 0
+        return index > 0 and self.joins.get(p.spec.rank, 0) < index
+
     def restart_servers(self):
         """--server-restarts: for each rank the job goes on without, a new server on the host
         and with the command and environment of the rank's first one; the scheduler gives it
         the dead one's rank (docs/kvstore.md, "Replication and failover")."""
+        ending = any(p.returncode is not None for p in self.procs
+                     if p.spec.role == "scheduler") or all(
+            p.returncode == 0 for p in self.procs if p.spec.role == "worker")
         while self.ranks_to_restart:
             rank = self.ranks_to_restart.pop(0)
+            if ending:  # the job is over or ending: a new server could only wait for it
+                continue
             if self.restarts_left <= 0:
                 if self.c.server_restarts:
                     self.say(f"no new server for server {rank}: --server-restarts "

@@ -160,18 +160,28 @@ void DistKVStore::Barrier() {
 
 void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<void()>& work) {
   WaitAll();  // an earlier operation's error fails the call, never to be hidden by a retry
+  // Each pass follows a server death or join (both bounded in number), so this ends.
   for (;;) {
-    const std::size_t live = LiveServerRanks().size();
+    const std::size_t deaths = runtime_->dead_count();
+    const std::size_t events = runtime_->server_event_count();
     try {
       work();
       WaitAll();
-      return;
     } catch (const ServerLost& e) {
-      const std::size_t now = LiveServerRanks().size();
-      if (!replicated_ || now == 0 || now >= live) throw;
+      const std::size_t live = LiveServerRanks().size();
+      if (!replicated_ || live == 0 || runtime_->dead_count() == deaths) throw;
       PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
-                      << e.what() << "); running it again on the " << now << " live servers";
+                      << e.what() << "); running it again on the " << live << " live servers";
+      continue;
     }
+    // A server that joined meanwhile may have missed the call: it runs again on every live
+    // server (each collective is safe to run twice).
+    const auto since = runtime_->ServerEvents(events);
+    if (!std::any_of(since.begin(), since.end(), [](const auto& event) { return event.joined; })) {
+      return;
+    }
+    PS_LOG(WARNING) << "worker " << Rank() << ": a server joined during " << op
+                    << "; running it again on the " << LiveServerRanks().size() << " live servers";
   }
 }
 
@@ -227,7 +237,8 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
     request.command = kv::kSave;
     request.path = dir;
     request.dead_servers = DeadServerRanks();
-    std::uint64_t saved = 0;  // slices in the files
+    request.membership = runtime_->server_event_count();  // read after: at least as far
+    std::uint64_t saved = 0;                              // slices in the files
     for (const int s : live) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
@@ -271,6 +282,7 @@ void DistKVStore::LoadCheckpoint(const std::string& dir) {
     request.path = dir;
     request.manifest = checkpoint::ReadManifestText(dir);
     request.dead_servers = DeadServerRanks();
+    request.membership = runtime_->server_event_count();  // read after: at least as far
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
     SendToLiveServers(request);
   });

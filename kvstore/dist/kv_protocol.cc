@@ -176,7 +176,9 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
   }
   for (const int home : request.homes) body.add_homes(home);
   for (const std::uint64_t seq : request.seqs) body.add_seqs(seq);
-  if (request.command == kReplicate) body.set_membership(request.membership);
+  if (request.command == kReplicate || request.command == kSave || request.command == kLoad) {
+    body.set_membership(request.membership);
+  }
   for (const ReplicaOp& op : request.replica_ops) {
     body.add_replica_kinds(static_cast<std::uint32_t>(op.kind));
     body.add_replica_seqs(op.seq);

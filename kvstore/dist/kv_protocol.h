@@ -106,7 +106,8 @@ struct Request {
   std::vector<int> homes;
   std::vector<std::uint64_t> seqs;
   std::vector<ReplicaOp> replica_ops;  // kReplicate: one per slice
-  std::uint64_t membership = 0;        // kReplicate: server deaths and joins the sender knows
+  // kReplicate, kSave, kLoad: how many server deaths and joins the sender knows of.
+  std::uint64_t membership = 0;
 };
 
 std::string EncodeBody(const Request& request);

@@ -79,7 +79,7 @@ void KVServerStore::OnRequest(Message&& msg) {
     error = "unknown application id " + std::to_string(msg.meta.app_id);
   } else {
     request = decoder_.Decode(msg, &error);
-    if (request && RoutedAhead(msg.meta.sender, *request)) {
+    if (request && RoutedAhead(*request)) {
       // Served once this server hears of the death its sender already knows of (OnServerDead).
       if (held_.size() < kMaxHeldRequests) {
         held_.push_back(std::move(msg));
@@ -224,7 +224,9 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
       continue;
     }
     if (it == slices_.end()) {
-      if (ring_.num_servers() > 1 && !request.homes.empty() && ring_.dead(request.homes[i])) {
+      const bool moved = !request.homes.empty() && ring_.num_servers() > 1 &&
+                         ring_.Primary(request.homes[i]) != request.homes[i];
+      if (moved) {  // its home's server died: it should be here
         return KeyText(ref.key) +
                ": lost: the servers that held it died before a new copy was made (the job "
                "cannot recover it; restart from a checkpoint)";

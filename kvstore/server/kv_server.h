@@ -165,6 +165,10 @@ class KVServerStore {
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
     bool round_in_flight = false;
+    // A copy this server kept for a primary whose replica is now a server that joined: updates
+    // from the primary still apply, but it may miss later ones, so it is never served (it is
+    // dropped should this server come to serve it) until a full copy refreshes it.
+    bool stale = false;
     std::map<int, SeenPushes> seen;  // worker node id -> its pushes (dist_async)
     // Whether a round or a push is in progress: pushes gathered or waiting, waiters, or an
     // update on its way to the replica (copies on their way change nothing here).
@@ -236,9 +240,11 @@ class KVServerStore {
 
   // Replication (kv_server_replication.cc).
   bool Serves(const Slice& slice) const { return ring_.Primary(slice.home) == runtime_.rank(); }
-  // True when `request` names a slice whose primary, as this server sees the job, is another
-  // live server: its sender heard of a server's death first. Such requests wait in held_.
-  bool RoutedAhead(int sender, const kv::Request& request) const;
+  // True when the sender of `request` heard of server deaths or joins this server has not
+  // (its membership count is higher), or the request names a slice whose primary, as this
+  // server sees the job, is another live server. Such requests wait in held_ until
+  // this server catches up (ServeHeld).
+  bool RoutedAhead(const kv::Request& request) const;
   // Sends `forward` to the slice's replica, or applies it at once when the slice has none.
   void StartForward(Slice& slice, Forward forward);
   void SendForward(const Slice& slice, Forward& forward);
@@ -264,9 +270,15 @@ class KVServerStore {
   // slice it serves that another node mirrored a full copy there, then serves the requests
   // held until this server heard what `cause` says.
   void FollowRing(const std::string& cause);
-  // The job's optimizer and compression, to a server that took a dead one's rank: it missed
-  // the calls that set them, and needs them before the copies it is sent.
-  void SendSettings(int to);
+  void ServeHeld();  // the requests held in held_, again, in order
+  // The job's optimizer (kSetOptimizer) or compression (kSetCompression) as a kv request body,
+  // or "" when not set: a full copy carries them, for a server that took a dead one's rank
+  // and missed the calls that set them.
+  std::string SettingsBody(kv::Command command) const;
+  // Takes the settings a full copy carries where this server has none; false when its
+  // optimizer differs from the copy's (a SetOptimizer on its way), whose state then does not
+  // apply here. Throws ps::Error on a malformed body.
+  bool AdoptSettings(const std::string& optimizer_body, const std::string& compression_body);
   // Applies a round's sum (dist_sync) or one push (dist_async) to the slice's value.
   void ApplyUpdate(Slice& slice, const Gradient& gradient);
   void Resolve(const Waiter& waiter, const Slice& slice);

@@ -61,26 +61,18 @@ void KVServerStore::SeenPushes::Add(std::uint64_t seq) {
   while (ahead.erase(next) != 0) ++next;
 }
 
-bool KVServerStore::RoutedAhead(int sender, const kv::Request& request) const {
+bool KVServerStore::RoutedAhead(const kv::Request& request) const {
   if (ring_.num_servers() < 2) return false;
+  // A Replicate from a primary, a Save or Load from worker 0: which slices this server holds
+  // or serves depends on the deaths and joins the sender knows of. One that knows fewer is
+  // served: a primary's update was meant for this server (what follows goes to its new
+  // replica, a full copy first), and worker 0 runs a Save or Load again when a server died.
+  if (request.membership > membership_) return true;
+  if (request.command == kv::kReplicate) return false;
   const int me = runtime_.rank();
-  if (request.command == kv::kReplicate) {
-    // From a primary that names this server its replica: held while it knows of deaths or
-    // joins this server has not heard of. One that knows fewer is served: what it sends was
-    // meant for this server, and what follows goes to its new replica, with a full copy first.
-    const NodeInfo* node = PeerOf(sender);
-    if (node == nullptr || node->role != Role::kServer) return false;  // HandleReplicate refuses it
-    return request.membership > membership_;
-  }
   for (const int home : request.homes) {
     if (home >= ring_.num_servers()) return false;  // Validate refuses it
     if (ring_.Primary(home) != me) return true;
-  }
-  for (const int rank : request.dead_servers) {
-    // (A rank a server took since is no reason to wait: its sender will hear of it.)
-    if (rank < ring_.num_servers() && !ring_.dead(rank) && !ring_.rejoined(rank)) {
-      return true;  // else Validate refuses
-    }
   }
   return false;
 }
@@ -292,40 +284,71 @@ void KVServerStore::OnServerJoined(const NodeInfo& peer) {
   }
   ring_.MarkJoined(peer.rank);
   ++membership_;
-  if (peer.id == runtime_.id()) return;  // this server: it serves nothing yet
-  if (ring_.ReplicaOf(runtime_.rank()) == peer.rank) SendSettings(peer.id);
+  const int me = runtime_.rank();
+  if (peer.id == runtime_.id()) {  // this server: it serves nothing yet
+    ServeHeld();                   // copies that came before this server heard of its own join
+    return;
+  }
+  // Copies kept for a primary whose replica is now the new server: no longer kept up to date.
+  for (auto& [id, slice] : slices_) {
+    if (!Serves(slice) && ring_.Replica(slice.home) != me) slice.stale = true;
+  }
   FollowRing(peer.Describe() + " joined in the place of a dead server");
 }
 
-void KVServerStore::SendSettings(int to) {
-  std::vector<kv::Request> calls;
-  if (optimizer_) {
-    calls.emplace_back();
-    calls.back().command = kv::kSetOptimizer;
-    calls.back().optimizer = optimizer_->config();
+std::string KVServerStore::SettingsBody(kv::Command command) const {
+  kv::Request call;
+  call.command = command;
+  if (command == kv::kSetOptimizer) {
+    if (!optimizer_) return "";
+    call.optimizer = optimizer_->config();
+  } else {
+    if (!compression_call_) return "";
+    call.compression = *compression_call_;
   }
-  if (compression_call_) {
-    calls.emplace_back();
-    calls.back().command = kv::kSetCompression;
-    calls.back().compression = *compression_call_;
+  return kv::EncodeBody(call);
+}
+
+bool KVServerStore::AdoptSettings(const std::string& optimizer_body,
+                                  const std::string& compression_body) {
+  const auto decode = [](kv::Command command, const std::string& body) {
+    Message msg;
+    msg.meta.head = command;
+    msg.meta.body = body;
+    std::string error;
+    auto call = kv::DecodeRequest(msg, &error);
+    if (!call) throw Error("a malformed setting in a copy: " + error);
+    return *call;
+  };
+  if (!compression_body.empty() && !compression_call_) {
+    const kv::Request call = decode(kv::kSetCompression, compression_body);
+    compression_ = compression::Parse(call.compression);
+    compression_call_ = call.compression;
   }
-  for (const kv::Request& call : calls) {
-    Message msg = kv::RequestMessage(call, to);
-    runtime_.Request(std::span<Message>(&msg, 1), [this, to](RequestResult&& result) {
-      // A refusal: the new replica could not apply this server's updates as it does.
-      if (!result.ok() && result.lost_peer == kNoNode && !runtime_.terminated() &&
-          runtime_.failure().empty()) {
-        runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": its new replica " +
-                      runtime_.Describe(to) + " refused the job's settings: " + result.error);
-      }
-    });
+  if (optimizer_body.empty()) return true;
+  if (!optimizer_) {
+    optimizer_ = MakeOptimizer(decode(kv::kSetOptimizer, optimizer_body).optimizer, parallel_);
+    return true;
   }
+  return SettingsBody(kv::kSetOptimizer) == optimizer_body;
 }
 
 void KVServerStore::FollowRing(const std::string& cause) {
   const int me = runtime_.rank();
   const int replica = ring_.ReplicaOf(me);
   replica_node_ = replica >= 0 ? runtime_.ServerId(replica) : kNoNode;
+  // A copy that fell behind, which this server would serve now: the live copy died with the
+  // servers that held it. Dropped, so that requests for it fail naming it lost.
+  std::size_t lost = 0;
+  std::erase_if(slices_, [&](const auto& entry) {
+    const bool drop = entry.second.stale && Serves(entry.second);
+    if (drop && LogOccurrence(++lost)) {
+      LOG(ERROR) << "server " << me << ": key " << entry.first.first << " (slice at "
+                 << entry.first.second << ") is lost: the servers that kept it up to date died "
+                 << "before it was copied again";
+    }
+    return drop;
+  });
   std::vector<SliceId> copied_ids;
   for (auto& [id, slice] : slices_) {
     if (!Serves(slice)) continue;  // a copy this server keeps for another
@@ -344,6 +367,10 @@ void KVServerStore::FollowRing(const std::string& cause) {
                        : std::to_string(copied) + " key slice(s) copied to " +
                              runtime_.Describe(replica_node_));
   // Requests that came before this server heard of the change are served now, in order.
+  ServeHeld();
+}
+
+void KVServerStore::ServeHeld() {
   std::vector<Message> held;
   held.swap(held_);
   for (Message& msg : held) OnRequest(std::move(msg));
@@ -392,6 +419,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
     slice.length = frame.count();
     slice.total = ref.total;
     slice.completed = op.seq;
+    slice.stale = false;
     slice.value = Blob::Copy(frame.data(), frame.bytes(), frame.dtype());
     if (std::string why = DecodeState(slice, op.state); !why.empty()) {
       slices_.erase(it);
@@ -439,6 +467,11 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
 std::string KVServerStore::EncodeState(const Slice& slice) const {
   StateWriter out;
   out.U64(static_cast<std::uint64_t>(slice.home));
+  for (const kv::Command command : {kv::kSetOptimizer, kv::kSetCompression}) {
+    const std::string body = SettingsBody(command);
+    out.U64(body.size());
+    out.Bytes(body.data(), body.size());
+  }
   std::optional<Optimizer::SavedState> saved;
   if (optimizer_) saved = optimizer_->ExportState(slice.state_id);
   out.U64(saved ? saved->count : 0);
@@ -457,8 +490,17 @@ std::string KVServerStore::EncodeState(const Slice& slice) const {
 std::string KVServerStore::DecodeState(Slice& slice, const std::string& state) {
   StateReader in(state);
   std::uint64_t home = 0, count = 0, floats = 0, workers = 0;
-  if (!in.U64(&home) || home >= static_cast<std::uint64_t>(ring_.num_servers()) ||
-      !in.U64(&count) || !in.U64(&floats) || floats > state.size() / sizeof(float)) {
+  if (!in.U64(&home) || home >= static_cast<std::uint64_t>(ring_.num_servers())) {
+    return "a malformed state in a copy";
+  }
+  std::string settings[2];  // the optimizer's and the compression's kv request bodies
+  for (std::string& body : settings) {
+    std::uint64_t bytes = 0;
+    if (!in.U64(&bytes) || bytes > state.size()) return "a malformed state in a copy";
+    body.resize(bytes);
+    if (!in.Bytes(body.data(), bytes)) return "a malformed state in a copy";
+  }
+  if (!in.U64(&count) || !in.U64(&floats) || floats > state.size() / sizeof(float)) {
     return "a malformed state in a copy";
   }
   slice.home = static_cast<int>(home);
@@ -481,9 +523,11 @@ std::string KVServerStore::DecodeState(Slice& slice, const std::string& state) {
     }
   }
   if (!in.done()) return "a malformed state in a copy";
-  if (count == 0 && buffers.empty()) return "";
-  if (!optimizer_) return "a copy with optimizer state reached a server without an optimizer";
   try {
+    // A SetOptimizer on its way gives every server a fresh optimizer state: so not this one.
+    if (!AdoptSettings(settings[0], settings[1])) return "";
+    if (count == 0 && buffers.empty()) return "";
+    if (!optimizer_) return "a copy with optimizer state reached a server without an optimizer";
     optimizer_->ImportState(slice.state_id, {slice.length, count, std::move(buffers)});
   } catch (const Error& e) {
     return e.what();

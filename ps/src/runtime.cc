@@ -201,7 +201,8 @@ std::string Runtime::SchedulerProbe() const {
 }
 
 std::span<const NodeInfo> Runtime::nodes() const {
-  return {nodes_.data(), node_count_.load(std::memory_order_acquire)};
+  const std::size_t count = node_count_.load(std::memory_order_acquire);
+  return {nodes_.data(), count};
 }
 
 const NodeInfo* Runtime::Node(int node_id) const {
@@ -251,6 +252,16 @@ void Runtime::OnMessage(Message&& msg) {
     if (!registered_ && !from_scheduler && meta.sender > 0 &&
         held_until_registered_.size() < kMaxHeldMessages) {
       held_until_registered_.push_back(std::move(msg));
+      return;
+    }
+    // A server that joined may write to us before the scheduler's word of it arrives (they come
+    // on different connections): hold its messages (boundedly) until OnNodeJoined, which
+    // checks them as it replays them.
+    if (registered_ && !from_scheduler && meta.sender > 0 &&
+        static_cast<std::size_t>(meta.sender) >= node_count_.load() &&
+        static_cast<std::size_t>(meta.sender) < nodes_.size() &&
+        held_until_joined_.size() < kMaxHeldUntilJoined) {
+      held_until_joined_.push_back(std::move(msg));
       return;
     }
     // Until the table arrives only the scheduler may speak, with a register reply or a
@@ -386,11 +397,20 @@ void Runtime::OnRegisterReply(const Meta& meta) {
   if (table_arrived) {
     // Connected before Register() returns, so the node can send to every peer at once; here,
     // on the receive thread, so that the deaths and joins reported next find these sockets.
-    for (const NodeInfo& node : nodes()) {
-      if (node.id != self_.id && node.role != Role::kScheduler) ConnectTo(node);
+    std::string error;
+    try {
+      for (const NodeInfo& node : nodes()) {
+        if (node.id != self_.id && node.role != Role::kScheduler) ConnectTo(node);
+      }
+    } catch (const Error& e) {  // out of descriptors: Register() throws it
+      error = e.what();
     }
     MutexLock lock(mu_);
-    registered_ = true;
+    if (error.empty()) {
+      registered_ = true;
+    } else {
+      register_error_ = error;
+    }
     changed_.NotifyAll();
     held.swap(held_until_registered_);
   }
@@ -440,17 +460,31 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
     server_event_count_.store(server_events_.size());
   }
   if (node.id != self_.id) {
-    if (is_new) ConnectTo(node);
+    if (is_new) {
+      try {
+        ConnectTo(node);
+      } catch (const Error& e) {  // out of descriptors: this node cannot go on
+        Fail("cannot connect to " + node.Describe() + ", which joined the job: " + e.what());
+        return;
+      }
+    }
     PS_LOG(WARNING) << node.Describe() << " joined the job in the place of a dead server";
   }
   NotifyPeer(node, PeerEvent::kJoined);
+  // What it sent before this node heard of it, now that its entry is in the table.
+  std::vector<Message> held;
+  {
+    MutexLock lock(mu_);
+    held.swap(held_until_joined_);
+  }
+  for (Message& early : held) OnMessage(std::move(early));
 }
 
 void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
   MutexLock lock(handler_mu_);
   if (peer_handler_) {
     peer_handler_(peer, event);
-  } else {
+  } else if (early_peer_events_.size() < kMaxHeldMessages) {  // a node may never set one
     early_peer_events_.emplace_back(peer, event);
   }
 }

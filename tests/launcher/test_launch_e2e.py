@@ -52,6 +52,11 @@ class RealBinaries:
                 if m:
                     self.assertEqual(int(m.group(1)), want, line)
 
+    def server_pids(self):
+        """The pids of this test's ps-server processes."""
+        return [pid for pid in pids_with_marker(self.marker, environ=True)
+                if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "ps-server"]
+
     def assert_nothing_left_here(self):
         self.assert_nothing_left(timeout=10, environ_marker=True)
 
@@ -115,8 +120,7 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
                                    + [binary("ps-kvstore-check"), "--rounds", "3000",
                                       "--report_every", "100"], env=self.real_env())
         self.wait_for_output(proc, "kvstore-check: round 100", 2)
-        servers = [pid for pid in pids_with_marker(self.marker, environ=True)
-                   if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "ps-server"]
+        servers = self.server_pids()
         self.assertEqual(len(servers), 3, servers)
         os.kill(servers[1], signal.SIGKILL)
         r = self.finish_launcher(proc, timeout=120)
@@ -138,15 +142,11 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
                                    + [binary("ps-kvstore-check"), "--rounds", "20000",
                                       "--report_every", "100"], env=self.real_env())
         self.wait_for_output(proc, "kvstore-check: round 100", 2)
-
-        def server_pids():
-            return [pid for pid in pids_with_marker(self.marker, environ=True)
-                    if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "ps-server"]
-        originals = server_pids()
+        originals = self.server_pids()
         self.assertEqual(len(originals), 3, originals)
         os.kill(originals[1], signal.SIGKILL)
         self.wait_for_output(proc, "joined the job in the place of dead server", 1, timeout=60)
-        self.assertEqual(len(set(server_pids()) - set(originals)), 1)
+        self.assertEqual(len(set(self.server_pids()) - set(originals)), 1)
         for victim, deaths in ((originals[0], 2), (originals[2], 3)):
             time.sleep(1.5)  # the copies the last change caused (a few ms here); not a sync
             os.kill(victim, signal.SIGKILL)
@@ -156,6 +156,31 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assertIn("in the place of the dead one (0 of --server-restarts left)", r.err)
         self.assertIn("--server-restarts 1 used up", r.err)
         self.assertIn("the job finished without 3 lost server(s)", r.err)
+        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
+                         r)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_a_new_server_that_cannot_start_leaves_the_job_going(self):
+        # The server command fails the second time it runs for a rank (as on a host that went
+        # down): the new server never joins, the launcher says so, and the job finishes exact.
+        server_cmd = ('if [ -e "$PSL_TMP/started-$PS_RANK" ]; then echo cannot start; exit 7; '
+                      f'fi; touch "$PSL_TMP/started-$PS_RANK"; exec {binary("ps-server")}')
+        proc = self.start_launcher(["-n", "2", "-s", "3", "--server-restarts", "1",
+                                    "--server-cmd", f"sh -c '{server_cmd}'",
+                                    "--env", f"PSL_TMP={self.tmp}"] + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", "6000",
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+        servers = self.server_pids()
+        self.assertEqual(len(servers), 3, servers)
+        os.kill(servers[0], signal.SIGKILL)
+        r = self.finish_launcher(proc, timeout=120)
+        self.assertEqual(r.rc, 0, r)
+        self.assertRegex(r.err, r"the new server \d on localhost exited with status 7 before it "
+                                r"joined the job; the job goes on without it")
+        self.assertIn("the job finished without 2 lost server(s)", r.err)
         self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
                          r)
         self.assert_nothing_left_here()

@@ -198,6 +198,9 @@ class Runtime {
   std::set<int> dead_ PS_GUARDED_BY(mu_);
   static constexpr std::size_t kMaxHeldMessages = 65536;
   std::vector<Message> held_until_registered_ PS_GUARDED_BY(mu_);  // peers' early messages
+  // Messages from ids past the table (a joined server the scheduler has not reported yet).
+  static constexpr std::size_t kMaxHeldUntilJoined = 1024;
+  std::vector<Message> held_until_joined_ PS_GUARDED_BY(mu_);
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
 
   std::atomic<std::size_t> dead_count_{0};  // dead_.size(), readable without mu_
