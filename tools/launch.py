@@ -1047,7 +1047,7 @@ class Launch:
         scheduler declared them dead and the job went on) are stopped; the job succeeded."""
         others = [p for p in self.procs if p not in hung]
         if not (self.c.replicated and hung
-                and all(self.survived(p) for p in hung)
+                and all(self.survived(p) or self.never_joined(p) for p in hung)
                 and any(p.spec.role == "scheduler" for p in others)
                 and all(p.returncode == 0 or p in self.lost_servers for p in others)):
             return False
@@ -1115,9 +1115,10 @@ class Launch:
         """--server-restarts: for each rank the job goes on without, a new server on the host
         and with the command and environment of the rank's first one; the scheduler gives it
         the dead one's rank (docs/kvstore.md, "Replication and failover")."""
+        workers = [p for p in self.procs if p.spec.role == "worker"]
         ending = any(p.returncode is not None for p in self.procs
-                     if p.spec.role == "scheduler") or all(
-            p.returncode == 0 for p in self.procs if p.spec.role == "worker")
+                     if p.spec.role == "scheduler") or (
+            workers and all(p.returncode == 0 for p in workers))
         while self.ranks_to_restart:
             rank = self.ranks_to_restart.pop(0)
             if ending:  # the job is over or ending: a new server could only wait for it

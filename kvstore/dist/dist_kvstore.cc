@@ -173,6 +173,17 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
       PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
                       << e.what() << "); running it again on the " << live << " live servers";
       continue;
+    } catch (const Error& e) {
+      // Another failure while servers died or joined may be theirs (a server that took a
+      // dead one's rank and holds nothing yet): once more, on the servers as they are now.
+      if (!replicated_ ||
+          (runtime_->dead_count() == deaths && runtime_->server_event_count() == events)) {
+        throw;
+      }
+      PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed while servers died or "
+                      << "joined (" << e.what() << "); running it again on the "
+                      << LiveServerRanks().size() << " live servers";
+      continue;
     }
     // A server that joined meanwhile may have missed the call: it runs again on every live
     // server (each collective is safe to run twice).
@@ -282,7 +293,8 @@ void DistKVStore::LoadCheckpoint(const std::string& dir) {
     request.path = dir;
     request.manifest = checkpoint::ReadManifestText(dir);
     request.dead_servers = DeadServerRanks();
-    request.membership = runtime_->server_event_count();  // read after: at least as far
+    // Read after the dead ranks: servers hold the request until they know as much.
+    request.membership = runtime_->server_event_count();
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
     SendToLiveServers(request);
   });

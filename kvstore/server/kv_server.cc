@@ -80,7 +80,7 @@ void KVServerStore::OnRequest(Message&& msg) {
   } else {
     request = decoder_.Decode(msg, &error);
     if (request && RoutedAhead(*request)) {
-      // Served once this server hears of the death its sender already knows of (OnServerDead).
+      // Served once this server hears of the deaths and joins its sender knows of (ServeHeld).
       if (held_.size() < kMaxHeldRequests) {
         held_.push_back(std::move(msg));
         return;
@@ -224,8 +224,9 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
       continue;
     }
     if (it == slices_.end()) {
-      const bool moved = !request.homes.empty() && ring_.num_servers() > 1 &&
-                         ring_.Primary(request.homes[i]) != request.homes[i];
+      const int home = request.homes.empty() ? -1 : request.homes[i];
+      const bool moved = home >= 0 && ring_.num_servers() > 1 &&
+                         (ring_.Primary(home) != home || ring_.rejoined(home));
       if (moved) {  // its home's server died: it should be here
         return KeyText(ref.key) +
                ": lost: the servers that held it died before a new copy was made (the job "
@@ -437,8 +438,12 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
       for (const auto& file : manifest.files)
         index.Add(checkpoint::ReadDataFile(request.path, file));
     }
-    checkpoint::CheckOptimizerMatches(index.optimizer(),
-                                      optimizer_ ? &optimizer_->config() : nullptr);
+    // A server holding nothing (one that took a dead one's rank and was sent no copy yet, so
+    // no settings either) has no state to load.
+    if (!slices_.empty()) {
+      checkpoint::CheckOptimizerMatches(index.optimizer(),
+                                        optimizer_ ? &optimizer_->config() : nullptr);
+    }
     for (auto& [id, slice] : slices_) {
       auto assembled = index.Assemble(id.first, id.second, slice.length, slice.total, slice.dtype);
       if (!assembled.state.empty() &&

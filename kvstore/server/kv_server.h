@@ -309,7 +309,7 @@ class KVServerStore {
   std::map<SliceId, Slice> slices_;
   std::unique_ptr<Optimizer> optimizer_;
   compression::Settings compression_;                    // SetGradientCompression's; none until set
-  std::optional<GradientCompression> compression_call_;  // as it came, for SendSettings
+  std::optional<GradientCompression> compression_call_;  // as it came, for SettingsBody
   bool pushed_ = false;  // a push was accepted: the compression is fixed
   std::uint64_t next_state_id_ = 1;
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push

@@ -419,12 +419,14 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
     slice.length = frame.count();
     slice.total = ref.total;
     slice.completed = op.seq;
-    slice.stale = false;
     slice.value = Blob::Copy(frame.data(), frame.bytes(), frame.dtype());
     if (std::string why = DecodeState(slice, op.state); !why.empty()) {
       slices_.erase(it);
       return SliceText(ref) + ": " + why;
     }
+    // Kept up to date from now on only if this server is its primary's replica as far as it
+    // knows (a copy from a primary that has not heard of a join may come too late).
+    slice.stale = ring_.Replica(slice.home) != runtime_.rank();
     return "";
   }
   const auto it = slices_.find(id);
