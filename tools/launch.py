@@ -1094,10 +1094,13 @@ class Launch:
                      "last lines:")
             self.report_lines(p, 3)
 
+    def server_procs(self, rank):
+        """The server processes started for `rank`, in the order they were started."""
+        return [q for q in self.procs if q.spec.role == "server" and q.spec.rank == rank]
+
     def rank_index(self, p):
         """Server process p's place among the processes started for its rank (0: the first)."""
-        return [q for q in self.procs
-                if q.spec.role == "server" and q.spec.rank == p.spec.rank].index(p)
+        return self.server_procs(p.spec.rank).index(p)
 
     def survived(self, p):
         """Whether the scheduler said the job goes on without server process p: the n-th
@@ -1128,10 +1131,10 @@ class Launch:
                     self.say(f"no new server for server {rank}: --server-restarts "
                              f"{self.c.server_restarts} used up")
                 continue
-            first = next((p for p in self.procs
-                          if p.spec.role == "server" and p.spec.rank == rank), None)
-            if first is None:
+            started = self.server_procs(rank)
+            if not started:
                 continue
+            first = started[0]
             self.restarts_left -= 1
             self.say(f"starting a new server {rank} on {first.spec.where} in the place of the "
                      f"dead one ({self.restarts_left} of --server-restarts left)")

@@ -491,6 +491,7 @@ void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& requ
     runtime_.ReplyError(meta, "server " + std::to_string(runtime_.rank()) + ": " + e.what());
     return;
   }
+  optimizer_body_ = SettingBody(request);
   runtime_.Reply(meta, Message{});
 }
 

@@ -271,10 +271,9 @@ class KVServerStore {
   // held until this server heard what `cause` says.
   void FollowRing(const std::string& cause);
   void ServeHeld();  // the requests held in held_, again, in order
-  // The job's optimizer (kSetOptimizer) or compression (kSetCompression) as a kv request body,
-  // or "" when not set: a full copy carries them, for a server that took a dead one's rank
-  // and missed the calls that set them.
-  std::string SettingsBody(kv::Command command) const;
+  // A SetOptimizer or SetCompression call's setting alone, as a kv request body (what
+  // optimizer_body_ and compression_body_ hold).
+  static std::string SettingBody(const kv::Request& call);
   // Takes the settings a full copy carries where this server has none; false when its
   // optimizer differs from the copy's (a SetOptimizer on its way), whose state then does not
   // apply here. Throws ps::Error on a malformed body.
@@ -308,8 +307,11 @@ class KVServerStore {
   const ParallelOptions parallel_{.pool = &pool_};
   std::map<SliceId, Slice> slices_;
   std::unique_ptr<Optimizer> optimizer_;
-  compression::Settings compression_;                    // SetGradientCompression's; none until set
-  std::optional<GradientCompression> compression_call_;  // as it came, for SettingsBody
+  compression::Settings compression_;  // SetGradientCompression's; none until set
+  // The job's optimizer and compression as SettingBody gives them ("" until set): a full copy
+  // carries them, for a server that took a dead one's rank and missed the calls that set them.
+  std::string optimizer_body_;
+  std::string compression_body_;
   bool pushed_ = false;  // a push was accepted: the compression is fixed
   std::uint64_t next_state_id_ = 1;
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push

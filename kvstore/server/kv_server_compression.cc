@@ -31,7 +31,7 @@ void KVServerStore::HandleSetCompression(const Meta& meta, const kv::Request& re
     return;
   }
   compression_ = settings;
-  compression_call_ = request.compression;
+  compression_body_ = SettingBody(request);
   runtime_.Reply(meta, Message{});
 }
 

@@ -296,17 +296,12 @@ void KVServerStore::OnServerJoined(const NodeInfo& peer) {
   FollowRing(peer.Describe() + " joined in the place of a dead server");
 }
 
-std::string KVServerStore::SettingsBody(kv::Command command) const {
-  kv::Request call;
-  call.command = command;
-  if (command == kv::kSetOptimizer) {
-    if (!optimizer_) return "";
-    call.optimizer = optimizer_->config();
-  } else {
-    if (!compression_call_) return "";
-    call.compression = *compression_call_;
-  }
-  return kv::EncodeBody(call);
+std::string KVServerStore::SettingBody(const kv::Request& call) {
+  kv::Request setting;
+  setting.command = call.command;
+  setting.optimizer = call.optimizer;
+  setting.compression = call.compression;
+  return kv::EncodeBody(setting);
 }
 
 bool KVServerStore::AdoptSettings(const std::string& optimizer_body,
@@ -320,17 +315,17 @@ bool KVServerStore::AdoptSettings(const std::string& optimizer_body,
     if (!call) throw Error("a malformed setting in a copy: " + error);
     return *call;
   };
-  if (!compression_body.empty() && !compression_call_) {
-    const kv::Request call = decode(kv::kSetCompression, compression_body);
-    compression_ = compression::Parse(call.compression);
-    compression_call_ = call.compression;
+  if (!compression_body.empty() && compression_body_.empty()) {
+    compression_ = compression::Parse(decode(kv::kSetCompression, compression_body).compression);
+    compression_body_ = compression_body;
   }
   if (optimizer_body.empty()) return true;
   if (!optimizer_) {
     optimizer_ = MakeOptimizer(decode(kv::kSetOptimizer, optimizer_body).optimizer, parallel_);
+    optimizer_body_ = optimizer_body;
     return true;
   }
-  return SettingsBody(kv::kSetOptimizer) == optimizer_body;
+  return optimizer_body_ == optimizer_body;
 }
 
 void KVServerStore::FollowRing(const std::string& cause) {
@@ -469,10 +464,9 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
 std::string KVServerStore::EncodeState(const Slice& slice) const {
   StateWriter out;
   out.U64(static_cast<std::uint64_t>(slice.home));
-  for (const kv::Command command : {kv::kSetOptimizer, kv::kSetCompression}) {
-    const std::string body = SettingsBody(command);
-    out.U64(body.size());
-    out.Bytes(body.data(), body.size());
+  for (const std::string* body : {&optimizer_body_, &compression_body_}) {
+    out.U64(body->size());
+    out.Bytes(body->data(), body->size());
   }
   std::optional<Optimizer::SavedState> saved;
   if (optimizer_) saved = optimizer_->ExportState(slice.state_id);

@@ -423,12 +423,17 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
   }
 }
 
+int Scheduler::RankHolder(int rank) const {
+  int holder = kNoNode;
+  for (const NodeInfo& node : nodes_) {
+    if (node.role == Role::kServer && node.rank == rank) holder = node.id;
+  }
+  return holder;
+}
+
 int Scheduler::DeadServerRank(int requested) const {
   const auto dead = [this](int rank) PS_REQUIRES(mu_) {
-    int holder = kNoNode;  // the last server that took the rank
-    for (const NodeInfo& node : nodes_) {
-      if (node.role == Role::kServer && node.rank == rank) holder = node.id;
-    }
+    const int holder = RankHolder(rank);
     return holder != kNoNode && dead_.contains(holder);
   };
   if (requested >= 0 && requested < config_.num_servers && dead(requested)) return requested;
@@ -457,13 +462,7 @@ void Scheduler::AdmitInPlaceOfDead(NodeInfo node) {
     Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
     return;
   }
-  const int dead_id = [&]() PS_REQUIRES(mu_) {
-    int last = kNoNode;
-    for (const NodeInfo& other : nodes_) {
-      if (other.role == Role::kServer && other.rank == rank) last = other.id;
-    }
-    return last;
-  }();
+  const int dead_id = RankHolder(rank);
   nodes_.push_back(node);
   last_seen_.push_back(Clock::now());
   requested_rank_.push_back(-1);

@@ -115,6 +115,8 @@ class Scheduler {
   // `requested` (a rank asked for with PS_RANK) when its last holder is dead, else the lowest
   // such rank, or -1 when every rank has a live server.
   int DeadServerRank(int requested = -1) const PS_REQUIRES(mu_);
+  // The id of the last server that took `rank` (kNoNode: none).
+  int RankHolder(int rank) const PS_REQUIRES(mu_);
   // A control request to `recipient` about node `about` (NODE_DEAD, NODE_JOINED, WORKER_DONE).
   static Message Notice(Control control, int recipient, const NodeInfo& about);
   void DeclareDead(int id, const std::string& why) PS_REQUIRES(mu_);
