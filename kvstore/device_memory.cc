@@ -37,6 +37,8 @@ void UseDevice(Device device) {
 
 bool DeviceCopiesBuilt() { return true; }
 
+void MakeDeviceCurrent(Device device) { UseDevice(device); }
+
 void CheckDevice(Device device) {
   int count = 0;
   Check(cudaGetDeviceCount(&count), "counting the devices", device);
@@ -65,6 +67,8 @@ void CopyToDevice(void* device_ptr, const void* host, std::size_t bytes, Device 
 
 bool DeviceCopiesBuilt() { return false; }
 
+void MakeDeviceCurrent(Device device) { CheckDevice(device); }
+
 void CheckDevice(Device device) {
   throw Error("KVStore: a tensor on " + device.ToString() +
               " needs a build with CUDA (this one has none): stage it in host memory");
@@ -92,8 +96,8 @@ void CopyFromHost(void* target, Device device, const void* host, std::size_t byt
   }
 }
 
-HostViews StageOnHost(std::string_view store, std::string_view op, std::span<const Key> keys,
-                      std::span<const Tensor> tensors) {
+HostViews StageOnHost(StagingPool& pool, std::string_view store, std::string_view op,
+                      std::span<const Key> keys, std::span<const Tensor> tensors) {
   HostViews views;
   views.tensors.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -102,10 +106,12 @@ HostViews StageOnHost(std::string_view store, std::string_view op, std::span<con
       views.tensors.push_back(t);
       continue;
     }
-    std::vector<std::byte>& copy = views.buffers.emplace_back(t.bytes());
-    checks::NamingKey(store, op, keys[i],
-                      [&] { CopyFromDevice(copy.data(), t.data(), t.bytes(), t.device()); });
-    views.tensors.emplace_back(copy.data(), t.size(), t.dtype());
+    std::shared_ptr<std::byte>& copy = views.buffers.emplace_back();
+    checks::NamingKey(store, op, keys[i], [&] {
+      copy = pool.Get(t.bytes(), t.device());
+      CopyFromDevice(copy.get(), t.data(), t.bytes(), t.device());
+    });
+    views.tensors.emplace_back(copy.get(), t.size(), t.dtype());
   }
   return views;
 }

@@ -103,7 +103,7 @@ void LocalKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> g
   MutexLock lock(mu_);
   const auto entries = CheckLocked(checks::Op::kPush, keys, grads, {});
   // GPU gradients: copied to host memory before anything changes.
-  const HostViews host = StageOnHost(kStore, "Push", keys, grads);
+  const HostViews host = StageOnHost(*staging_, kStore, "Push", keys, grads);
   ApplyPushLocked(entries, keys, host.tensors);
 }
 
@@ -119,7 +119,7 @@ void LocalKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tenso
   MutexLock lock(mu_);
   // Both halves are checked before anything is written; the pull sees this push's result.
   const auto entries = CheckLocked(checks::Op::kPushPull, keys, grads, outs);
-  const HostViews host = StageOnHost(kStore, "PushPull", keys, grads);
+  const HostViews host = StageOnHost(*staging_, kStore, "PushPull", keys, grads);
   ApplyPushLocked(entries, keys, host.tensors);
   DoPullLocked(entries, keys, outs, "PushPull");
 }

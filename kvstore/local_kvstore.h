@@ -23,6 +23,7 @@
 
 #include "kvstore/call_checks.h"
 #include "kvstore/optimizer.h"
+#include "kvstore/staging_pool.h"
 #include "ps/kvstore.h"
 #include "ps/mutex.h"
 #include "ps/thread_annotations.h"
@@ -71,6 +72,8 @@ class LocalKVStore final : public KVStore {
                     std::span<const Tensor> outs, std::string_view op) PS_REQUIRES(mu_);
 
   const ParallelOptions parallel_;
+  // Page-locked host copies of pushed GPU tensors.
+  const std::shared_ptr<StagingPool> staging_ = StagingPool::Create();
   Mutex mu_;
   std::unordered_map<Key, Entry> store_ PS_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ PS_GUARDED_BY(mu_);  // null: pushes replace the value

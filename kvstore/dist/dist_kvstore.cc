@@ -662,11 +662,12 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
       }
     } else {
       if (send->device().is_cuda() && !staged) {
-        auto host = std::make_shared<std::vector<std::byte>>(send->bytes());
+        std::shared_ptr<std::byte> host;
         checks::NamingKey(kStore, call.op, key, [&] {
-          CopyFromDevice(host->data(), send->data(), send->bytes(), send->device());
+          host = staging_->Get(send->bytes(), send->device());
+          CopyFromDevice(host.get(), send->data(), send->bytes(), send->device());
         });
-        send_base = host->data();
+        send_base = host.get();
         send_owner = std::move(host);
         staged = true;
       }
@@ -985,9 +986,9 @@ void DistKVStore::SplitRerouted(const ReroutedPart& part, std::map<int, Rerouted
         // WaitAll), through a host copy when it lies on a GPU.
         const std::size_t bytes = shm_of[i]->bytes;
         if (origin.device.is_cuda()) {
-          auto host = std::make_shared<std::vector<std::byte>>(bytes);
-          CopyFromDevice(host->data(), origin.source, bytes, origin.device);
-          const std::byte* data = host->data();
+          std::shared_ptr<std::byte> host = staging_->Get(bytes, origin.device);
+          CopyFromDevice(host.get(), origin.source, bytes, origin.device);
+          const std::byte* data = host.get();
           frame = Blob(std::move(host), data, bytes, frame.dtype());
         } else {
           frame = Blob(borrowed_, origin.source, bytes, frame.dtype());

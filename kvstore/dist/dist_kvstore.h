@@ -34,6 +34,7 @@
 #include "kvstore/dist/shm_slots.h"
 #include "kvstore/dist/slice_compression.h"
 #include "kvstore/object_pool.h"
+#include "kvstore/staging_pool.h"
 #include "ps/kvstore.h"
 #include "ps/mutex.h"
 #include "ps/runtime.h"
@@ -304,6 +305,8 @@ class DistKVStore final : public KVStore {
   // The owner of frames that reference the caller's memory: a token marking them borrowed
   // (the buffer lifetime rule keeps the memory valid), shared by all of them.
   const std::shared_ptr<const void> borrowed_ = std::make_shared<int>(0);
+  // Page-locked host copies of GPU tensors sent in frames (owned by the frames once sent).
+  const std::shared_ptr<StagingPool> staging_ = StagingPool::Create();
 
   Mutex ops_mu_;
   CondVar ops_done_;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kvstore/staging_pool.h"
 #include "ps/kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
@@ -85,6 +86,33 @@ class OnGpu final : public ps::test::Placement {
 #endif
 
 }  // namespace
+
+TEST_CASE("gpu tensors: the staging pool's buffers are page-locked and reused", "[kvstore][cuda]") {
+  if (!GpuOrSkip()) return;
+#ifdef PS_TEST_CUDA
+  auto pool = ps::StagingPool::Create(4 << 20);
+  const std::byte* first = nullptr;
+  {
+    std::shared_ptr<std::byte> buffer = pool->Get(3 << 20, ps::Device::CUDA(0));
+    first = buffer.get();
+    cudaPointerAttributes attributes{};
+    CheckCuda(cudaPointerGetAttributes(&attributes, buffer.get()), "cudaPointerGetAttributes");
+    CHECK(attributes.type == cudaMemoryTypeHost);  // page-locked, not pageable
+    DeviceFloats device((3 << 20) / sizeof(float));
+    device.Upload(std::vector<float>((3 << 20) / sizeof(float), 2.5f));
+    CheckCuda(cudaMemcpy(buffer.get(), device.View().data(), 3 << 20, cudaMemcpyDeviceToHost),
+              "download");
+    CHECK(reinterpret_cast<const float*>(buffer.get())[12345] == 2.5f);
+  }
+  CHECK(pool->all_pinned());
+  CHECK(pool->Get(4 << 20, ps::Device::CUDA(0)).get() == first);  // the same 4 MiB class
+  // Above the bound: served from ordinary memory, not pinned for one use.
+  std::shared_ptr<std::byte> big = pool->Get(5 << 20, ps::Device::CUDA(0));
+  cudaPointerAttributes attributes{};
+  CheckCuda(cudaPointerGetAttributes(&attributes, big.get()), "cudaPointerGetAttributes");
+  CHECK(attributes.type == cudaMemoryTypeUnregistered);
+#endif
+}
 
 TEST_CASE("gpu tensors: the local store takes device memory in every call", "[kvstore][cuda]") {
   if (!GpuOrSkip()) return;
