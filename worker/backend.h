@@ -82,7 +82,27 @@ class Backend {
   virtual void CopyToHost(void* host_dst, const void* src, std::size_t bytes) = 0;
   // The ranges must not overlap (cudaMemcpyAsync does not allow it).
   virtual void CopyOnDevice(void* dst, const void* src, std::size_t bytes) = 0;
+  // Asynchronous copies, ordered with this backend's other calls (the CPU backend copies at
+  // once). The host memory must come from AllocateHost, and stay untouched (CopyToHostAsync's
+  // destination) or unchanged (CopyToDeviceAsync's source) until a StreamMark recorded after the
+  // copy is reached, or Synchronize returns.
+  virtual void CopyToHostAsync(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void CopyToDeviceAsync(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual void Synchronize() = 0;
+  // A mark in the order of this backend's calls (a CUDA event): lets the host wait for the
+  // calls made before it, not for every call queued since.
+  class StreamMark {
+   public:
+    virtual ~StreamMark() = default;
+    // Marks every call made on the backend so far (again, for a mark recorded before).
+    virtual void Record() = 0;
+    // Whether the marked calls have all finished, without waiting.
+    virtual bool Reached() = 0;
+    // Waits until they have.
+    virtual void Wait() = 0;
+  };
+  // A new mark, reached until it is first recorded. It must not outlive the backend.
+  virtual std::unique_ptr<StreamMark> NewMark() = 0;
   virtual void Fill(float* x, std::size_t n, float value) = 0;
 
   // ---- dense algebra ----
@@ -116,11 +136,19 @@ class Backend {
   virtual void AvgPoolForward(const float* x, float* y, int batch, const PoolGeometry& g) = 0;
   // dx = dy / window^2 spread over each window, 0 outside any window (overwrites dx).
   virtual void AvgPoolBackward(const float* dy, float* dx, int batch, const PoolGeometry& g) = 0;
-  // One image x [C, H, W] to col [C*kh*kw, out_h*out_w]; row (c*kh + i)*kw + j, column
-  // oy*out_w + ox holds x[c, oy*sh - ph + i, ox*sw - pw + j] or 0 outside the image.
-  virtual void Im2Col(const float* x, float* col, const ConvGeometry& g) = 0;
+  // `batch` images x [batch, C, H, W] to col [C*kh*kw, batch, out_h*out_w], so that one GEMM
+  // convolves them all: element (row, n, p) with row = (c*kh + i)*kw + j and p = oy*out_w + ox
+  // holds x[n, c, oy*sh - ph + i, ox*sw - pw + j], or 0 outside the image.
+  virtual void Im2Col(const float* x, float* col, int batch, const ConvGeometry& g) = 0;
   // The adjoint of Im2Col: dx = sum of the col entries that read each pixel (overwrites dx).
-  virtual void Col2Im(const float* col, float* dx, const ConvGeometry& g) = 0;
+  virtual void Col2Im(const float* col, float* dx, int batch, const ConvGeometry& g) = 0;
+  // How many floats of im2col workspace a convolution should use per chunk of images: a GPU
+  // wants whole batches (few large GEMMs), a CPU a chunk that stays in its caches.
+  virtual std::size_t ConvWorkspaceFloats() const = 0;
+  // y[j, i, k] = x[i, j, k] for x laid out [d0, d1, inner]: turns a convolution's
+  // [filters, batch, pixels] GEMM result into [batch, filters, pixels] activations and back.
+  // x and y must not overlap.
+  virtual void SwapLeadingAxes(const float* x, float* y, int d0, int d1, int inner) = 0;
   // probs = softmax(logits) row by row ([batch, classes]); returns the summed cross-entropy
   // against labels and the number of correct argmax predictions. Synchronizes.
   virtual SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,

@@ -35,6 +35,14 @@ std::size_t WindowArgmax(const float* plane, int width, int oy, int ox, int wind
   return best;
 }
 
+// The CPU computes every call before it returns: a mark is always reached.
+class ReachedMark final : public Backend::StreamMark {
+ public:
+  void Record() override {}
+  bool Reached() override { return true; }
+  void Wait() override {}
+};
+
 class CpuBackend final : public Backend {
  public:
   DeviceKind kind() const override { return DeviceKind::kCPU; }
@@ -53,7 +61,14 @@ class CpuBackend final : public Backend {
   void CopyOnDevice(void* dst, const void* src, std::size_t bytes) override {
     if (bytes > 0) std::memmove(dst, src, bytes);
   }
+  void CopyToHostAsync(void* host_dst, const void* src, std::size_t bytes) override {
+    CopyToHost(host_dst, src, bytes);
+  }
+  void CopyToDeviceAsync(void* dst, const void* host_src, std::size_t bytes) override {
+    CopyToDevice(dst, host_src, bytes);
+  }
   void Synchronize() override {}
+  std::unique_ptr<StreamMark> NewMark() override { return std::make_unique<ReachedMark>(); }
   void Fill(float* x, std::size_t n, float value) override { std::fill(x, x + n, value); }
 
   void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
@@ -186,21 +201,26 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
+  void Im2Col(const float* x, float* col, int batch, const ConvGeometry& g) override {
     const int oh = g.out_height();
     const int ow = g.out_width();
+    const std::size_t image = static_cast<std::size_t>(g.channels) * g.height * g.width;
+    const std::size_t pixels = static_cast<std::size_t>(oh) * ow;
     for (int c = 0; c < g.channels; ++c) {
       for (int i = 0; i < g.kernel_h; ++i) {
         for (int j = 0; j < g.kernel_w; ++j) {
           const int row = (c * g.kernel_h + i) * g.kernel_w + j;
-          float* out = col + static_cast<std::size_t>(row) * oh * ow;
-          for (int oy = 0; oy < oh; ++oy) {
-            const int iy = oy * g.stride_h - g.pad_h + i;
-            for (int ox = 0; ox < ow; ++ox) {
-              const int ix = ox * g.stride_w - g.pad_w + j;
-              const bool inside = iy >= 0 && iy < g.height && ix >= 0 && ix < g.width;
-              out[oy * ow + ox] =
-                  inside ? x[(static_cast<std::size_t>(c) * g.height + iy) * g.width + ix] : 0.0f;
+          for (int n = 0; n < batch; ++n) {
+            const float* plane = x + n * image + static_cast<std::size_t>(c) * g.height * g.width;
+            float* out = col + (static_cast<std::size_t>(row) * batch + n) * pixels;
+            for (int oy = 0; oy < oh; ++oy) {
+              const int iy = oy * g.stride_h - g.pad_h + i;
+              for (int ox = 0; ox < ow; ++ox) {
+                const int ix = ox * g.stride_w - g.pad_w + j;
+                const bool inside = iy >= 0 && iy < g.height && ix >= 0 && ix < g.width;
+                out[oy * ow + ox] =
+                    inside ? plane[static_cast<std::size_t>(iy) * g.width + ix] : 0.0f;
+              }
             }
           }
         }
@@ -208,25 +228,45 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
+  void Col2Im(const float* col, float* dx, int batch, const ConvGeometry& g) override {
     const int oh = g.out_height();
     const int ow = g.out_width();
-    std::fill(dx, dx + static_cast<std::size_t>(g.channels) * g.height * g.width, 0.0f);
+    const std::size_t image = static_cast<std::size_t>(g.channels) * g.height * g.width;
+    const std::size_t pixels = static_cast<std::size_t>(oh) * ow;
+    std::fill(dx, dx + batch * image, 0.0f);
     for (int c = 0; c < g.channels; ++c) {
       for (int i = 0; i < g.kernel_h; ++i) {
         for (int j = 0; j < g.kernel_w; ++j) {
           const int row = (c * g.kernel_h + i) * g.kernel_w + j;
-          const float* in = col + static_cast<std::size_t>(row) * oh * ow;
-          for (int oy = 0; oy < oh; ++oy) {
-            const int iy = oy * g.stride_h - g.pad_h + i;
-            if (iy < 0 || iy >= g.height) continue;
-            for (int ox = 0; ox < ow; ++ox) {
-              const int ix = ox * g.stride_w - g.pad_w + j;
-              if (ix < 0 || ix >= g.width) continue;
-              dx[(static_cast<std::size_t>(c) * g.height + iy) * g.width + ix] += in[oy * ow + ox];
+          for (int n = 0; n < batch; ++n) {
+            float* plane = dx + n * image + static_cast<std::size_t>(c) * g.height * g.width;
+            const float* in = col + (static_cast<std::size_t>(row) * batch + n) * pixels;
+            for (int oy = 0; oy < oh; ++oy) {
+              const int iy = oy * g.stride_h - g.pad_h + i;
+              if (iy < 0 || iy >= g.height) continue;
+              for (int ox = 0; ox < ow; ++ox) {
+                const int ix = ox * g.stride_w - g.pad_w + j;
+                if (ix < 0 || ix >= g.width) continue;
+                plane[static_cast<std::size_t>(iy) * g.width + ix] += in[oy * ow + ox];
+              }
             }
           }
         }
+      }
+    }
+  }
+
+  // One image per GEMM: its col matrix stays in the caches between im2col and the GEMM that
+  // reads it. Measured on the cnn: a whole batch per GEMM (20 MB of col for its second layer)
+  // made a step 10-40% slower, 1 MiB chunks 2-7%.
+  std::size_t ConvWorkspaceFloats() const override { return 1; }
+
+  void SwapLeadingAxes(const float* x, float* y, int d0, int d1, int inner) override {
+    const auto row = static_cast<std::size_t>(inner);
+    for (int i = 0; i < d0; ++i) {
+      for (int j = 0; j < d1; ++j) {
+        std::memcpy(y + (static_cast<std::size_t>(j) * d0 + i) * row,
+                    x + (static_cast<std::size_t>(i) * d1 + j) * row, row * sizeof(float));
       }
     }
   }

@@ -37,6 +37,36 @@ struct CudaHostFreeDeleter {
 };
 using PinnedBuffer = std::unique_ptr<void, CudaHostFreeDeleter>;
 
+// A CUDA event on the backend's stream. Events need no current device to be queried or
+// destroyed; recording selects the backend's device first (`use`).
+class CudaMark final : public Backend::StreamMark {
+ public:
+  CudaMark(cudaStream_t stream, int ordinal) : stream_(stream), ordinal_(ordinal) {
+    Check(cudaSetDevice(ordinal_), "cudaSetDevice");
+    Check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~CudaMark() override { cudaEventDestroy(event_); }
+  CudaMark(const CudaMark&) = delete;
+  CudaMark& operator=(const CudaMark&) = delete;
+
+  void Record() override {
+    Check(cudaSetDevice(ordinal_), "cudaSetDevice");
+    Check(cudaEventRecord(event_, stream_), "cudaEventRecord");
+  }
+  bool Reached() override {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) return false;
+    Check(status, "cudaEventQuery");  // a kernel before the mark failed
+    return true;
+  }
+  void Wait() override { Check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+
+ private:
+  cudaStream_t stream_;  // the backend's; outlives the mark
+  int ordinal_;
+  cudaEvent_t event_ = nullptr;  // owned
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int ordinal) : ordinal_(ordinal) {
@@ -115,9 +145,22 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "device copy");
   }
+  void CopyToHostAsync(void* host_dst, const void* src, std::size_t bytes) override {
+    Use();
+    if (bytes == 0) return;
+    Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+  }
+  void CopyToDeviceAsync(void* dst, const void* host_src, std::size_t bytes) override {
+    Use();
+    if (bytes == 0) return;
+    Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+  }
   void Synchronize() override {
     Use();
     Check(cudaStreamSynchronize(stream_), "synchronize");
+  }
+  std::unique_ptr<StreamMark> NewMark() override {
+    return std::make_unique<CudaMark>(stream_, ordinal_);
   }
   void Fill(float* x, std::size_t n, float value) override {
     Use();
@@ -154,7 +197,15 @@ class CudaBackend final : public Backend {
   }
   void BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial) override {
     Use();
-    Check(cuda::BiasGrad(dy, dbias, batch, channels, spatial, stream_), "bias grad");
+    const auto partials = static_cast<std::size_t>(channels) * cuda::BiasGradSplit(batch, spatial);
+    if (partials > bias_scratch_floats_) {
+      Synchronize();  // the old buffer may still be in use by queued work
+      bias_scratch_.reset(Allocate(partials * sizeof(float)));
+      bias_scratch_floats_ = partials;
+    }
+    Check(cuda::BiasGrad(dy, dbias, batch, channels, spatial,
+                         static_cast<float*>(bias_scratch_.get()), stream_),
+          "bias grad");
   }
   void ReluForward(const float* x, float* y, std::size_t n) override {
     Use();
@@ -186,13 +237,18 @@ class CudaBackend final : public Backend {
     Check(cuda::AvgPoolBackward(dy, dx, batch * g.channels, g.height, g.width, g.window, stream_),
           "avg pool backward");
   }
-  void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
+  void Im2Col(const float* x, float* col, int batch, const ConvGeometry& g) override {
     Use();
-    Check(cuda::Im2Col(x, col, cuda::ShapeOf(g), stream_), "im2col");
+    Check(cuda::Im2Col(x, col, batch, cuda::ShapeOf(g), stream_), "im2col");
   }
-  void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
+  void Col2Im(const float* col, float* dx, int batch, const ConvGeometry& g) override {
     Use();
-    Check(cuda::Col2Im(col, dx, cuda::ShapeOf(g), stream_), "col2im");
+    Check(cuda::Col2Im(col, dx, batch, cuda::ShapeOf(g), stream_), "col2im");
+  }
+  std::size_t ConvWorkspaceFloats() const override { return cuda::kConvWorkspaceFloats; }
+  void SwapLeadingAxes(const float* x, float* y, int d0, int d1, int inner) override {
+    Use();
+    Check(cuda::SwapLeadingAxes(x, y, d0, d1, inner, stream_), "swap leading axes");
   }
 
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
@@ -256,6 +312,9 @@ class CudaBackend final : public Backend {
   CudaBuffer correct_dev_;
   PinnedBuffer loss_host_;
   PinnedBuffer correct_host_;
+  // BiasGrad's partial sums, grown on demand.
+  std::size_t bias_scratch_floats_ = 0;
+  CudaBuffer bias_scratch_;
 };
 
 }  // namespace

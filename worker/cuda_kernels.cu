@@ -9,6 +9,10 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr std::size_t kMaxBlocks = 4096;
+// BiasGrad: at least this many elements per block, and at most this many blocks per channel
+// (so that the few channels of a conv layer still fill the GPU).
+constexpr std::size_t kBiasGradSpan = 2048;
+constexpr std::size_t kMaxBiasGradSplit = 64;
 
 unsigned Blocks(std::size_t n) {
   const std::size_t blocks = (n + kThreads - 1) / kThreads;
@@ -49,14 +53,19 @@ __global__ void AddBiasKernel(float* y, const float* bias, std::size_t n, int ch
   PS_GRID_STRIDE(i, n) { y[i] += bias[(i / spatial) % channels]; }
 }
 
-// One block per channel; a fixed-shape tree sum in shared memory (deterministic).
-__global__ void BiasGradKernel(const float* dy, float* dbias, int batch, int channels,
-                               int spatial) {
+// Block k of channels * split blocks sums part k % split of channel k / split: the elements
+// t = part * blockDim + thread, + blockDim * split, ... of the channel's batch * spatial, so
+// each pass of a block reads blockDim consecutive floats. A fixed-shape tree sum in shared
+// memory: deterministic. With split 1 it writes dbias directly.
+__global__ void BiasGradPartialKernel(const float* dy, float* out, int batch, int channels,
+                                      int spatial, int split) {
   __shared__ float partial[kThreads];
-  const int c = blockIdx.x;
+  const int c = static_cast<int>(blockIdx.x) / split;
+  const int part = static_cast<int>(blockIdx.x) % split;
   const std::size_t count = static_cast<std::size_t>(batch) * spatial;
   float sum = 0.0f;
-  for (std::size_t t = threadIdx.x; t < count; t += blockDim.x) {
+  for (std::size_t t = static_cast<std::size_t>(part) * blockDim.x + threadIdx.x; t < count;
+       t += static_cast<std::size_t>(blockDim.x) * split) {
     const std::size_t i = t / spatial;
     const std::size_t s = t % spatial;
     sum += dy[(i * channels + c) * spatial + s];
@@ -67,7 +76,16 @@ __global__ void BiasGradKernel(const float* dy, float* dbias, int batch, int cha
     if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) dbias[c] = partial[0];
+  if (threadIdx.x == 0) out[blockIdx.x] = partial[0];
+}
+
+// dbias[c] = the sum of channel c's split partial sums, in order.
+__global__ void BiasGradFinishKernel(const float* partials, float* dbias, int channels, int split) {
+  PS_GRID_STRIDE(c, static_cast<std::size_t>(channels)) {
+    float sum = 0.0f;
+    for (int part = 0; part < split; ++part) sum += partials[c * split + part];
+    dbias[c] = sum;
+  }
 }
 
 __global__ void ReluForwardKernel(const float* x, float* y, std::size_t n) {
@@ -160,12 +178,18 @@ __global__ void AvgPoolBackwardKernel(const float* dy, float* dx, int planes, in
   }
 }
 
-__global__ void Im2ColKernel(const float* x, float* col, ConvShape s) {
-  const int cols = s.out_h * s.out_w;
-  const std::size_t n = static_cast<std::size_t>(s.channels) * s.kernel_h * s.kernel_w * cols;
+// One thread per element of col [rows, batch, pixels] (consecutive threads, consecutive
+// output pixels: coalesced writes).
+__global__ void Im2ColKernel(const float* x, float* col, int batch, ConvShape s) {
+  const std::size_t cols = static_cast<std::size_t>(s.out_h) * s.out_w;
+  const std::size_t image = static_cast<std::size_t>(s.channels) * s.height * s.width;
+  const std::size_t n =
+      static_cast<std::size_t>(s.channels) * s.kernel_h * s.kernel_w * batch * cols;
   PS_GRID_STRIDE(idx, n) {
-    const int row = static_cast<int>(idx / cols);
+    const std::size_t row_image = idx / cols;  // row * batch + image
     const int colpos = static_cast<int>(idx % cols);
+    const int img = static_cast<int>(row_image % batch);
+    const int row = static_cast<int>(row_image / batch);
     const int j = row % s.kernel_w;
     const int i = row / s.kernel_w % s.kernel_h;
     const int c = row / (s.kernel_w * s.kernel_h);
@@ -174,18 +198,22 @@ __global__ void Im2ColKernel(const float* x, float* col, ConvShape s) {
     const int iy = oy * s.stride_h - s.pad_h + i;
     const int ix = ox * s.stride_w - s.pad_w + j;
     const bool inside = iy >= 0 && iy < s.height && ix >= 0 && ix < s.width;
-    col[idx] = inside ? x[(static_cast<std::size_t>(c) * s.height + iy) * s.width + ix] : 0.0f;
+    col[idx] = inside
+                   ? x[img * image + (static_cast<std::size_t>(c) * s.height + iy) * s.width + ix]
+                   : 0.0f;
   }
 }
 
 // One thread per input pixel, summing every col entry that read it (gather, no atomics).
-__global__ void Col2ImKernel(const float* col, float* dx, ConvShape s) {
-  const int cols = s.out_h * s.out_w;
-  const std::size_t n = static_cast<std::size_t>(s.channels) * s.height * s.width;
+__global__ void Col2ImKernel(const float* col, float* dx, int batch, ConvShape s) {
+  const std::size_t cols = static_cast<std::size_t>(s.out_h) * s.out_w;
+  const std::size_t plane = static_cast<std::size_t>(s.width) * s.height;
+  const std::size_t n = static_cast<std::size_t>(batch) * s.channels * plane;
   PS_GRID_STRIDE(idx, n) {
     const int x = static_cast<int>(idx % s.width);
     const int y = static_cast<int>(idx / s.width % s.height);
-    const int c = static_cast<int>(idx / (static_cast<std::size_t>(s.width) * s.height));
+    const int c = static_cast<int>(idx / plane % s.channels);
+    const int img = static_cast<int>(idx / (plane * s.channels));
     float sum = 0.0f;
     for (int i = 0; i < s.kernel_h; ++i) {
       const int ty = y + s.pad_h - i;  // = oy * stride_h
@@ -197,11 +225,24 @@ __global__ void Col2ImKernel(const float* col, float* dx, ConvShape s) {
         if (tx < 0 || tx % s.stride_w != 0) continue;
         const int ox = tx / s.stride_w;
         if (ox >= s.out_w) continue;
-        const int row = (c * s.kernel_h + i) * s.kernel_w + j;
-        sum += col[static_cast<std::size_t>(row) * cols + oy * s.out_w + ox];
+        const std::size_t row = (static_cast<std::size_t>(c) * s.kernel_h + i) * s.kernel_w + j;
+        sum += col[(row * batch + img) * cols + oy * s.out_w + ox];
       }
     }
     dx[idx] = sum;
+  }
+}
+
+// One thread per output element, so the writes are coalesced (inner runs are the pixels of one
+// image, long enough for the reads to coalesce too).
+__global__ void SwapLeadingAxesKernel(const float* x, float* y, int d0, int d1, int inner) {
+  const std::size_t n = static_cast<std::size_t>(d0) * d1 * inner;
+  PS_GRID_STRIDE(o, n) {
+    const std::size_t k = o % inner;
+    const std::size_t ji = o / inner;  // j * d0 + i
+    const std::size_t i = ji % d0;
+    const std::size_t j = ji / d0;
+    y[o] = x[(i * d1 + j) * inner + k];
   }
 }
 
@@ -282,11 +323,23 @@ cudaError_t AddBias(float* y, const float* bias, int batch, int channels, int sp
   return cudaGetLastError();
 }
 
+int BiasGradSplit(int batch, int spatial) {
+  const std::size_t count = static_cast<std::size_t>(batch) * spatial;
+  const std::size_t split = (count + kBiasGradSpan - 1) / kBiasGradSpan;
+  return static_cast<int>(split < 1 ? 1 : (split > kMaxBiasGradSplit ? kMaxBiasGradSplit : split));
+}
+
 cudaError_t BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial,
-                     cudaStream_t stream) {
+                     float* scratch, cudaStream_t stream) {
   if (channels == 0) return cudaSuccess;
-  PS_LAUNCH_SYNCED(BiasGradKernel, static_cast<unsigned>(channels), kThreads, stream, dy, dbias,
-                   batch, channels, spatial);
+  const int split = BiasGradSplit(batch, spatial);
+  const auto blocks = static_cast<unsigned>(channels * split);
+  PS_LAUNCH_SYNCED(BiasGradPartialKernel, blocks, kThreads, stream, dy,
+                   split == 1 ? dbias : scratch, batch, channels, spatial, split);
+  if (split > 1) {
+    PS_LAUNCH(BiasGradFinishKernel, Blocks(static_cast<std::size_t>(channels)), kThreads, stream,
+              static_cast<const float*>(scratch), dbias, channels, split);
+  }
   return cudaGetLastError();
 }
 
@@ -337,18 +390,27 @@ cudaError_t AvgPoolBackward(const float* dy, float* dx, int planes, int height, 
   return cudaGetLastError();
 }
 
-cudaError_t Im2Col(const float* x, float* col, const ConvShape& s, cudaStream_t stream) {
+cudaError_t Im2Col(const float* x, float* col, int batch, const ConvShape& s, cudaStream_t stream) {
   const std::size_t n =
-      static_cast<std::size_t>(s.channels) * s.kernel_h * s.kernel_w * s.out_h * s.out_w;
+      static_cast<std::size_t>(s.channels) * s.kernel_h * s.kernel_w * batch * s.out_h * s.out_w;
   if (n == 0) return cudaSuccess;
-  PS_LAUNCH(Im2ColKernel, Blocks(n), kThreads, stream, x, col, s);
+  PS_LAUNCH(Im2ColKernel, Blocks(n), kThreads, stream, x, col, batch, s);
   return cudaGetLastError();
 }
 
-cudaError_t Col2Im(const float* col, float* dx, const ConvShape& s, cudaStream_t stream) {
-  const std::size_t n = static_cast<std::size_t>(s.channels) * s.height * s.width;
+cudaError_t Col2Im(const float* col, float* dx, int batch, const ConvShape& s,
+                   cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(batch) * s.channels * s.height * s.width;
   if (n == 0) return cudaSuccess;
-  PS_LAUNCH(Col2ImKernel, Blocks(n), kThreads, stream, col, dx, s);
+  PS_LAUNCH(Col2ImKernel, Blocks(n), kThreads, stream, col, dx, batch, s);
+  return cudaGetLastError();
+}
+
+cudaError_t SwapLeadingAxes(const float* x, float* y, int d0, int d1, int inner,
+                            cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(d0) * d1 * inner;
+  if (n == 0) return cudaSuccess;
+  PS_LAUNCH(SwapLeadingAxesKernel, Blocks(n), kThreads, stream, x, y, d0, d1, inner);
   return cudaGetLastError();
 }
 

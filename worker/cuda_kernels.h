@@ -15,6 +15,10 @@
 
 namespace ps::worker::cuda {
 
+// Backend::ConvWorkspaceFloats of the CUDA backend, 64 MiB of im2col per convolution GEMM: the
+// cnn's whole batch up to 107 images (one product per image left most of the GPU idle).
+inline constexpr std::size_t kConvWorkspaceFloats = std::size_t{16} << 20;
+
 cudaError_t Fill(float* x, std::size_t n, float value, cudaStream_t stream);
 cudaError_t Axpy(std::size_t n, float alpha, const float* x, float* y, cudaStream_t stream);
 cudaError_t Scale(std::size_t n, float alpha, float* x, cudaStream_t stream);
@@ -23,8 +27,11 @@ cudaError_t SgdUpdate(float* w, const float* g, float* mom, std::size_t n, float
 
 cudaError_t AddBias(float* y, const float* bias, int batch, int channels, int spatial,
                     cudaStream_t stream);
+// Blocks per channel BiasGrad uses; with more than one, its scratch holds channels * that
+// many floats of partial sums (device memory, not read by the caller).
+int BiasGradSplit(int batch, int spatial);
 cudaError_t BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial,
-                     cudaStream_t stream);
+                     float* scratch, cudaStream_t stream);
 cudaError_t ReluForward(const float* x, float* y, std::size_t n, cudaStream_t stream);
 cudaError_t ReluBackward(const float* y, const float* dy, float* dx, std::size_t n,
                          cudaStream_t stream);
@@ -49,8 +56,12 @@ inline ConvShape ShapeOf(const ConvGeometry& g) {
           g.pad_w,    g.stride_h, g.stride_w, g.out_height(), g.out_width()};
 }
 #endif
-cudaError_t Im2Col(const float* x, float* col, const ConvShape& s, cudaStream_t stream);
-cudaError_t Col2Im(const float* col, float* dx, const ConvShape& s, cudaStream_t stream);
+// `batch` images at once; col is [C*kh*kw, batch, out_h*out_w] (backend.h).
+cudaError_t Im2Col(const float* x, float* col, int batch, const ConvShape& s, cudaStream_t stream);
+cudaError_t Col2Im(const float* col, float* dx, int batch, const ConvShape& s, cudaStream_t stream);
+// y[j, i, k] = x[i, j, k] for x laid out [d0, d1, inner].
+cudaError_t SwapLeadingAxes(const float* x, float* y, int d0, int d1, int inner,
+                            cudaStream_t stream);
 
 // Writes probs, and per sample the cross-entropy loss[i] and correct[i] (0 or 1).
 cudaError_t SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,

@@ -1,5 +1,6 @@
 #include "worker/layers.h"
 
+#include <algorithm>
 #include <cassert>
 #include <utility>
 
@@ -71,7 +72,7 @@ void Relu::Backward(const float* /*x*/, const float* y, const float* dy, float* 
 // ---- Conv2d ----
 
 Conv2d::Conv2d(Backend& backend, std::string name, Shape3 input, int filters, int kernel, int pad,
-               int stride, InitKind init)
+               int stride, InitKind init, std::size_t max_workspace_floats)
     : Layer(backend, std::move(name), input),
       filters_(filters),
       geometry_{input.channels, input.height, input.width, kernel, kernel, pad, pad,
@@ -79,7 +80,8 @@ Conv2d::Conv2d(Backend& backend, std::string name, Shape3 input, int filters, in
       weight_(backend, this->name() + ".weight", {filters, input.channels, kernel, kernel}, init,
               input.channels * kernel * kernel, filters * kernel * kernel),
       bias_(backend, this->name() + ".bias", {filters}, InitKind::kZero,
-            input.channels * kernel * kernel, filters * kernel * kernel) {
+            input.channels * kernel * kernel, filters * kernel * kernel),
+      max_workspace_floats_(max_workspace_floats) {
   if (filters < 1 || kernel < 1 || pad < 0 || stride < 1 || geometry_.out_height() < 1 ||
       geometry_.out_width() < 1) {
     throw ConfigError("conv layer " + this->name() + ": invalid geometry");
@@ -90,48 +92,66 @@ Shape3 Conv2d::output_shape() const {
   return {filters_, geometry_.out_height(), geometry_.out_width()};
 }
 
-void Conv2d::Reserve(int /*max_batch*/) {
-  const auto col_size = static_cast<std::size_t>(geometry_.col_rows()) * geometry_.col_cols();
-  if (col_.size() < col_size) {
-    col_ = DeviceArray<float>(backend_, col_size);
-    dcol_ = DeviceArray<float>(backend_, col_size);
-  }
+void Conv2d::Reserve(int max_batch) {
+  const auto image_col = static_cast<std::size_t>(geometry_.col_rows()) * geometry_.col_cols();
+  // As many images per GEMM as the workspace cap allows, at least one.
+  const std::size_t cap =
+      max_workspace_floats_ > 0 ? max_workspace_floats_ : backend_.ConvWorkspaceFloats();
+  const std::size_t fit = std::max<std::size_t>(1, cap / image_col);
+  chunk_ = static_cast<int>(std::min<std::size_t>(fit, static_cast<std::size_t>(max_batch)));
+  const std::size_t col_size = image_col * chunk_;
+  if (col_.size() < col_size) col_ = DeviceArray<float>(backend_, col_size);
+  // One image's product is already in the activations' layout: no swap buffer.
+  const std::size_t swap_size =
+      chunk_ > 1 ? static_cast<std::size_t>(filters_) * geometry_.col_cols() * chunk_ : 0;
+  if (swap_.size() < swap_size) swap_ = DeviceArray<float>(backend_, swap_size);
 }
 
 void Conv2d::Forward(const float* x, float* y, int batch) {
-  assert(!col_.empty() && "Reserve() before Forward()");
+  assert(chunk_ > 0 && "Reserve() before Forward()");
   const int rows = geometry_.col_rows();  // C*k*k
   const int cols = geometry_.col_cols();  // out_h*out_w
   const std::size_t in_size = input_shape().size();
   const std::size_t out_size = static_cast<std::size_t>(filters_) * cols;
-  for (int i = 0; i < batch; ++i) {
-    backend_.Im2Col(x + i * in_size, col_.data(), geometry_);
-    // y_i[filters, cols] = W[filters, rows] * col[rows, cols]
-    backend_.Gemm(false, false, filters_, cols, rows, 1.0f, weight_.value.data(), rows, col_.data(),
-                  cols, 0.0f, y + i * out_size, cols);
+  for (int first = 0; first < batch; first += chunk_) {
+    const int n = std::min(chunk_, batch - first);
+    float* y_chunk = y + first * out_size;
+    backend_.Im2Col(x + first * in_size, col_.data(), n, geometry_);
+    // out[filters, n*cols] = W[filters, rows] * col[rows, n*cols], then [n, filters, cols].
+    backend_.Gemm(false, false, filters_, n * cols, rows, 1.0f, weight_.value.data(), rows,
+                  col_.data(), n * cols, 0.0f, n == 1 ? y_chunk : swap_.data(), n * cols);
+    if (n > 1) backend_.SwapLeadingAxes(swap_.data(), y_chunk, filters_, n, cols);
   }
   backend_.AddBias(y, bias_.value.data(), batch, filters_, cols);
 }
 
 void Conv2d::Backward(const float* x, const float* /*y*/, const float* dy, float* dx, int batch) {
-  assert(!col_.empty() && "Reserve() before Backward()");
+  assert(chunk_ > 0 && "Reserve() before Backward()");
   const int rows = geometry_.col_rows();
   const int cols = geometry_.col_cols();
   const std::size_t in_size = input_shape().size();
   const std::size_t out_size = static_cast<std::size_t>(filters_) * cols;
   backend_.BiasGrad(dy, bias_.grad.data(), batch, filters_, cols);
-  for (int i = 0; i < batch; ++i) {
-    const float* dy_i = dy + i * out_size;
-    // Recomputed rather than kept from Forward: one image of workspace instead of a batch.
-    backend_.Im2Col(x + i * in_size, col_.data(), geometry_);
-    // dW[filters, rows] (+)= dy_i[filters, cols] * col^T[cols, rows]
-    backend_.Gemm(false, true, filters_, rows, cols, 1.0f, dy_i, cols, col_.data(), cols,
-                  i == 0 ? 0.0f : 1.0f, weight_.grad.data(), rows);
+  for (int first = 0; first < batch; first += chunk_) {
+    const int n = std::min(chunk_, batch - first);
+    // dy as [filters, n*cols], the layout the GEMMs below read (one image's already is).
+    const float* dy_t = dy + first * out_size;
+    if (n > 1) {
+      backend_.SwapLeadingAxes(dy_t, swap_.data(), n, filters_, cols);
+      dy_t = swap_.data();
+    }
+    // Recomputed rather than kept from Forward: a chunk of workspace instead of a batch.
+    backend_.Im2Col(x + first * in_size, col_.data(), n, geometry_);
+    // dW[filters, rows] (+)= dy[filters, n*cols] * col^T[n*cols, rows]
+    backend_.Gemm(false, true, filters_, rows, n * cols, 1.0f, dy_t, n * cols, col_.data(),
+                  n * cols, first == 0 ? 0.0f : 1.0f, weight_.grad.data(), rows);
     if (dx != nullptr) {
-      // dcol[rows, cols] = W^T[rows, filters] * dy_i[filters, cols]
-      backend_.Gemm(true, false, rows, cols, filters_, 1.0f, weight_.value.data(), rows, dy_i, cols,
-                    0.0f, dcol_.data(), cols);
-      backend_.Col2Im(dcol_.data(), dx + i * in_size, geometry_);
+      // Made at the first use: a model's first layer never computes dx.
+      if (dcol_.size() < col_.size()) dcol_ = DeviceArray<float>(backend_, col_.size());
+      // dcol[rows, n*cols] = W^T[rows, filters] * dy[filters, n*cols]
+      backend_.Gemm(true, false, rows, n * cols, filters_, 1.0f, weight_.value.data(), rows, dy_t,
+                    n * cols, 0.0f, dcol_.data(), n * cols);
+      backend_.Col2Im(dcol_.data(), dx + first * in_size, n, geometry_);
     }
   }
 }

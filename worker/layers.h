@@ -100,12 +100,16 @@ class Relu final : public Layer {
   void Backward(const float* x, const float* y, const float* dy, float* dx, int batch) override;
 };
 
-// 2-D convolution (cross-correlation, as in every framework) by im2col + GEMM, one image at a
-// time so the workspace stays one image's col matrix. W is [filters, in_channels, k, k].
+// 2-D convolution (cross-correlation, as in every framework) by im2col + GEMM over a chunk of
+// images at once: one GEMM per chunk rather than one per image, which on a GPU is what keeps
+// the chip busy. A chunk is as many images as the workspace cap holds (at least one): on a GPU
+// the whole batch, on a CPU what stays in the caches. W is [filters, in_channels, k, k].
 class Conv2d final : public Layer {
  public:
+  // max_workspace_floats caps each im2col buffer; 0: the backend's ConvWorkspaceFloats() (tests
+  // give a small cap to get several chunks).
   Conv2d(Backend& backend, std::string name, Shape3 input, int filters, int kernel, int pad,
-         int stride, InitKind init);
+         int stride, InitKind init, std::size_t max_workspace_floats = 0);
   Shape3 output_shape() const override;
   void Reserve(int max_batch) override;
   void Forward(const float* x, float* y, int batch) override;
@@ -118,8 +122,11 @@ class Conv2d final : public Layer {
   ConvGeometry geometry_;
   Param weight_;
   Param bias_;
-  DeviceArray<float> col_;   // one image's im2col matrix
-  DeviceArray<float> dcol_;  // its gradient
+  std::size_t max_workspace_floats_;
+  int chunk_ = 0;            // images per GEMM (set by Reserve)
+  DeviceArray<float> col_;   // a chunk's im2col matrix [rows, chunk, cols]
+  DeviceArray<float> dcol_;  // its gradient (made by the first Backward that needs dx)
+  DeviceArray<float> swap_;  // a chunk's output (gradient) as [filters, chunk, cols]
 };
 
 enum class PoolKind { kMax, kAvg };

@@ -100,10 +100,7 @@ void Model::Backward(const GradReadyHook& hook) {
     // The first layer's input gradient is never needed.
     float* dx = i == 0 ? nullptr : output_grads_[i - 1].data();
     layers_[i]->Backward(x, outputs_[i].data(), output_grads_[i].data(), dx, batch_);
-    if (hook && param_layer_of_[i] >= 0) {
-      backend_.Synchronize();  // the hook may read the gradients right away
-      hook(param_layer_of_[i], layers_[i]->params());
-    }
+    if (hook && param_layer_of_[i] >= 0) hook(param_layer_of_[i], layers_[i]->params());
   }
 }
 

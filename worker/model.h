@@ -16,7 +16,10 @@
 namespace ps::worker {
 
 // Called during Backward for each layer that has parameters, in reverse layer order, as soon as
-// that layer's gradients are final in device memory (the backend has been synchronized).
+// that layer's backward has been issued on the backend. Its gradients are final once those
+// calls have run: the backend's own calls made in the hook (a copy to the host) come after
+// them, and a StreamMark recorded in the hook tells the host when (Backward never waits for the
+// device, so the GPU goes on with the layers before while the hook's layer is sent).
 // layer_index counts parametric layers from the input (0 = first layer), so a natural KVStore
 // priority is -layer_index: the first layer's weights, needed first by the next forward pass,
 // go out last but are served first.

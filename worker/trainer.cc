@@ -305,9 +305,19 @@ KVTrainer::KVTrainer(const TrainConfig& config, KVStore& kv, Model& model)
   // Pulled values need their own buffer on a GPU, and summed gradients always do (they must
   // not overwrite the gradients being pushed).
   if (on_device_ || !config_.update_on_kvstore) pull_staging_ = HostArray<float>(backend_, offset);
+  for (int i = 0; i < model_.num_param_layers(); ++i) marks_.push_back(backend_.NewMark());
   if (!config_.update_on_kvstore) {
     local_optimizer_ = std::make_unique<SgdOptimizer>(
         model_, SgdOptions{config_.lr, config_.momentum, config_.weight_decay});
+  }
+}
+
+KVTrainer::~KVTrainer() {
+  // Copies into the staging buffers may still be queued (a step that threw): they must finish
+  // before the buffers go.
+  try {
+    backend_.Synchronize();
+  } catch (const std::exception&) {  // the device failed: nothing left to wait for
   }
 }
 
@@ -379,20 +389,43 @@ void KVTrainer::PullWeights() {
 }
 
 void KVTrainer::OnGradientsReady(int layer_index, const std::vector<Param*>& params) {
+  // Compressed gradients on a GPU go from device memory: the store encodes them there and
+  // copies only the codes. Others take one copy on the way out, into the pinned staging
+  // buffer, queued behind the layer's backward.
+  const bool from_device = on_device_ && config_.gradient_compression != "none";
+  if (on_device_ && !from_device) {
+    for (const Param* p : params) {
+      backend_.CopyToHostAsync(push_staging_.data() + offsets_[static_cast<std::size_t>(p->index)],
+                               p->grad.data(), p->size() * sizeof(float));
+    }
+  }
+  Backend::StreamMark& ready = *marks_[static_cast<std::size_t>(layer_index)];
+  ready.Record();
+  pending_.push_back({layer_index, params, &ready});
+  PushReadyLayers(false);
+}
+
+void KVTrainer::PushReadyLayers(bool wait) {
+  while (!pending_.empty()) {
+    if (wait) {
+      pending_.front().ready->Wait();
+    } else if (!pending_.front().ready->Reached()) {
+      return;  // the device is still on it: the next hook or the end of the step pushes it
+    }
+    // Off the queue first: a push that throws must not be sent again by the next call.
+    const PendingLayer next = std::move(pending_.front());
+    pending_.pop_front();
+    PushLayer(next.layer_index, next.params);
+  }
+}
+
+void KVTrainer::PushLayer(int layer_index, const std::vector<Param*>& params) {
   std::vector<Key> keys;
   std::vector<Tensor> grads;
   std::vector<Tensor> outs;
-  // Compressed gradients on a GPU go from device memory: the store encodes them there and
-  // copies only the codes (the backend's stream must have finished them first).
   const bool from_device = on_device_ && config_.gradient_compression != "none";
-  if (from_device) backend_.Synchronize();
   for (Param* p : params) {
     const auto i = static_cast<std::size_t>(p->index);
-    if (on_device_ && !from_device) {
-      // The one copy on the way out: device memory to the pinned staging buffer.
-      backend_.CopyToHost(push_staging_.data() + offsets_[i], p->grad.data(),
-                          p->size() * sizeof(float));
-    }
     keys.push_back(static_cast<Key>(i));
     grads.push_back(from_device ? Tensor(p->grad.data(), p->size(), DType::kFloat32,
                                          Device::CUDA(backend_.ordinal()))
@@ -405,13 +438,16 @@ void KVTrainer::OnGradientsReady(int layer_index, const std::vector<Param*>& par
 }
 
 void KVTrainer::FinishStep() {
+  PushReadyLayers(true);
   kv_.WaitAll();
+  // The copies into the model are queued, not waited for: the next step's calls come after
+  // them, and pull_staging_ is written again only by pulls that its marks order after them.
   const std::vector<Param*>& params = model_.params();
   if (config_.update_on_kvstore) {
     if (on_device_) {
       for (std::size_t i = 0; i < params.size(); ++i) {
-        backend_.CopyToDevice(params[i]->value.data(), pull_staging_.data() + offsets_[i],
-                              params[i]->size() * sizeof(float));
+        backend_.CopyToDeviceAsync(params[i]->value.data(), pull_staging_.data() + offsets_[i],
+                                   params[i]->size() * sizeof(float));
       }
     }
     return;
@@ -420,8 +456,8 @@ void KVTrainer::FinishStep() {
   const float scale =
       kv_.Type() == "dist_async" ? 1.0f : 1.0f / static_cast<float>(kv_.NumWorkers());
   for (std::size_t i = 0; i < params.size(); ++i) {
-    backend_.CopyToDevice(params[i]->grad.data(), pull_staging_.data() + offsets_[i],
-                          params[i]->size() * sizeof(float));
+    backend_.CopyToDeviceAsync(params[i]->grad.data(), pull_staging_.data() + offsets_[i],
+                               params[i]->size() * sizeof(float));
     if (scale != 1.0f) backend_.Scale(params[i]->size(), scale, params[i]->grad.data());
   }
   local_optimizer_->set_learning_rate(LearningRateAt(local_schedule_, ++local_updates_));
@@ -446,6 +482,7 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
     const auto step_start = Clock::now();
     const BatchStats stats =
         model_.TrainStep(images.data(), labels.data(), static_cast<int>(batch), hook);
+    PushReadyLayers(true);  // the compute ends when the device has every gradient
     const auto computed = Clock::now();
     FinishStep();
     if (config_.stop_on_divergence && !std::isfinite(stats.loss_sum)) {

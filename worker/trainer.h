@@ -12,6 +12,7 @@
 // values land in a second page-locked buffer that is copied to the device after WaitAll(). On
 // the CPU backend the parameter buffers themselves are pushed and pulled, with no copy.
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -112,6 +113,9 @@ class MetricsLog {
 class KVTrainer {
  public:
   KVTrainer(const TrainConfig& config, KVStore& kv, Model& model);
+  ~KVTrainer();
+  KVTrainer(const KVTrainer&) = delete;
+  KVTrainer& operator=(const KVTrainer&) = delete;
 
   // Init, SetOptimizer (update on kvstore) and the initial pull of every key. Collective.
   // `batches_per_epoch` (this worker's) turns the schedule's epochs into updates.
@@ -123,8 +127,20 @@ class KVTrainer {
                          MetricsLog& log);
 
  private:
-  // The gradient-ready hook: stage (CUDA) and push this layer's gradients, pull its values.
+  // A parametric layer whose gradients were issued on the backend but not yet pushed.
+  struct PendingLayer {
+    int layer_index;
+    std::vector<Param*> params;
+    Backend::StreamMark* ready;  // into marks_: reached once the gradients are staged
+  };
+
+  // The gradient-ready hook: queue this layer's gradients for the host (CUDA) and push every
+  // layer whose gradients have arrived, without waiting for the device.
   void OnGradientsReady(int layer_index, const std::vector<Param*>& params);
+  // Pushes the pending layers in order while their marks are reached; with `wait`, all of them.
+  void PushReadyLayers(bool wait);
+  // Push this layer's gradients and pull its values.
+  void PushLayer(int layer_index, const std::vector<Param*>& params);
   // WaitAll, then bring pulled values into the model (and update, when updating locally).
   void FinishStep();
   Tensor PushSource(std::size_t i);
@@ -138,6 +154,10 @@ class KVTrainer {
   std::vector<std::size_t> offsets_;  // parameter i's offset in the staging buffers
   HostArray<float> push_staging_;     // gradients on their way out (CUDA only)
   HostArray<float> pull_staging_;     // pulled weights or summed gradients
+  // One mark per parametric layer, recorded after its gradients (and their copy to
+  // push_staging_) were issued; reused every step, once the step's pushes are out.
+  std::vector<std::unique_ptr<Backend::StreamMark>> marks_;
+  std::deque<PendingLayer> pending_;  // in the order the hook saw them (last layer first)
   std::unique_ptr<SgdOptimizer> local_optimizer_;  // --no-update-on-kvstore only
   OptimizerConfig local_schedule_;                 // its rate per update (set by Start)
   std::uint64_t local_updates_ = 0;                // updates it applied

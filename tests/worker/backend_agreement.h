@@ -4,11 +4,15 @@
 // same harness CPU against CPU, so the harness itself is exercised on machines without a GPU.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "tests/worker/test_util.h"
 #include "worker/backend.h"
+#include "worker/layers.h"
 #include "worker/model.h"
 #include "worker/sgd_trainer.h"
 
@@ -95,9 +99,10 @@ inline void AgreeElementwise(Backend& a, Backend& b) {
 }
 
 inline void AgreeBias(Backend& a, Backend& b) {
-  for (const int spatial : {1, 49, 784}) {
-    INFO("spatial=" << spatial);
-    const int batch = 5;
+  // Dense (spatial 1) and conv shapes; the larger ones take several blocks per channel on a GPU.
+  for (const auto& [batch, spatial] : {std::pair{5, 1}, std::pair{5, 49}, std::pair{5, 784},
+                                       std::pair{40, 784}, std::pair{3000, 1}}) {
+    INFO("batch=" << batch << " spatial=" << spatial);
     const int channels = 13;
     const std::size_t n = static_cast<std::size_t>(batch) * channels * spatial;
     const auto y0 = RandomVector(n, 8);
@@ -155,33 +160,130 @@ inline void AgreePooling(Backend& a, Backend& b) {
   }
 }
 
+// Im2Col and Col2Im over a batch of images (each image's columns interleaved per row, as one
+// GEMM reads them), and the axis swap that turns the GEMM's result into activations.
 inline void AgreeIm2Col(Backend& a, Backend& b) {
   for (const ConvGeometry g :
        {ConvGeometry{1, 28, 28, 5, 5, 2, 2, 1, 1}, ConvGeometry{32, 14, 14, 5, 5, 2, 2, 1, 1},
         ConvGeometry{3, 9, 7, 3, 2, 1, 0, 2, 3}}) {
-    INFO("conv " << g.channels << "x" << g.height << "x" << g.width << " k" << g.kernel_h << "x"
-                 << g.kernel_w << " pad " << g.pad_h << "," << g.pad_w << " stride " << g.stride_h
-                 << "," << g.stride_w);
-    const std::size_t in = static_cast<std::size_t>(g.channels) * g.height * g.width;
-    const std::size_t cols = static_cast<std::size_t>(g.col_rows()) * g.col_cols();
-    const auto x = RandomVector(in, 12);
-    const auto c = RandomVector(cols, 13);
-    std::vector<float> col[2], img[2];
-    Backend* backends[2] = {&a, &b};
-    for (int i = 0; i < 2; ++i) {
-      Backend& be = *backends[i];
-      auto dx = Upload(be, x);
-      DeviceArray<float> dcol(be, cols);
-      be.Im2Col(dx.data(), dcol.data(), g);
-      col[i] = dcol.ToHost();
-      auto dc = Upload(be, c);
-      be.Fill(dx.data(), in, 7.0f);
-      be.Col2Im(dc.data(), dx.data(), g);
-      img[i] = dx.ToHost();
+    for (const int batch : {1, 3}) {
+      INFO("conv " << g.channels << "x" << g.height << "x" << g.width << " k" << g.kernel_h << "x"
+                   << g.kernel_w << " pad " << g.pad_h << "," << g.pad_w << " stride " << g.stride_h
+                   << "," << g.stride_w << " batch " << batch);
+      const std::size_t image = static_cast<std::size_t>(g.channels) * g.height * g.width;
+      const std::size_t in = image * batch;
+      const std::size_t cols = static_cast<std::size_t>(g.col_rows()) * g.col_cols() * batch;
+      const auto x = RandomVector(in, 12);
+      const auto c = RandomVector(cols, 13);
+      std::vector<float> col[2], img[2], swapped[2];
+      Backend* backends[2] = {&a, &b};
+      for (int i = 0; i < 2; ++i) {
+        Backend& be = *backends[i];
+        auto dx = Upload(be, x);
+        DeviceArray<float> dcol(be, cols);
+        be.Im2Col(dx.data(), dcol.data(), batch, g);
+        col[i] = dcol.ToHost();
+        auto dc = Upload(be, c);
+        be.Fill(dx.data(), in, 7.0f);
+        be.Col2Im(dc.data(), dx.data(), batch, g);
+        img[i] = dx.ToHost();
+        // [batch, channels, pixels] -> [channels, batch, pixels]
+        auto src = Upload(be, x);
+        DeviceArray<float> dst(be, in);
+        be.SwapLeadingAxes(src.data(), dst.data(), batch, g.channels, g.height * g.width);
+        swapped[i] = dst.ToHost();
+      }
+      CHECK(col[0] == col[1]);  // exact: copies
+      CHECK(swapped[0] == swapped[1]);
+      CHECK(MaxScaledDiff(img[0], img[1]) < kKernelTol * g.kernel_h * g.kernel_w);
+      // Image n's block of row r is image n's own im2col, at (r * batch + n) * pixels.
+      const std::size_t pixels = static_cast<std::size_t>(g.col_cols());
+      const std::size_t last = static_cast<std::size_t>(batch) - 1;
+      std::vector<float> alone[2];
+      for (int i = 0; i < 2; ++i) {
+        auto dx = Upload(*backends[i], std::vector<float>(x.begin() + last * image, x.end()));
+        DeviceArray<float> dcol(*backends[i], pixels * g.col_rows());
+        backends[i]->Im2Col(dx.data(), dcol.data(), 1, g);
+        alone[i] = dcol.ToHost();
+      }
+      CHECK(alone[0] == alone[1]);
+      for (std::size_t r = 0; r < static_cast<std::size_t>(g.col_rows()); ++r) {
+        const auto from = col[0].begin() + static_cast<std::ptrdiff_t>((r * batch + last) * pixels);
+        REQUIRE(std::equal(from, from + static_cast<std::ptrdiff_t>(pixels),
+                           alone[0].begin() + static_cast<std::ptrdiff_t>(r * pixels)));
+      }
+      // The swap by hand: element (n, c, p) of x lands at (c, n, p).
+      const std::size_t plane = static_cast<std::size_t>(g.height) * g.width;
+      CHECK(swapped[0][(static_cast<std::size_t>(g.channels - 1) * batch + last) * plane + 1] ==
+            x[(last * g.channels + static_cast<std::size_t>(g.channels - 1)) * plane + 1]);
     }
-    CHECK(col[0] == col[1]);  // exact: a copy
-    CHECK(MaxScaledDiff(img[0], img[1]) < kKernelTol * g.kernel_h * g.kernel_w);
   }
+}
+
+// A conv layer on `a` with the backend's own chunking against the same layer on `b` running 5
+// images as chunks of 2, 2 and 1: outputs, weight, bias and input gradients agree.
+inline void AgreeConvChunks(Backend& a, Backend& b) {
+  const Shape3 input{3, 9, 9};
+  const int batch = 5;
+  const std::size_t image_col = 3 * 5 * 5 * 9 * 9;  // rows x output pixels of one image
+  Conv2d la(a, "conv", input, 4, 5, 2, 1, InitKind::kHeUniform);
+  Conv2d lb(b, "conv", input, 4, 5, 2, 1, InitKind::kHeUniform, 2 * image_col);
+  const auto w = RandomVector(4 * 3 * 5 * 5, 30);
+  const auto bias = RandomVector(4, 31);
+  const auto x = RandomVector(batch * input.size(), 32);
+  const std::size_t out = static_cast<std::size_t>(batch) * la.output_shape().size();
+  const auto dy = RandomVector(out, 33);
+  Conv2d* layers[2] = {&la, &lb};
+  Backend* backends[2] = {&a, &b};
+  std::vector<float> y[2], dx[2], dw[2], db[2];
+  for (int i = 0; i < 2; ++i) {
+    Conv2d& l = *layers[i];
+    l.Reserve(batch);
+    l.params()[0]->value.CopyFrom(std::span<const float>(w));
+    l.params()[1]->value.CopyFrom(std::span<const float>(bias));
+    auto dev_x = Upload(*backends[i], x);
+    auto dev_dy = Upload(*backends[i], dy);
+    DeviceArray<float> dev_y(*backends[i], out);
+    DeviceArray<float> dev_dx(*backends[i], x.size());
+    l.Forward(dev_x.data(), dev_y.data(), batch);
+    l.Backward(dev_x.data(), dev_y.data(), dev_dy.data(), dev_dx.data(), batch);
+    y[i] = dev_y.ToHost();
+    dx[i] = dev_dx.ToHost();
+    dw[i] = l.params()[0]->grad.ToHost();
+    db[i] = l.params()[1]->grad.ToHost();
+  }
+  const double sums = 3.0 * 5 * 5;  // products summed per output
+  CHECK(MaxScaledDiff(y[0], y[1]) < kGemmTol * sums);
+  CHECK(MaxScaledDiff(dx[0], dx[1]) < kGemmTol * sums);
+  CHECK(MaxScaledDiff(dw[0], dw[1]) < kGemmTol * batch * 81);
+  CHECK(MaxScaledDiff(db[0], db[1]) < kKernelTol * batch * 81);
+}
+
+// The asynchronous copies and stream marks: a mark never recorded is reached; one recorded
+// after queued work is reached once that work is done (polled, then waited for), and the
+// copies moved what the calls before them computed.
+inline void CheckQueuedCopies(Backend& backend) {
+  CHECK(backend.NewMark()->Reached());
+  const std::size_t n = 1 << 20;
+  HostArray<float> host(backend, n);
+  DeviceArray<float> dev(backend, n);
+  for (std::size_t i = 0; i < n; ++i) host.data()[i] = static_cast<float>(i % 1000);
+  const auto mark = backend.NewMark();
+  backend.CopyToDeviceAsync(dev.data(), host.data(), n * sizeof(float));
+  backend.Scale(n, 2.0f, dev.data());
+  backend.CopyToHostAsync(host.data(), dev.data(), n * sizeof(float));
+  mark->Record();
+  for (int polls = 0; polls < 1000 && !mark->Reached(); ++polls) std::this_thread::yield();
+  mark->Wait();
+  CHECK(mark->Reached());
+  CHECK(host.data()[999] == 1998.0f);
+  CHECK(host.data()[n - 1] == static_cast<float>((n - 1) % 1000) * 2.0f);
+  // Recorded again, the mark waits for the new work only.
+  backend.Fill(dev.data(), n, 7.0f);
+  backend.CopyToHostAsync(host.data(), dev.data(), n * sizeof(float));
+  mark->Record();
+  mark->Wait();
+  CHECK(host.data()[12345] == 7.0f);
 }
 
 inline void AgreeSoftmax(Backend& a, Backend& b) {

@@ -55,6 +55,14 @@ TEST_CASE("cuda agrees with cpu: im2col and col2im", "[cuda]") {
   if (auto p = CudaPairOrSkip()) testing::AgreeIm2Col(*p->cpu, *p->cuda);
 }
 
+TEST_CASE("cuda agrees with cpu: a conv layer run in chunks of images", "[cuda]") {
+  if (auto p = CudaPairOrSkip()) testing::AgreeConvChunks(*p->cpu, *p->cuda);
+}
+
+TEST_CASE("cuda queued copies and stream marks", "[cuda]") {
+  if (auto p = CudaPairOrSkip()) testing::CheckQueuedCopies(*p->cuda);
+}
+
 TEST_CASE("cuda agrees with cpu: softmax cross-entropy", "[cuda]") {
   if (auto p = CudaPairOrSkip()) testing::AgreeSoftmax(*p->cpu, *p->cuda);
 }

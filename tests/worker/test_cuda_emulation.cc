@@ -41,7 +41,9 @@ class EmulatedCudaBackend final : public testing::ForwardingBackend {
     Check(cuda::AddBias(y, bias, batch, channels, spatial, nullptr));
   }
   void BiasGrad(const float* dy, float* dbias, int batch, int channels, int spatial) override {
-    Check(cuda::BiasGrad(dy, dbias, batch, channels, spatial, nullptr));
+    std::vector<float> scratch(static_cast<std::size_t>(channels) *
+                               cuda::BiasGradSplit(batch, spatial));
+    Check(cuda::BiasGrad(dy, dbias, batch, channels, spatial, scratch.data(), nullptr));
   }
   void ReluForward(const float* x, float* y, std::size_t n) override {
     Check(cuda::ReluForward(x, y, n, nullptr));
@@ -63,11 +65,17 @@ class EmulatedCudaBackend final : public testing::ForwardingBackend {
   void AvgPoolBackward(const float* dy, float* dx, int batch, const PoolGeometry& g) override {
     Check(cuda::AvgPoolBackward(dy, dx, batch * g.channels, g.height, g.width, g.window, nullptr));
   }
-  void Im2Col(const float* x, float* col, const ConvGeometry& g) override {
-    Check(cuda::Im2Col(x, col, cuda::ShapeOf(g), nullptr));
+  void Im2Col(const float* x, float* col, int batch, const ConvGeometry& g) override {
+    Check(cuda::Im2Col(x, col, batch, cuda::ShapeOf(g), nullptr));
   }
-  void Col2Im(const float* col, float* dx, const ConvGeometry& g) override {
-    Check(cuda::Col2Im(col, dx, cuda::ShapeOf(g), nullptr));
+  void Col2Im(const float* col, float* dx, int batch, const ConvGeometry& g) override {
+    Check(cuda::Col2Im(col, dx, batch, cuda::ShapeOf(g), nullptr));
+  }
+  // As CudaBackend: whole batches per convolution GEMM, so the model steps below run the
+  // batched im2col, col2im and axis swap.
+  std::size_t ConvWorkspaceFloats() const override { return cuda::kConvWorkspaceFloats; }
+  void SwapLeadingAxes(const float* x, float* y, int d0, int d1, int inner) override {
+    Check(cuda::SwapLeadingAxes(x, y, d0, d1, inner, nullptr));
   }
   // As CudaBackend: per-sample loss and correctness from the kernel, summed in sample order.
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
@@ -116,6 +124,12 @@ TEST_CASE_METHOD(CpuAndKernels, "cuda kernels on the host agree with cpu: max an
 TEST_CASE_METHOD(CpuAndKernels, "cuda kernels on the host agree with cpu: im2col and col2im",
                  "[cuda-emulation]") {
   testing::AgreeIm2Col(*cpu, kernels);
+}
+
+TEST_CASE_METHOD(CpuAndKernels,
+                 "cuda kernels on the host agree with cpu: a conv layer run in chunks of images",
+                 "[cuda-emulation]") {
+  testing::AgreeConvChunks(*cpu, kernels);
 }
 
 TEST_CASE_METHOD(CpuAndKernels, "cuda kernels on the host agree with cpu: softmax cross-entropy",

@@ -156,6 +156,12 @@ TEST_CASE("conv layer gradients match finite differences", "[gradcheck]") {
     RandomizeParams(conv, 50);
     CheckLayer(conv, RandomVector(2 * 3 * 49, 51), 2, 52);
   }
+  SECTION("a batch in chunks: room for 2 images per GEMM, 3 images (2, then 1)") {
+    const std::size_t image_col = 2 * 5 * 5 * 6 * 6;  // rows x output pixels of one image
+    Conv2d conv(*backend, "conv", Shape3{2, 6, 6}, 3, 5, 2, 1, InitKind::kHeUniform, 2 * image_col);
+    RandomizeParams(conv, 45);
+    CheckLayer(conv, RandomVector(3 * 2 * 36, 46), 3, 47);
+  }
 }
 
 TEST_CASE("max pool gradients match finite differences", "[gradcheck]") {

@@ -146,6 +146,8 @@ TEST_CASE("backend agreement harness, CPU against CPU", "[agreement]") {
   testing::AgreeBias(*a, *b);
   testing::AgreePooling(*a, *b);
   testing::AgreeIm2Col(*a, *b);
+  testing::AgreeConvChunks(*a, *b);
+  testing::CheckQueuedCopies(*a);
   testing::AgreeSoftmax(*a, *b);
   testing::AgreeTrainingStep(*a, *b, "mlp");
   testing::AgreeTrainingStep(*a, *b, "cnn");

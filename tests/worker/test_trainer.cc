@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -36,9 +37,15 @@ TrainConfig SmallConfig(bool update_on_kvstore) {
 // The CPU backend dressed as a GPU: it reports DeviceKind::kCUDA, so the trainer takes its
 // device path (gradients staged through pinned host buffers, pulled values copied back), and
 // it fills every fresh allocation with NaN bytes, so that a value the staging forgets to copy
-// shows. Lets machines without a GPU test that path.
+// shows. With `deferred`, it also behaves like a stream: the asynchronous copies are queued and
+// run only when a later call, a Synchronize or a mark's Wait needs them (a mark's Reached runs
+// one and says no while any before it is queued), so a push of gradients not yet copied gives
+// wrong weights.
+// Lets machines without a GPU test that path.
 class DeviceLikeCpuBackend final : public testing::ForwardingBackend {
  public:
+  explicit DeviceLikeCpuBackend(bool deferred = false) : deferred_(deferred) {}
+
   DeviceKind kind() const override { return DeviceKind::kCUDA; }
   std::string Name() const override { return "cpu dressed as cuda"; }
   void* Allocate(std::size_t bytes) override { return Poisoned(inner().Allocate(bytes), bytes); }
@@ -46,20 +53,71 @@ class DeviceLikeCpuBackend final : public testing::ForwardingBackend {
     ++host_allocations;
     return Poisoned(inner().AllocateHost(bytes), bytes);
   }
+  void CopyToHostAsync(void* d, const void* s, std::size_t b) override { Queue(d, s, b); }
+  void CopyToDeviceAsync(void* d, const void* s, std::size_t b) override { Queue(d, s, b); }
+  std::unique_ptr<StreamMark> NewMark() override { return std::make_unique<Mark>(*this); }
 
   int host_allocations = 0;  // the trainer's pinned staging buffers
+  int deferred_copies = 0;   // copies that were still queued when the next call came
 
  private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+  };
+  // Marks the queue's position; reached once every copy queued before it has run.
+  class Mark final : public StreamMark {
+   public:
+    explicit Mark(DeviceLikeCpuBackend& backend) : backend_(backend) {}
+    void Record() override { position_ = backend_.queued_; }
+    bool Reached() override {
+      if (backend_.done_ >= position_) return true;
+      backend_.RunOne();
+      return false;
+    }
+    void Wait() override {
+      while (backend_.done_ < position_) backend_.RunOne();
+    }
+
+   private:
+    DeviceLikeCpuBackend& backend_;
+    std::size_t position_ = 0;
+  };
+
   static void* Poisoned(void* p, std::size_t bytes) {
     if (p != nullptr) std::memset(p, 0xFF, bytes);  // every float a NaN
     return p;
   }
+  void Queue(void* dst, const void* src, std::size_t bytes) {
+    if (!deferred_) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    queue_.push_back({dst, src, bytes});
+    ++queued_;
+  }
+  void RunOne() {
+    const Copy c = queue_.front();
+    queue_.pop_front();
+    std::memcpy(c.dst, c.src, c.bytes);
+    ++done_;
+  }
+  void BeforeCall() override {
+    if (!queue_.empty()) ++deferred_copies;
+    while (!queue_.empty()) RunOne();
+  }
+
+  bool deferred_;
+  std::deque<Copy> queue_;
+  std::size_t queued_ = 0;  // copies ever queued
+  std::size_t done_ = 0;    // copies ever run (in queue order)
 };
 
 // Trains `steps` batches through the fake store and, from the same seed, locally with
 // SgdOptimizer on the CPU; every weight must agree. `device_path`: the trainer's model lives
 // on a DeviceLikeCpuBackend, so its GPU staging code runs.
-void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false) {
+void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false, bool deferred = false) {
   const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), 1000);
   const TrainConfig config = SmallConfig(update_on_kvstore);
   const ShardSampler sampler(data.count, 0, 1, config.batch_size, 3);
@@ -67,7 +125,7 @@ void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false) {
   MetricsLog metrics(log, "", 0);
 
   auto backend = MakeCpuBackend();
-  DeviceLikeCpuBackend device;
+  DeviceLikeCpuBackend device(deferred);
   auto via_kv = BuildModel("mlp", device_path ? device : *backend, config.batch_size);
   via_kv->InitParams(11);
   FakeKVStore kv;
@@ -90,6 +148,7 @@ void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false) {
   CHECK(kv.has_optimizer == update_on_kvstore);
   CHECK(kv.wait_alls == 1 + sampler.batches_per_epoch());  // Start, then one per step
   if (device_path) CHECK(device.host_allocations == 2);    // one push, one pull staging buffer
+  if (deferred) CHECK(device.deferred_copies > 0);         // the queue did defer copies
   // Two Speedometer lines for 20 batches at an interval of 10.
   const std::string text = log.str();
   CHECK(text.find("Epoch[0] Batch[10] Speed: ") != std::string::npos);
@@ -110,6 +169,12 @@ TEST_CASE("trainer's GPU staging path matches local SGD (update on kvstore)", "[
 
 TEST_CASE("trainer's GPU staging path matches local SGD (update on the worker)", "[trainer]") {
   CheckAgainstLocalSgd(false, true);
+}
+
+TEST_CASE("trainer's GPU path waits for queued copies before it pushes or reuses a buffer",
+          "[trainer]") {
+  CheckAgainstLocalSgd(true, true, true);
+  CheckAgainstLocalSgd(false, true, true);
 }
 
 TEST_CASE("trainer pushes each layer as its backward finishes, first layer first priority",
