@@ -122,6 +122,14 @@ gpu_staging)
     fail "no peak line"
   grep -qE "^gpu-staging: mlp gradients: 6 copies, 0\.90 MiB into one page-locked buffer: [0-9.]+ ms, [0-9.]+ GB/s \([0-9.]+x peak\)$" \
     <<<"$out_text" || fail "no staging line for the mlp's 6 parameters"
+  grep -qE "^gpu-staging: mlp gradients, copies queued, one wait: [0-9.]+ ms, [0-9.]+ GB/s \([0-9.]+x peak\)$" \
+    <<<"$out_text" || fail "no line for the queued copies"
+  grep -qE "^gpu-staging: KVStore staging of a 16 MiB tensor: [0-9.]+ GB/s \([0-9.]+x peak\) into its pool's buffers \(page-locked: (yes|no)\), [0-9.]+ GB/s into ordinary memory$" \
+    <<<"$out_text" || fail "no KVStore staging line"
+  grep -qE "^gpu-staging: local KVStore push of a 16 MiB cpu tensor: [0-9.]+ GB/s \([0-9.]+x peak\)$" \
+    <<<"$out_text" || fail "no KVStore push line"
+  grep -qE "^gpu-staging: local KVStore pull into a 16 MiB cpu tensor: [0-9.]+ GB/s$" \
+    <<<"$out_text" || fail "no KVStore pull line"
   ! grep -qE " 0\.00 GB/s" <<<"$out_text" || fail "a zero bandwidth"
   message=$(timeout 20 "$tool" --device cpu --model resnet 2>&1)
   rc=$?

@@ -2,7 +2,9 @@
 // parameter's gradient from device memory into one page-locked staging buffer (one copy per
 // parameter, as its layer's backward ends) and pushes from there. This measures that copy,
 // through the same Backend calls, against the device's peak device-to-host bandwidth (one big
-// copy into page-locked memory) and against a copy into ordinary pageable memory.
+// copy into page-locked memory) and against a copy into ordinary pageable memory, issued one
+// copy at a time (waiting for each) and queued (one wait at the end, as KVTrainer does); and
+// the local KVStore's push and pull of a tensor in the device's memory.
 //
 //   ps-bench-gpu-staging [--device auto|cpu|cuda|cuda:N] [--model mlp|cnn] [--repeat N]
 //
@@ -17,7 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "kvstore/device_memory.h"
+#include "kvstore/staging_pool.h"
 #include "ps/cli/cli.h"
+#include "ps/kvstore.h"
 #include "worker/device.h"
 #include "worker/model.h"
 
@@ -103,6 +108,64 @@ int main(int argc, char** argv) {
         "%.2f GB/s (%.2fx peak)\n",
         FLAGS_model.c_str(), model->params().size(), staged_bytes / 1048576.0, staged * 1e3,
         Gbps(staged_bytes, staged), Gbps(staged_bytes, staged) / peak);
+    // As KVTrainer queues them: every copy issued, then one wait at the end.
+    const auto mark = backend->NewMark();
+    const double queued = MedianSeconds(FLAGS_repeat, [&] {
+      std::size_t offset = 0;
+      for (auto* p : model->params()) {
+        backend->CopyToHostAsync(staging.data() + offset, p->grad.data(),
+                                 p->size() * sizeof(float));
+        offset += p->size();
+      }
+      mark->Record();
+      mark->Wait();
+    });
+    std::printf(
+        "gpu-staging: %s gradients, copies queued, one wait: %.3f ms, %.2f GB/s (%.2fx peak)\n",
+        FLAGS_model.c_str(), queued * 1e3, Gbps(staged_bytes, queued),
+        Gbps(staged_bytes, queued) / peak);
+
+    // The KVStore's own staging of a pushed tensor in the backend's memory, through its own
+    // copy function: into a buffer of its StagingPool (page-locked where it can), and, as before
+    // the pool, into ordinary memory.
+    const ps::Device device = backend->kind() == ps::worker::DeviceKind::kCUDA
+                                  ? ps::Device::CUDA(backend->ordinal())
+                                  : ps::Device::CPU();
+    const auto pool = ps::StagingPool::Create();
+    // Taken once and reused, as the store's pool keeps its buffers: the steady state.
+    const std::shared_ptr<std::byte> pooled = pool->Get(peak_bytes, device);
+    const double store_pinned = Gbps(peak_bytes, MedianSeconds(FLAGS_repeat, [&] {
+                                       ps::CopyToHost(pooled.get(), big.data(), peak_bytes, device);
+                                     }));
+    const double store_paged =
+        Gbps(peak_bytes, MedianSeconds(FLAGS_repeat, [&] {
+               ps::CopyToHost(pageable.data(), big.data(), peak_bytes, device);
+             }));
+    std::printf(
+        "gpu-staging: KVStore staging of a %d MiB tensor: %.2f GB/s (%.2fx peak) into its pool's "
+        "buffers (page-locked: %s), %.2f GB/s into ordinary memory\n",
+        FLAGS_peak_mib, store_pinned, store_pinned / peak, pool->all_pinned() ? "yes" : "no",
+        store_paged);
+
+    // End to end: the tensor pushed to a local store (staged, then copied into the stored
+    // value) and pulled back.
+    const std::size_t floats = peak_bytes / sizeof(float);
+    const ps::Tensor on_device(big.data(), floats, ps::DType::kFloat32, device);
+    std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create("local");
+    kv->Init(0, ps::Tensor(reinterpret_cast<float*>(pageable.data()), floats));
+    const double push = MedianSeconds(FLAGS_repeat, [&] {
+      kv->Push(0, on_device);
+      kv->WaitAll();
+    });
+    const double pull = MedianSeconds(FLAGS_repeat, [&] {
+      kv->Pull(0, on_device);
+      kv->WaitAll();
+    });
+    std::printf("gpu-staging: local KVStore push of a %d MiB %s tensor: %.2f GB/s (%.2fx peak)\n",
+                FLAGS_peak_mib, device.ToString().c_str(), Gbps(peak_bytes, push),
+                Gbps(peak_bytes, push) / peak);
+    std::printf("gpu-staging: local KVStore pull into a %d MiB %s tensor: %.2f GB/s\n",
+                FLAGS_peak_mib, device.ToString().c_str(), Gbps(peak_bytes, pull));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps-bench-gpu-staging: error: %s\n", e.what());
