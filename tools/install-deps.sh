@@ -13,7 +13,7 @@ PACKAGES=(
   catch2 zlib1g-dev libopenblas-dev heaptrack
   dataset-fashion-mnist
   python3 python3-yaml python3-matplotlib python3-pip
-  openssh-server openssh-client rsync procps iproute2
+  openssh-server openssh-client rsync procps iproute2 iptables
   openmpi-bin libopenmpi-dev
 )
 

@@ -10,8 +10,9 @@
 Each host is a network namespace with its own stack, joined by a veth pair to a Linux bridge in
 a switch namespace of its own. Addresses come from 198.18.0.0/15 (RFC 2544, benchmarking); no
 host has a route out and nothing is attached to the machine's own interfaces, so traffic stays
-inside the namespaces the bed made. Each link can be shaped with tc (rate: HTB; delay: netem,
-where the kernel has it) on both of its ends, so it is full duplex like a NIC. Every host runs
+inside the namespaces the bed made. Each link can be shaped with tc (rate: HTB; delay: netem)
+on both of its ends, so it is full duplex like a NIC; where the kernel has no netem, a delay
+line (tools/delayline.py, through iptables NFQUEUE) holds each packet where it arrives. Every host runs
 an sshd on its own address with a host key made for the bed; one user key made for the bed
 logs in as the current user (root), so tools/launch.py --launcher ssh reaches the hosts as
 separate machines. The filesystem is shared: the hosts see the project's binaries at the
@@ -49,6 +50,8 @@ NS_RE = re.compile(rf"^{PREFIX}-([a-z0-9]{{1,6}})-(sw|h\d+)$")
 MAX_HOSTS = 250
 DEFAULT_STATE_DIR = "/run/psbed"
 SSHD = "/usr/sbin/sshd"
+IPTABLES = "iptables-legacy"  # the NFQUEUE target; nftables' queue is often not built in
+DELAYLINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delayline.py")
 QUEUE_S = 0.05  # a shaped link's queue holds this much time at its rate (plus in-flight delay)
 MIN_QUEUE_BYTES = 256 * 1024
 STATE_VERSION = 1
@@ -246,6 +249,37 @@ def why_unavailable(need_tc=False):
     return None
 
 
+def delay_method():
+    """How links are delayed here: "netem" (tc), "nfqueue" (a delay line, where the kernel
+    has no netem) or None. Probed in throwaway namespaces."""
+    if netem_available():
+        return "netem"
+    return "nfqueue" if nfqueue_available() else None
+
+
+def nfqueue_available():
+    """Whether an iptables NFQUEUE rule and a delay line work here (kernel, iptables-legacy)."""
+    if shutil.which(IPTABLES) is None or not os.path.exists(DELAYLINE):
+        return False
+    probe = f"{PREFIX}-probe{os.getpid()}"
+    if run(["ip", "netns", "add", probe], check=False).returncode != 0:
+        return False
+    try:
+        rule = run(["ip", "netns", "exec", probe, IPTABLES, "-w", "-t", "mangle", "-A",
+                    "PREROUTING", "-j", "NFQUEUE", "--queue-num", "0"], check=False)
+        line = run(["ip", "netns", "exec", probe, sys.executable, DELAYLINE, "--probe"],
+                   check=False)
+        return rule.returncode == 0 and line.returncode == 0
+    finally:
+        run(["ip", "netns", "del", probe], check=False)
+
+
+NO_DELAY = ("link delays need tc netem (CONFIG_NET_SCH_NETEM) or, without it, iptables NFQUEUE "
+            f"for a delay line ({IPTABLES}, from Debian's iptables, and "
+            "CONFIG_NETFILTER_NETLINK_QUEUE); neither works here, so links can be "
+            "rate-limited (HTB) but not delayed: use --delay 0")
+
+
 def netem_available():
     """Whether tc's netem (delay) works in this kernel; probed in a throwaway namespace."""
     probe = f"{PREFIX}-probe{os.getpid()}"
@@ -411,15 +445,72 @@ def shape_commands(ns, dev, rate, delay_us):
     return cmds
 
 
-def apply_shape(bed, h, netem_ok):
-    if h["delay_us"] and not netem_ok:
-        raise BedError(f"delay {fmt_delay(h['delay_us'])} on {h['name']}: this kernel has no "
-                       "tc netem (CONFIG_NET_SCH_NETEM), so links can be rate-limited but not "
-                       "delayed here; use --delay 0")
+def apply_shape(bed, h, method):
+    """tc on both ends of h's link: its rate, and its delay when `method` is netem (a delay
+    line is set up for all hosts at once, by apply_delay_lines)."""
+    if h["delay_us"] and method is None:
+        raise BedError(f"delay {fmt_delay(h['delay_us'])} on {h['name']}: {NO_DELAY}")
+    delay_us = h["delay_us"] if method == "netem" else 0
     for ns, dev in ((h["ns"], h["if_host"]), (bed.switch_ns, h["if_switch"])):
         run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-        for cmd in shape_commands(ns, dev, h["rate_bit"], h["delay_us"]):
+        for cmd in shape_commands(ns, dev, h["rate_bit"], delay_us):
             run(cmd)
+
+
+def delay_line_queues(bed, h):
+    """h's delay line: a queue per sender (numbered by its index), holding the sender's
+    packets for the sender's link delay plus h's, the two one-way delays a packet crosses."""
+    return {i: s["delay_us"] + h["delay_us"] for i, s in enumerate(bed.hosts())
+            if s is not h and s["delay_us"] + h["delay_us"] > 0}
+
+
+def stop_delay_line(h):
+    pid = h.get("delayline_pid")
+    if pid and proc_alive(pid, h.get("delayline_start")):
+        kill_pids([pid], signal.SIGTERM)
+        kill_pids(wait_gone([pid], 3.0), signal.SIGKILL)
+        wait_gone([pid], 5.0)
+    h["delayline_pid"] = h["delayline_start"] = None
+
+
+def apply_delay_lines(bed):
+    """Without netem: in every host, a delay line holding each incoming packet for its
+    sender's link delay plus the host's (tools/delayline.py), fed by iptables NFQUEUE rules per
+    sender. Packets are held where they arrive: held where they leave, they would still count
+    against the sending socket's TCP small-queue budget and throttle it."""
+    for h in bed.hosts():
+        ipt = ["ip", "netns", "exec", h["ns"], IPTABLES, "-w", "-t", "mangle"]
+        run(ipt + ["-F", "PREROUTING"])  # undelayed while the line changes
+        stop_delay_line(h)
+        queues = delay_line_queues(bed, h)
+        if not queues:
+            continue
+        log_path = os.path.join(bed.dir, f"{h['name']}_delayline.log")
+        log = open(log_path, "ab")
+        argv = ["ip", "netns", "exec", h["ns"], sys.executable, DELAYLINE]
+        for q, us in sorted(queues.items()):
+            argv += ["--queue", f"{q}:{us}"]
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                             start_new_session=True)
+        log.close()
+        h["delayline_pid"] = p.pid
+        bed.save()  # on record before anything waits on it
+        h["delayline_start"] = proc_start(p.pid)
+        deadline = time.monotonic() + 10
+        while True:  # bound before the rules go in: rules without a listener drop packets
+            with open(log_path, errors="replace") as f:
+                text = f.read()
+            if "holding" in text:
+                break
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise BedError(f"the delay line of {h['name']} did not start: "
+                               f"{text.strip()[-300:] or '(its log is empty)'}")
+            time.sleep(0.02)
+        senders = bed.hosts()
+        for q in sorted(queues):
+            run(ipt + ["-A", "PREROUTING", "-i", h["if_host"], "-s", senders[q]["addr"], "-j",
+                       "NFQUEUE", "--queue-num", str(q)])
+    bed.save()
 
 
 # --------------------------------------------------------------------------------------------
@@ -617,11 +708,9 @@ def cmd_up(args):
         if why:
             raise BedError(f"cannot start sshd in the hosts: {why} (or use --no-sshd)")
     delays = [delay] + [d for _, d in per_host.values() if d != "default"]
-    netem_ok = netem_available() if any(delays) else True
-    if not netem_ok:
-        raise BedError("--delay/--link delays need tc netem, which this kernel lacks "
-                       "(CONFIG_NET_SCH_NETEM); links can be rate-limited (HTB) but not "
-                       "delayed here: use --delay 0")
+    method = delay_method() if any(delays) else None
+    if any(delays) and method is None:
+        raise BedError(NO_DELAY)
 
     state_dir = state_dir_from(args)
     fd = lock_state_dir(state_dir)
@@ -658,14 +747,16 @@ def cmd_up(args):
                 "if_host": f"{IF_PREFIX}{bed_id}h{i}", "if_switch": f"{IF_PREFIX}{bed_id}s{i}",
                 "rate_bit": rate if r == "default" else r,
                 "delay_us": delay if d == "default" else d,
-                "sshd_pid": None, "sshd_start": None})
+                "sshd_pid": None, "sshd_start": None,
+                "delayline_pid": None, "delayline_start": None})
         bed.state = {
             "version": STATE_VERSION, "id": bed_id, "status": "creating",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "creator_pid": os.getpid(),
             "subnet": str(subnet), "switch_ns": bed.switch_ns, "bridge": bed.bridge,
             "dir": bed.dir, "user": getpass.getuser(), "sshd": not args.no_sshd,
             "ssh_config": os.path.join(bed.dir, "ssh_config"),
-            "hostfile": os.path.join(bed.dir, "hostfile"), "hosts": hosts}
+            "hostfile": os.path.join(bed.dir, "hostfile"), "delay_method": method,
+            "hosts": hosts}
         bed.save()  # on record before anything is made: `down` works after any crash
     finally:
         os.close(fd)
@@ -676,7 +767,7 @@ def cmd_up(args):
                                                        signal.SIGHUP)}
     t0 = time.monotonic()
     try:
-        build_bed(bed, subnet, netem_ok, not args.no_sshd)
+        build_bed(bed, subnet, method, not args.no_sshd)
     except (BedError, Interrupted, OSError) as e:
         what = (f"interrupted by {signal.Signals(e.args[0]).name}"
                 if isinstance(e, Interrupted) else str(e))
@@ -700,7 +791,7 @@ def cmd_up(args):
     return 0
 
 
-def build_bed(bed, subnet, netem_ok, with_sshd):
+def build_bed(bed, subnet, method, with_sshd):
     st = bed.state
     sw = bed.switch_ns
     say(f"bed {bed.id}: making {len(st['hosts'])} host(s) and a switch on {subnet}")
@@ -722,7 +813,9 @@ def build_bed(bed, subnet, netem_ok, with_sshd):
         run(["ip", "-n", h["ns"], "addr", "add", f"{h['addr']}/{subnet.prefixlen}", "dev",
              h["if_host"]])
         run(["ip", "-n", h["ns"], "link", "set", h["if_host"], "up"])
-        apply_shape(bed, h, netem_ok)
+        apply_shape(bed, h, method)
+    if method == "nfqueue":
+        apply_delay_lines(bed)
     # no host has a route out: only the subnet's own (kernel) route exists
     for h in st["hosts"]:
         r = run(["ip", "-n", h["ns"], "-4", "route", "show", "default"])
@@ -760,6 +853,9 @@ def describe(bed, out):
             sshd = f"  sshd pid {h['sshd_pid']}{'' if alive else ' (not running)'}"
         out.write(f"  {h['name']:>4}  {h['addr']:<15} ns {h['ns']:<18} link "
                   f"{fmt_rate(h['rate_bit'])}, delay {fmt_delay(h['delay_us'])}{sshd}\n")
+    if st.get("delay_method") == "nfqueue":
+        out.write("  delays:      by a delay line in each host (tools/delayline.py; this kernel "
+                  "has no tc netem)\n")
     out.write(f"  hostfile:    {st['hostfile']}\n")
     if st.get("sshd", True):
         out.write(f"  ssh options: -F {st['ssh_config']}\n")
@@ -791,6 +887,8 @@ def teardown(state_dir, bed_id, quiet=False):
     for h in (st or {}).get("hosts", []):
         if h.get("sshd_pid") and proc_alive(h["sshd_pid"], h.get("sshd_start")):
             pids.add(h["sshd_pid"])
+        if h.get("delayline_pid") and proc_alive(h["delayline_pid"], h.get("delayline_start")):
+            pids.add(h["delayline_pid"])
     pids = sorted(pids)
     if pids:
         if not quiet:
@@ -988,17 +1086,22 @@ def cmd_shape(args):
     delay = parse_delay(args.delay) if args.delay is not None else "keep"
     if shutil.which("tc") is None:
         raise BedError("tc (iproute2) not found: install iproute2 (tools/install-deps.sh)")
-    netem_ok = True
-    if any((delay if delay != "keep" else h["delay_us"]) for h in hosts):
-        netem_ok = netem_available()
+    method = bed.state.get("delay_method")
+    if method is None and any((delay if delay != "keep" else h["delay_us"]) for h in hosts):
+        method = delay_method()
+        if method is None:
+            raise BedError(NO_DELAY)
+    bed.state["delay_method"] = method
     for h in hosts:
         if rate != "keep":
             h["rate_bit"] = rate
         if delay != "keep":
             h["delay_us"] = delay
-        apply_shape(bed, h, netem_ok)
+        apply_shape(bed, h, method)
         say(f"{h['name']} ({h['addr']}): link {fmt_rate(h['rate_bit'])}, delay "
             f"{fmt_delay(h['delay_us'])}, both directions")
+    if method == "nfqueue":
+        apply_delay_lines(bed)
     bed.save()
     return 0
 
@@ -1023,6 +1126,9 @@ def cmd_kill(args):
     keep = set()
     if not args.with_sshd and h.get("sshd_pid") and proc_alive(h["sshd_pid"], h.get("sshd_start")):
         keep.add(h["sshd_pid"])
+    # The delay line is part of the link, not of the host's work: it stays (`link down` cuts it).
+    if h.get("delayline_pid") and proc_alive(h["delayline_pid"], h.get("delayline_start")):
+        keep.add(h["delayline_pid"])
     pids = [p for p in netns_pids(h["ns"]) if p not in keep and p != os.getpid()]
     for p in pids:
         say(f"{h['name']}: {sig.name} to pid {p}: {proc_cmd(p)}")
@@ -1148,10 +1254,13 @@ def cmd_check(args):
     if why:
         print(f"unavailable: {why}")
         return 1
-    netem = netem_available()
+    method = delay_method()
     print("ok: test beds can be made here; link delay "
-          + ("available (tc netem)" if netem else
-             "NOT available (this kernel has no tc netem): rate shaping only"))
+          + {"netem": "available (tc netem)",
+             "nfqueue": "available (a delay line through iptables NFQUEUE: this kernel has "
+                        "no tc netem)",
+             None: "NOT available (no tc netem, no iptables NFQUEUE delay line): rate "
+                   "shaping only"}[method])
     return 0
 
 
@@ -1185,7 +1294,7 @@ def build_parser():
                         "(default none: unshaped)")
     s.add_argument("--delay", default="0", metavar="DELAY",
                    help="every link's one-way delay, each direction: 200us, 5ms, ... "
-                        "(default 0; needs tc netem in the kernel)")
+                        "(default 0; tc netem, else a delay line through iptables NFQUEUE)")
     s.add_argument("--link", action="append", default=[], metavar="HOST=RATE[,DELAY]",
                    help="one host's link, e.g. h3=100mbit,2ms (repeatable; wins over "
                         "--rate/--delay)")
@@ -1251,7 +1360,8 @@ def build_parser():
     s = sub.add_parser("kill", help="kill every process on a host (its sshd survives)",
                        description="Signal every process in HOST's namespace: the job's "
                                    "processes, remote shells, ssh sessions; the host's sshd "
-                                   "too with --with-sshd.")
+                                   "too with --with-sshd. A delay line (the link's delay "
+                                   "without netem) always survives.")
     s.add_argument("bed", metavar="BED")
     s.add_argument("host", metavar="HOST")
     s.add_argument("--signal", default="KILL", help="signal name (default KILL)")

@@ -143,16 +143,9 @@ class BedLifecycle(unittest.TestCase):
         self.assertEqual(info["hosts"][2]["rate_bit"], 100 * 10**6)
 
     def test_delay(self):
-        if testbed.netem_available():
-            bed = self.make(2, "--delay", "5ms")
-            r = bed.tool("measure", bed.id, "h0", "h1", "--json", "--seconds", "0.5",
-                         timeout=60)
-            rtt = json.loads(r.stdout)[0]["rtt_ms_median"]
-            # a round trip crosses each of the two links twice, each way delayed 5 ms
-            self.assertGreater(rtt, 19.0)
-            self.assertLess(rtt, 40.0)
-        else:
-            # this kernel has no netem: asking for a delay is a clear error, and nothing is made
+        method = testbed.delay_method()
+        if method is None:
+            # neither netem nor a delay line: asking for a delay is a clear error, nothing made
             d = self.temp_state_dir()
             before = testbed.netns_list()
             r = subprocess.run([PY, TESTBED, "--state-dir", d, "up", "-n", "2", "--delay", "5ms"],
@@ -163,6 +156,41 @@ class BedLifecycle(unittest.TestCase):
             self.assertIn("--delay 0", r.stderr)
             self.assertEqual(testbed.netns_list(), before)
             self.assertEqual([n for n in os.listdir(d) if not n.startswith(".")], [])
+            return
+        bed = self.make(3, "--delay", "5ms", "--rate", "100mbit")
+
+        def rtt(src, dst):
+            r = bed.tool("measure", bed.id, src, dst, "--json", "--seconds", "0.5", timeout=60)
+            return json.loads(r.stdout)[0]
+
+        # a round trip crosses each of the two links twice, each way delayed 5 ms; the rate
+        # still holds through the delay
+        got = rtt("h0", "h1")
+        self.assertGreater(got["rtt_ms_median"], 19.0)
+        self.assertLess(got["rtt_ms_median"], 40.0)
+        self.assertGreater(got["mbit_per_s"], 0.5 * 100)
+        self.assertLess(got["mbit_per_s"], 1.05 * 100)
+        # a live change: h2's link undelayed, so h2 <-> h0 crosses only h0's delay
+        bed.tool("shape", bed.id, "h2", "--delay", "0")
+        got = rtt("h2", "h0")["rtt_ms_median"]
+        self.assertGreater(got, 9.5)
+        self.assertLess(got, 19.0)
+        if method != "nfqueue":
+            return
+        # without netem: a delay line per host, which `kill` spares (it is the link's) and
+        # an undelayed bed stops
+        info = json.loads(bed.tool("info", bed.id, "--json").stdout)
+        self.assertEqual(info["delay_method"], "nfqueue")
+        lines = [(h["delayline_pid"], h["delayline_start"]) for h in info["hosts"]]
+        for pid, start in lines:
+            self.assertTrue(is_alive(pid, start), info)
+        bed.tool("kill", bed.id, "h0")
+        self.assertTrue(is_alive(*lines[0]))
+        self.assertGreater(rtt("h0", "h1")["rtt_ms_median"], 19.0)
+        bed.tool("shape", bed.id, "all", "--delay", "0")
+        for pid, start in lines:
+            wait_for(lambda: not is_alive(pid, start), 10, f"delay line {pid} to stop")
+        self.assertLess(rtt("h0", "h1")["rtt_ms_median"], 5.0)
 
     def temp_state_dir(self):
         d = tempfile.mkdtemp(prefix="psbed-test-")

@@ -6,6 +6,7 @@ before anything is made, so they are checked by running the tool.
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import unittest
@@ -143,6 +144,68 @@ class CommandLine(unittest.TestCase):
         with mock.patch.object(testbed.os, "geteuid", return_value=1000):
             why = testbed.why_unavailable()
         self.assertIn("needs root", why)
+
+
+DELAYLINE = os.path.join(REPO, "tools", "delayline.py")
+dl_spec = importlib.util.spec_from_file_location("delayline", DELAYLINE)
+delayline = importlib.util.module_from_spec(dl_spec)
+dl_spec.loader.exec_module(delayline)
+
+
+class DelayLine(unittest.TestCase):
+    """tools/delayline.py's netlink messages and arguments, and which delays testbed.py asks
+    of each host's line (the line itself runs in the multihost tests)."""
+
+    def test_messages(self):
+        # a batch verdict for queue 3: nlmsghdr, nfgenmsg with the queue in network order, and
+        # the verdict header (accept, packet id) padded to 4 bytes
+        verdict = delayline.attribute(delayline.NFQA_VERDICT_HDR, struct.pack("!II", 1, 77))
+        m = delayline.message(delayline.NFQNL_MSG_VERDICT_BATCH, 3, [verdict])
+        length, kind, flags, _, _ = struct.unpack_from("=IHHII", m)
+        self.assertEqual(length, len(m))
+        self.assertEqual(kind, (3 << 8) | 3)  # subsystem queue, verdict batch
+        self.assertEqual(flags, 1)  # a request, no ack asked
+        self.assertEqual(m[16:20], bytes([0, 0, 0, 3]))
+        self.assertEqual(m[20:24], struct.pack("=HH", 12, 2))
+        self.assertEqual(m[24:32], struct.pack("!II", 1, 77))
+        self.assertEqual(len(delayline.attribute(1, b"abcde")) % 4, 0)
+
+    def test_packet_ids_of_a_batch_of_messages(self):
+        def packet(queue, packet_id):
+            hdr = delayline.attribute(delayline.NFQA_PACKET_HDR,
+                                      struct.pack("!IHB", packet_id, 0x0800, 1))
+            other = delayline.attribute(9, b"\0" * 6)  # an attribute to skip
+            return delayline.message(delayline.NFQNL_MSG_PACKET, queue, [other, hdr])
+        buf = bytearray(packet(0, 5) + packet(2, 6) + packet(0, 7))
+        self.assertEqual(list(delayline.packet_ids(buf, len(buf))), [(0, 5), (2, 6), (0, 7)])
+        # a cut message yields what is whole
+        self.assertEqual(list(delayline.packet_ids(buf, len(buf) - 4)), [(0, 5), (2, 6)])
+
+    def test_arguments(self):
+        self.assertEqual(delayline.parse_queue("0:5000"), (0, 5000))
+        for text in ("5000", "a:1", "1:-2", "70000:1", "1:20000000"):
+            with self.assertRaises(Exception, msg=text):
+                delayline.parse_queue(text)
+        r = subprocess.run([PY, DELAYLINE], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--queue", r.stderr)
+        r = subprocess.run([PY, DELAYLINE, "--queue", "1:5", "--queue", "1:6"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("twice", r.stderr)
+
+    def test_queues_per_sender(self):
+        class FakeBed:
+            def __init__(self, delays):
+                self.list = [{"name": f"h{i}", "delay_us": d} for i, d in enumerate(delays)]
+
+            def hosts(self):
+                return self.list
+        bed = FakeBed([5000, 0, 2000])
+        # h0 holds h1's packets 5 ms (h0's link only) and h2's 7 ms (both links)
+        self.assertEqual(testbed.delay_line_queues(bed, bed.list[0]), {1: 5000, 2: 7000})
+        self.assertEqual(testbed.delay_line_queues(bed, bed.list[1]), {0: 5000, 2: 2000})
+        self.assertEqual(testbed.delay_line_queues(FakeBed([0, 0]), {"delay_us": 0}), {})
 
 
 if __name__ == "__main__":
