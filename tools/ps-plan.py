@@ -231,7 +231,8 @@ class Job:
         """Per server: (bytes of the model it holds, bytes of its last message), as the
         runtime places keys: big keys sliced evenly, small ones whole, round-robin here
         (hashed in the runtime). The last message: the last key's part on that server, at
-        most one chunk."""
+        most one chunk for a big key; a small key travels whole, in one message whatever the
+        chunk (its round's pulls cannot start before all of it arrived)."""
         S = self.server_hosts
         per = [0.0] * S
         last = [0.0] * S
@@ -251,7 +252,7 @@ class Job:
             else:
                 j = small % S
                 per[j] += size
-                last[j] = min(self.chunk, size)
+                last[j] = size
                 small += 1
         return per, last
 
@@ -457,8 +458,10 @@ def case_to_job(meta, case, ps_share, efficiency):
     if case.get("straggler"):
         host = int(case["straggler"]["host"].lstrip("h"))
         slow[host] = 1.0 / float(case["straggler"]["factor"])
+    # one way between two hosts: the bed's own 50 us plus both links' delay
+    latency = 50e-6 + 2 * float(meta.get("delay_us") or 0) * 1e-6
     kwargs = dict(layers=[case["size"]], worker_hosts=case["workers"], rate=rate,
-                  latency=50e-6, efficiency=efficiency, ps_share=ps_share, slow=slow)
+                  latency=latency, efficiency=efficiency, ps_share=ps_share, slow=slow)
     if case["system"] == "ps":
         kwargs.update(layout=case["layout"], server_hosts=case.get("server_hosts") or None,
                       chunk=case.get("chunk_bytes") or meta.get("chunk_bytes") or DEFAULT_CHUNK,
@@ -793,7 +796,10 @@ def cmd_check(a):
             r["file"] = path
         all_rows += rows
         head = (f"{path}: {doc['meta'].get('date', '')}, {doc['meta']['workers']} worker "
-                f"hosts, links {fmt_rate(doc['meta']['rate_bit'])}, TCP "
+                f"hosts, links {fmt_rate(doc['meta']['rate_bit'])}"
+                + (f" with {doc['meta']['delay_us'] / 1000:g} ms delay each way"
+                   if doc['meta'].get('delay_us') else "")
+                + ", TCP "
                 f"{doc['meta'].get('tcp_congestion_control') or '?'}, PS_CHUNK_BYTES "
                 f"{fmt_size(doc['meta'].get('chunk_bytes') or DEFAULT_CHUNK)}, PS_TCP_RCVBUF "
                 f"{fmt_size(doc['meta']['tcp_rcvbuf']) if doc['meta'].get('tcp_rcvbuf') else 'autotuned'}")

@@ -146,6 +146,16 @@ class ParameterServer(unittest.TestCase):
                 push_ratio=1 / 16, pull_ratio=1 / 16).predict()
         self.assertAlmostEqual(p["ps"]["bandwidth_s"], 1.34217728 / 16, places=6)
 
+    def test_small_key_is_one_message_whatever_the_chunk(self):
+        # 1 MB, below the bound: one server holds it whole and sends it in one message, so
+        # its pulls leave only after the round's pushes arrived: push time + pull time
+        job = plan.Job([MiB], 4, layout="own", rate=100e6, chunk=64 * 1024, latency=0,
+                       efficiency=1.0)
+        p = job.predict()["ps"]
+        one_way = 4 * MiB * 8 / 100e6  # 4 workers' 1 MB through the server's link
+        self.assertAlmostEqual(p["bandwidth_s"], one_way)
+        self.assertAlmostEqual(p["drain_s"], one_way)
+
     def test_share_and_latency(self):
         # share 0.5 doubles the link time; latency adds a round trip
         p = job(layers=[M16], worker_hosts=4, layout="own", chunk=64 * 1024, ps_share=0.5,
@@ -274,6 +284,16 @@ class Check(unittest.TestCase):
         self.assertFalse(by["ps_own_sync_16MB_off"]["within"])
         self.assertTrue(by["mpi_ring_16MB"]["within"])
         self.assertIsNone(by["mpi_default_16MB"]["predicted"])
+
+    def test_link_delay_is_latency(self):
+        # the bed's --delay: one way between two hosts crosses both links' delay
+        doc = self.doc()
+        base = {r["label"]: r["predicted"] for r in plan.check_rows(doc, ps_share=1.0)}
+        doc["meta"]["delay_us"] = 2000
+        late = {r["label"]: r["predicted"] for r in plan.check_rows(doc, ps_share=1.0)}
+        # the PS: one round trip (2 x 4 ms); the ring: 2 (N - 1) steps of 4 ms, N = 4
+        self.assertAlmostEqual(late["ps_own_sync_16MB"] - base["ps_own_sync_16MB"], 0.008)
+        self.assertAlmostEqual(late["mpi_ring_16MB"] - base["mpi_ring_16MB"], 6 * 0.004)
 
     def test_cli(self):
         with tempfile.TemporaryDirectory() as d:
