@@ -67,13 +67,15 @@ grep -E "tests passed" "$out/ctest-cuda.log"
 
 : >"$out/staging.log"
 for model in mlp cnn; do
-  timeout 120 "$bin/ps-bench-gpu-staging" --device cuda --model "$model" >>"$out/staging.log" 2>&1 ||
-    failed=1
+  timeout 120 "$bin/ps-bench-gpu-staging" --device cuda --model "$model" \
+    >>"$out/staging.log" 2>&1 || failed=1
 done
 
 job=(python3 tools/launch.py -n 2 -s 2 --launcher local)
-step cnn-local-cuda 600 "$bin/ps-train" --kvstore local --device cuda --model cnn --epochs $epochs_cnn
-step mlp-local-cuda 600 "$bin/ps-train" --kvstore local --device cuda --model mlp --epochs $epochs_mlp
+step cnn-local-cuda 600 "$bin/ps-train" --kvstore local --device cuda --model cnn \
+  --epochs $epochs_cnn
+step mlp-local-cuda 600 "$bin/ps-train" --kvstore local --device cuda --model mlp \
+  --epochs $epochs_mlp
 step cnn-dist-cuda 900 "${job[@]}" "$bin/ps-train" --device cuda --kvstore dist_sync --model cnn \
   --epochs $epochs_cnn
 step mlp-dist-cuda 900 "${job[@]}" "$bin/ps-train" --device cuda --kvstore dist_sync --model mlp \

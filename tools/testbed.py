@@ -12,9 +12,9 @@ a switch namespace of its own. Addresses come from 198.18.0.0/15 (RFC 2544, benc
 host has a route out and nothing is attached to the machine's own interfaces, so traffic stays
 inside the namespaces the bed made. Each link can be shaped with tc (rate: HTB; delay: netem)
 on both of its ends, so it is full duplex like a NIC; where the kernel has no netem, a delay
-line (tools/delayline.py, through iptables NFQUEUE) holds each packet where it arrives. Every host runs
-an sshd on its own address with a host key made for the bed; one user key made for the bed
-logs in as the current user (root), so tools/launch.py --launcher ssh reaches the hosts as
+line (tools/delayline.py, through iptables NFQUEUE) holds each packet where it arrives. Every
+host runs an sshd on its own address with a host key made for the bed; one user key made for
+the bed logs in as the current user (root), so tools/launch.py --launcher ssh reaches the hosts as
 separate machines. The filesystem is shared: the hosts see the project's binaries at the
 same absolute paths.
 
