@@ -77,7 +77,7 @@ StagingPool::Buffer StagingPool::Allocate(std::size_t bytes, [[maybe_unused]] De
   if (device.is_cuda() &&
       cudaHostAlloc(&buffer.data, bytes, cudaHostAllocPortable) == cudaSuccess) {
     buffer.pinned = true;
-  } else {
+  } else if (device.is_cuda()) {
     cudaGetLastError();  // not the caller's error: this buffer is ordinary memory instead
     buffer.data = nullptr;
   }

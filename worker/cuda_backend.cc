@@ -38,7 +38,7 @@ struct CudaHostFreeDeleter {
 using PinnedBuffer = std::unique_ptr<void, CudaHostFreeDeleter>;
 
 // A CUDA event on the backend's stream. Events need no current device to be queried or
-// destroyed; recording selects the backend's device first (`use`).
+// destroyed; recording selects the backend's device first, as the backend's calls do.
 class CudaMark final : public Backend::StreamMark {
  public:
   CudaMark(cudaStream_t stream, int ordinal) : stream_(stream), ordinal_(ordinal) {
@@ -129,15 +129,13 @@ class CudaBackend final : public Backend {
   }
   // Synchronous, so the host source may be reused as soon as this returns.
   void CopyToDevice(void* dst, const void* host_src, std::size_t bytes) override {
-    Use();
     if (bytes == 0) return;
-    Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+    CopyToDeviceAsync(dst, host_src, bytes);
     Check(cudaStreamSynchronize(stream_), "copy to device");
   }
   void CopyToHost(void* host_dst, const void* src, std::size_t bytes) override {
-    Use();
     if (bytes == 0) return;
-    Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+    CopyToHostAsync(host_dst, src, bytes);
     Check(cudaStreamSynchronize(stream_), "copy to host");
   }
   void CopyOnDevice(void* dst, const void* src, std::size_t bytes) override {

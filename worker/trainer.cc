@@ -295,7 +295,8 @@ KVTrainer::KVTrainer(const TrainConfig& config, KVStore& kv, Model& model)
       kv_(kv),
       model_(model),
       backend_(model.backend()),
-      on_device_(model.backend().kind() != DeviceKind::kCPU) {
+      on_device_(model.backend().kind() != DeviceKind::kCPU),
+      push_from_device_(on_device_ && config.gradient_compression != "none") {
   std::size_t offset = 0;
   for (const Param* p : model_.params()) {
     offsets_.push_back(offset);
@@ -389,11 +390,9 @@ void KVTrainer::PullWeights() {
 }
 
 void KVTrainer::OnGradientsReady(int layer_index, const std::vector<Param*>& params) {
-  // Compressed gradients on a GPU go from device memory: the store encodes them there and
-  // copies only the codes. Others take one copy on the way out, into the pinned staging
-  // buffer, queued behind the layer's backward.
-  const bool from_device = on_device_ && config_.gradient_compression != "none";
-  if (on_device_ && !from_device) {
+  // Gradients not pushed from device memory (push_from_device_) take one copy on the way out,
+  // into the pinned staging buffer, queued behind the layer's backward.
+  if (on_device_ && !push_from_device_) {
     for (const Param* p : params) {
       backend_.CopyToHostAsync(push_staging_.data() + offsets_[static_cast<std::size_t>(p->index)],
                                p->grad.data(), p->size() * sizeof(float));
@@ -423,13 +422,12 @@ void KVTrainer::PushLayer(int layer_index, const std::vector<Param*>& params) {
   std::vector<Key> keys;
   std::vector<Tensor> grads;
   std::vector<Tensor> outs;
-  const bool from_device = on_device_ && config_.gradient_compression != "none";
   for (Param* p : params) {
     const auto i = static_cast<std::size_t>(p->index);
     keys.push_back(static_cast<Key>(i));
-    grads.push_back(from_device ? Tensor(p->grad.data(), p->size(), DType::kFloat32,
-                                         Device::CUDA(backend_.ordinal()))
-                                : PushSource(i));
+    grads.push_back(push_from_device_ ? Tensor(p->grad.data(), p->size(), DType::kFloat32,
+                                               Device::CUDA(backend_.ordinal()))
+                                      : PushSource(i));
     outs.push_back(PullTarget(i));
   }
   // Later layers finish first; the first layer's keys get the highest priority.
@@ -438,7 +436,6 @@ void KVTrainer::PushLayer(int layer_index, const std::vector<Param*>& params) {
 }
 
 void KVTrainer::FinishStep() {
-  PushReadyLayers(true);
   kv_.WaitAll();
   // The copies into the model are queued, not waited for: the next step's calls come after
   // them, and pull_staging_ is written again only by pulls that its marks order after them.

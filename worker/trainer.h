@@ -141,7 +141,8 @@ class KVTrainer {
   void PushReadyLayers(bool wait);
   // Push this layer's gradients and pull its values.
   void PushLayer(int layer_index, const std::vector<Param*>& params);
-  // WaitAll, then bring pulled values into the model (and update, when updating locally).
+  // After PushReadyLayers(true): WaitAll, then bring pulled values into the model (and update,
+  // when updating locally).
   void FinishStep();
   Tensor PushSource(std::size_t i);
   Tensor PullTarget(std::size_t i);
@@ -150,7 +151,10 @@ class KVTrainer {
   KVStore& kv_;   // not owned
   Model& model_;  // not owned
   Backend& backend_;
-  bool on_device_;                    // parameters live in GPU memory: stage through pinned buffers
+  bool on_device_;  // parameters live in GPU memory: stage through pinned buffers
+  // Compressed gradients on a GPU are pushed from device memory: the store encodes them there
+  // and copies only the codes (no staging copy).
+  bool push_from_device_;
   std::vector<std::size_t> offsets_;  // parameter i's offset in the staging buffers
   HostArray<float> push_staging_;     // gradients on their way out (CUDA only)
   HostArray<float> pull_staging_;     // pulled weights or summed gradients
