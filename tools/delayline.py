@@ -97,6 +97,12 @@ def bind_queue(sock, queue, seq):
     return seq
 
 
+def accept_up_to(sock, queue, packet):
+    """Lets every packet of `queue` up to id `packet` go (one batch verdict)."""
+    verdict = attribute(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, packet))
+    sock.send(message(NFQNL_MSG_VERDICT_BATCH, queue, [verdict]))
+
+
 def packet_ids(buf, size):
     """(queue, packet id) of each packet message in the first `size` bytes of `buf`."""
     offset = 0
@@ -163,14 +169,12 @@ def run(delays):
             last = None
             while line and line[0][0] <= now:
                 last = line.popleft()[1]
-            if last is not None:  # accepts every packet of the queue up to `last`
-                verdict = attribute(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, last))
-                sock.send(message(NFQNL_MSG_VERDICT_BATCH, queue, [verdict]))
+            if last is not None:
+                accept_up_to(sock, queue, last)
     # Whatever is still held goes out now rather than being dropped with the socket.
     for queue, line in held.items():
         if line:
-            verdict = attribute(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, line[-1][1]))
-            sock.send(message(NFQNL_MSG_VERDICT_BATCH, queue, [verdict]))
+            accept_up_to(sock, queue, line[-1][1])
     return 0
 
 

@@ -485,8 +485,8 @@ def apply_delay_lines(bed):
         queues = delay_line_queues(bed, h)
         if not queues:
             continue
-        log_path = os.path.join(bed.dir, f"{h['name']}_delayline.log")
-        log = open(log_path, "ab")
+        # A fresh log per line: the wait below looks for this line's "holding"
+        log = open(os.path.join(bed.dir, f"{h['name']}_delayline.log"), "wb")
         argv = ["ip", "netns", "exec", h["ns"], sys.executable, DELAYLINE]
         for q, us in sorted(queues.items()):
             argv += ["--queue", f"{q}:{us}"]
@@ -497,19 +497,15 @@ def apply_delay_lines(bed):
         bed.save()  # on record before anything waits on it
         h["delayline_start"] = proc_start(p.pid)
         deadline = time.monotonic() + 10
-        while True:  # bound before the rules go in: rules without a listener drop packets
-            with open(log_path, errors="replace") as f:
-                text = f.read()
-            if "holding" in text:
-                break
+        # bound before the rules go in: rules without a listener drop packets
+        while "holding" not in log_tail(bed, h, "delayline"):
             if p.poll() is not None or time.monotonic() > deadline:
                 raise BedError(f"the delay line of {h['name']} did not start: "
-                               f"{text.strip()[-300:] or '(its log is empty)'}")
+                               f"{log_tail(bed, h, 'delayline')}")
             time.sleep(0.02)
-        senders = bed.hosts()
         for q in sorted(queues):
-            run(ipt + ["-A", "PREROUTING", "-i", h["if_host"], "-s", senders[q]["addr"], "-j",
-                       "NFQUEUE", "--queue-num", str(q)])
+            run(ipt + ["-A", "PREROUTING", "-i", h["if_host"], "-s", bed.hosts()[q]["addr"],
+                       "-j", "NFQUEUE", "--queue-num", str(q)])
     bed.save()
 
 
@@ -636,9 +632,10 @@ def start_sshds(bed):
             time.sleep(0.02)
 
 
-def log_tail(bed, h):
+def log_tail(bed, h, what="sshd"):
+    """The end of h's log of `what` (sshd, delayline) in the bed's directory."""
     try:
-        with open(os.path.join(bed.dir, f"{h['name']}_sshd.log"), errors="replace") as f:
+        with open(os.path.join(bed.dir, f"{h['name']}_{what}.log"), errors="replace") as f:
             text = f.read().strip()
     except OSError:
         text = ""
@@ -1100,7 +1097,7 @@ def cmd_shape(args):
         apply_shape(bed, h, method)
         say(f"{h['name']} ({h['addr']}): link {fmt_rate(h['rate_bit'])}, delay "
             f"{fmt_delay(h['delay_us'])}, both directions")
-    if method == "nfqueue":
+    if method == "nfqueue" and delay != "keep":  # a rate change leaves the lines running
         apply_delay_lines(bed)
     bed.save()
     return 0

@@ -186,6 +186,11 @@ class BedLifecycle(unittest.TestCase):
             self.assertTrue(is_alive(pid, start), info)
         bed.tool("kill", bed.id, "h0")
         self.assertTrue(is_alive(*lines[0]))
+        # a rate change leaves the lines (and the packets they hold) alone
+        bed.tool("shape", bed.id, "all", "--rate", "100mbit")
+        info = json.loads(bed.tool("info", bed.id, "--json").stdout)
+        self.assertEqual([(h["delayline_pid"], h["delayline_start"]) for h in info["hosts"]],
+                         lines)
         self.assertGreater(rtt("h0", "h1")["rtt_ms_median"], 19.0)
         bed.tool("shape", bed.id, "all", "--delay", "0")
         for pid, start in lines:
