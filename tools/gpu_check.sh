@@ -90,6 +90,10 @@ for batch in 32 128 256; do
   step cnn-dist-b$batch 300 "${job[@]}" "$bin/ps-train" --device cuda --kvstore dist_sync \
     --model cnn --epochs 1 --batch-size $batch
 done
+# The same step without a replica and with the big key sliced over both servers: what the
+# same-host round trip costs (docs/performance.md, "Communication against compute").
+step cnn-dist-b32-norepl-sliced 300 env PS_REPLICATION=0 MXNET_KVSTORE_BIGARRAY_BOUND=100000 \
+  "${job[@]}" "$bin/ps-train" --device cuda --kvstore dist_sync --model cnn --epochs 1
 step cnn-local-b128 300 "$bin/ps-train" --kvstore local --device cuda --model cnn --epochs 1 \
   --batch-size 128
 if ((ncu)); then

@@ -79,10 +79,11 @@ void Model::LoadBatch(const float* images, const std::int32_t* labels, int batch
   backend_.CopyToDevice(labels_.data(), labels, n * sizeof(std::int32_t));
 }
 
-BatchStats Model::Forward() {
+BatchStats Model::Forward(const WeightsNeededHook& weights) {
   assert(finalized_ && batch_ > 0);
   const float* x = input_data_.data();
   for (std::size_t i = 0; i < layers_.size(); ++i) {
+    if (weights && param_layer_of_[i] >= 0) weights(param_layer_of_[i], layers_[i]->params());
     layers_[i]->Forward(x, outputs_[i].data(), batch_);
     x = outputs_[i].data();
   }
@@ -105,9 +106,9 @@ void Model::Backward(const GradReadyHook& hook) {
 }
 
 BatchStats Model::TrainStep(const float* images, const std::int32_t* labels, int batch,
-                            const GradReadyHook& hook) {
+                            const GradReadyHook& hook, const WeightsNeededHook& weights) {
   LoadBatch(images, labels, batch);
-  const BatchStats stats = Forward();
+  const BatchStats stats = Forward(weights);
   Backward(hook);
   return stats;
 }

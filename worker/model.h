@@ -25,6 +25,11 @@ namespace ps::worker {
 // go out last but are served first.
 using GradReadyHook = std::function<void(int layer_index, const std::vector<Param*>& params)>;
 
+// Called during Forward for each layer that has parameters, in layer order, before that layer's
+// forward is issued: the hook puts the layer's weights in place (waits for their pull and
+// queues their copy to the device), while the layers before it already run.
+using WeightsNeededHook = std::function<void(int layer_index, const std::vector<Param*>& params)>;
+
 struct BatchStats {
   double loss_sum = 0.0;  // summed cross-entropy over the batch
   int correct = 0;
@@ -75,14 +80,15 @@ class Model {
 
   // Copies a host batch (batch <= max_batch) into device memory for the next Forward.
   void LoadBatch(const float* images, const std::int32_t* labels, int batch);
-  // Forward pass and loss over the loaded batch.
-  BatchStats Forward();
+  // Forward pass and loss over the loaded batch; `weights`, when set, runs per parametric layer
+  // before it.
+  BatchStats Forward(const WeightsNeededHook& weights = {});
   // Backward pass over the loaded batch (after Forward), for the mean loss over the batch. Every
   // parameter's grad is overwritten; `hook`, when set, runs per parametric layer as it finishes.
   void Backward(const GradReadyHook& hook = {});
   // LoadBatch + Forward + Backward.
   BatchStats TrainStep(const float* images, const std::int32_t* labels, int batch,
-                       const GradReadyHook& hook = {});
+                       const GradReadyHook& hook = {}, const WeightsNeededHook& weights = {});
   // LoadBatch + Forward, no gradients.
   BatchStats Evaluate(const float* images, const std::int32_t* labels, int batch);
 

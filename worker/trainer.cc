@@ -307,6 +307,8 @@ KVTrainer::KVTrainer(const TrainConfig& config, KVStore& kv, Model& model)
   // not overwrite the gradients being pushed).
   if (on_device_ || !config_.update_on_kvstore) pull_staging_ = HostArray<float>(backend_, offset);
   for (int i = 0; i < model_.num_param_layers(); ++i) marks_.push_back(backend_.NewMark());
+  layer_keys_.resize(marks_.size());
+  pull_pending_.resize(marks_.size(), false);
   if (!config_.update_on_kvstore) {
     local_optimizer_ = std::make_unique<SgdOptimizer>(
         model_, SgdOptions{config_.lr, config_.momentum, config_.weight_decay});
@@ -314,8 +316,12 @@ KVTrainer::KVTrainer(const TrainConfig& config, KVStore& kv, Model& model)
 }
 
 KVTrainer::~KVTrainer() {
-  // Copies into the staging buffers may still be queued (a step that threw): they must finish
-  // before the buffers go.
+  // Pulls into the buffers (a step that threw, or weights never brought in) and copies into the
+  // staging buffers may still be in flight: they must finish before the buffers go.
+  try {
+    kv_.WaitAll();
+  } catch (const std::exception&) {  // already failed: the store reports it to its next caller
+  }
   try {
     backend_.Synchronize();
   } catch (const std::exception&) {  // the device failed: nothing left to wait for
@@ -387,6 +393,33 @@ void KVTrainer::PullWeights() {
                             params[i]->size() * sizeof(float));
     }
   }
+  std::fill(pull_pending_.begin(), pull_pending_.end(), false);  // these values are newer
+}
+
+void KVTrainer::SettleWeights() {
+  int param_layer = 0;
+  for (const auto& layer : model_.layers()) {
+    const std::vector<Param*> params = layer->params();
+    if (!params.empty()) BringInLayer(param_layer++, params);
+  }
+}
+
+void KVTrainer::BringInLayer(int layer_index, const std::vector<Param*>& params) {
+  const auto layer = static_cast<std::size_t>(layer_index);
+  if (!pull_pending_[layer]) return;
+  pull_pending_[layer] = false;  // a Wait that throws fails the step: no second try
+  const auto start = Clock::now();
+  kv_.Wait(layer_keys_[layer]);
+  pull_wait_seconds_ += Seconds(start);
+  if (!on_device_) return;  // pulled into the parameters themselves
+  // Queued, not waited for: this layer's forward comes after the copy on the stream, and the
+  // staging buffer is written again only by this layer's next pull, which its gradients' mark
+  // orders after it.
+  for (Param* p : params) {
+    backend_.CopyToDeviceAsync(p->value.data(),
+                               pull_staging_.data() + offsets_[static_cast<std::size_t>(p->index)],
+                               p->size() * sizeof(float));
+  }
 }
 
 void KVTrainer::OnGradientsReady(int layer_index, const std::vector<Param*>& params) {
@@ -433,22 +466,19 @@ void KVTrainer::PushLayer(int layer_index, const std::vector<Param*>& params) {
   // Later layers finish first; the first layer's keys get the highest priority.
   kv_.Push(keys, grads, -layer_index);
   kv_.Pull(keys, outs, -layer_index);
+  if (config_.update_on_kvstore) {
+    layer_keys_[static_cast<std::size_t>(layer_index)] = std::move(keys);
+    pull_pending_[static_cast<std::size_t>(layer_index)] = true;
+  }
 }
 
 void KVTrainer::FinishStep() {
+  // Updating on the kvstore, the next forward pass brings each layer's weights in.
+  if (config_.update_on_kvstore) return;
   kv_.WaitAll();
   // The copies into the model are queued, not waited for: the next step's calls come after
   // them, and pull_staging_ is written again only by pulls that its marks order after them.
   const std::vector<Param*>& params = model_.params();
-  if (config_.update_on_kvstore) {
-    if (on_device_) {
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        backend_.CopyToDeviceAsync(params[i]->value.data(), pull_staging_.data() + offsets_[i],
-                                   params[i]->size() * sizeof(float));
-      }
-    }
-    return;
-  }
   // Update locally from the sum of all workers' gradients, scaled to their mean.
   const float scale =
       kv_.Type() == "dist_async" ? 1.0f : 1.0f / static_cast<float>(kv_.NumWorkers());
@@ -471,14 +501,18 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
   const GradReadyHook hook = [this](int layer, const std::vector<Param*>& params) {
     OnGradientsReady(layer, params);
   };
+  const WeightsNeededHook weights = [this](int layer, const std::vector<Param*>& params) {
+    BringInLayer(layer, params);
+  };
   EpochResult result;
   BatchStats interval;  // Speedometer: statistics since the last log line
   auto interval_start = Clock::now();
   for (int b = 0; b < sampler.batches_per_epoch(); ++b) {
     GatherBatch(data, std::span<const int>(order.data() + b * batch, batch), images, labels);
     const auto step_start = Clock::now();
+    pull_wait_seconds_ = 0.0;
     const BatchStats stats =
-        model_.TrainStep(images.data(), labels.data(), static_cast<int>(batch), hook);
+        model_.TrainStep(images.data(), labels.data(), static_cast<int>(batch), hook, weights);
     PushReadyLayers(true);  // the compute ends when the device has every gradient
     const auto computed = Clock::now();
     FinishStep();
@@ -491,8 +525,10 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
                             "): lower the learning rate (--lr " + std::to_string(config_.lr) +
                             " now; try " + std::to_string(config_.lr / 2) + ")");
     }
-    result.compute_seconds += std::chrono::duration<double>(computed - step_start).count();
-    result.wait_seconds += Seconds(computed);
+    // The forward pass's waits for weights count as waiting, not computing.
+    result.compute_seconds +=
+        std::chrono::duration<double>(computed - step_start).count() - pull_wait_seconds_;
+    result.wait_seconds += Seconds(computed) + pull_wait_seconds_;
     ++result.batches;
     result.train += stats;
     interval += stats;
@@ -504,6 +540,7 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
       interval_start = Clock::now();
     }
   }
+  SettleWeights();  // the model holds the epoch's last weights (evaluation, checkpoints)
   backend_.Synchronize();
   result.seconds = Seconds(start);
   return result;

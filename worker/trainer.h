@@ -5,12 +5,15 @@
 // KVStore keeps rank 0's values; all ranks hold the same seeded values anyway), SetOptimizer()
 // when the servers update, then pulls the weights. Each step: forward, backward; as each layer's
 // backward finishes, its gradients are pushed with priority -layer_index and the weights (update
-// on kvstore) or the summed gradients (update locally) are pulled with the same priority; the
-// step ends with WaitAll() and, when updating locally, the SGD step.
+// on kvstore) or the summed gradients (update locally) are pulled with the same priority.
+// Updating on the kvstore, the step ends there: the next forward pass waits for each layer's
+// weights just before that layer (KVStore::Wait on its keys), so the first layers compute while
+// the last ones' pulls are still in flight, and the end of an epoch waits for the rest.
+// Updating locally, the step ends with WaitAll() and the SGD step.
 //
 // On a CUDA backend gradients go device -> one page-locked staging buffer -> wire, and pulled
-// values land in a second page-locked buffer that is copied to the device after WaitAll(). On
-// the CPU backend the parameter buffers themselves are pushed and pulled, with no copy.
+// values land in a second page-locked buffer, copied to the device layer by layer once pulled.
+// On the CPU backend the parameter buffers themselves are pushed and pulled, with no copy.
 #include <cstdint>
 #include <deque>
 #include <fstream>
@@ -122,6 +125,9 @@ class KVTrainer {
   void Start(std::uint64_t batches_per_epoch = 1);
   // Pulls every key's stored value into the model (after Start, or a LoadCheckpoint).
   void PullWeights();
+  // Brings every pull still in flight into the model: after it the model holds the weights of
+  // the last step (TrainEpoch calls it before it returns).
+  void SettleWeights();
   // One epoch over the sampler's shard; logs a Speedometer line every log_interval batches.
   EpochResult TrainEpoch(const Dataset& data, const ShardSampler& sampler, int epoch,
                          MetricsLog& log);
@@ -141,6 +147,9 @@ class KVTrainer {
   void PushReadyLayers(bool wait);
   // Push this layer's gradients and pull its values.
   void PushLayer(int layer_index, const std::vector<Param*>& params);
+  // The forward pass's hook: when this layer's pull is pending, waits for it and queues the
+  // copy of its values to the device.
+  void BringInLayer(int layer_index, const std::vector<Param*>& params);
   // After PushReadyLayers(true): WaitAll, then bring pulled values into the model (and update,
   // when updating locally).
   void FinishStep();
@@ -162,6 +171,11 @@ class KVTrainer {
   // push_staging_) were issued; reused every step, once the step's pushes are out.
   std::vector<std::unique_ptr<Backend::StreamMark>> marks_;
   std::deque<PendingLayer> pending_;  // in the order the hook saw them (last layer first)
+  // Update on kvstore: per parametric layer, its keys (as last pushed) and whether their pull
+  // is issued but not yet brought into the model (BringInLayer).
+  std::vector<std::vector<Key>> layer_keys_;
+  std::vector<bool> pull_pending_;
+  double pull_wait_seconds_ = 0.0;  // waited in BringInLayer since TrainEpoch last read it
   std::unique_ptr<SgdOptimizer> local_optimizer_;  // --no-update-on-kvstore only
   OptimizerConfig local_schedule_;                 // its rate per update (set by Start)
   std::uint64_t local_updates_ = 0;                // updates it applied

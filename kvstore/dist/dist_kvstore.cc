@@ -115,16 +115,19 @@ void DistKVStore::ReportFinished(const std::string& failure) {
   }
 }
 
-void DistKVStore::Complete(const std::string& error, bool server_lost) {
+void DistKVStore::Complete(const std::string& error, bool server_lost, std::span<const Key> keys) {
   MutexLock lock(ops_mu_);
   if (!error.empty() && first_error_.empty()) {
     first_error_ = error;
     first_error_server_lost_ = server_lost;
   }
-  if (--outstanding_ == 0) ops_done_.NotifyAll();
+  bool key_done = false;  // a key with nothing left in flight: a Wait may return
+  for (const Key key : keys) key_done = --key_ops_[key] == 0 || key_done;
+  if (--outstanding_ == 0 || key_done) ops_done_.NotifyAll();
 }
 
-void DistKVStore::WaitAll() {
+template <typename Done, typename Poll>
+void DistKVStore::WaitUntil(Done done, Poll poll) {
   // Waking a thread that sleeps on the condition variable costs more than a small operation's
   // whole round trip on a virtual machine (its CPU halts and needs an interrupt to come back),
   // so poll for up to PS_WAIT_SPIN_US first, yielding the CPU to runnable threads. Only while
@@ -132,15 +135,13 @@ void DistKVStore::WaitAll() {
   // would only take CPU from the caller's computation, so the next wait sleeps at once.
   const auto spin = runtime_->config().wait_spin;
   const auto start = std::chrono::steady_clock::now();
-  const bool waiting = outstanding_.load() != 0;
+  const bool waiting = !poll();
   if (waiting && spin.count() > 0 && last_wait_short_.load()) {
     const auto until = start + spin;
-    while (outstanding_.load() != 0 && std::chrono::steady_clock::now() < until) {
-      std::this_thread::yield();
-    }
+    while (!poll() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   }
   MutexLock lock(ops_mu_);
-  while (outstanding_ != 0) ops_done_.Wait(ops_mu_);
+  while (!done()) ops_done_.Wait(ops_mu_);
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
@@ -148,6 +149,24 @@ void DistKVStore::WaitAll() {
     if (first_error_server_lost_) throw ServerLost(error);
     throw Error(error);
   }
+}
+
+void DistKVStore::WaitAll() {
+  const auto done = [this] { return outstanding_.load() == 0; };
+  WaitUntil(done, done);  // the count is atomic: polled without the lock
+}
+
+void DistKVStore::WaitImpl(std::span<const Key> keys) {
+  const auto done = [this, keys]() PS_REQUIRES(ops_mu_) {
+    return std::all_of(keys.begin(), keys.end(), [this](Key key) PS_REQUIRES(ops_mu_) {
+      const auto it = key_ops_.find(key);
+      return it == key_ops_.end() || it->second == 0;
+    });
+  };
+  WaitUntil(done, [this, &done] {
+    MutexLock lock(ops_mu_);
+    return done();
+  });
 }
 
 void DistKVStore::Barrier() {
@@ -735,6 +754,7 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
         inflight.destinations[messages.size()].assign(target.destinations.begin(),
                                                       target.destinations.end());
         inflight.slots.insert(inflight.slots.end(), target.slots.begin(), target.slots.end());
+        for (const kv::SliceRef& slice : target.request.slices) inflight.keys.push_back(slice.key);
         // Lent to the request (which sends it and leaves it whole), then given back below.
         messages.push_back(std::move(msg));
         sent.push_back(target.draft);
@@ -755,6 +775,7 @@ DistKVStore::Inflight& DistKVStore::NewInflight(std::size_t messages) {
   Inflight& inflight = inflights_.Take();
   inflight.nodes.clear();
   inflight.slots.clear();
+  inflight.keys.clear();
   inflight.reroutable = false;
   if (inflight.destinations.size() < messages) inflight.destinations.resize(messages);
   for (auto& list : inflight.destinations) list.clear();
@@ -778,6 +799,7 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
   {
     MutexLock lock(ops_mu_);
     ++outstanding_;
+    for (const Key key : inflight.keys) ++key_ops_[key];
   }
   // Captures two pointers: std::function keeps them without allocating.
   runtime_->Request(messages, [this, pending = &inflight](RequestResult&& result) {
@@ -808,8 +830,10 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
     }
   }
   for (auto& frames : inflight.frames) frames.clear();
+  // Before the record goes back to the pool: Complete reads its keys.
+  Complete(error, !result.ok() && result.lost_peer != kNoNode && error == result.error,
+           inflight.keys);
   inflights_.Give(inflight);
-  Complete(error, !result.ok() && result.lost_peer != kNoNode && error == result.error);
 }
 
 std::string DistKVStore::CopyReply(const Message& response, std::span<const Destination> targets) {
@@ -909,6 +933,7 @@ void DistKVStore::Reroute(Inflight& inflight) {
   // listening for the others' answers. A live server recognizes the pushes it already has.
   auto state = std::make_shared<Rerouted>();
   state->slots = inflight.slots;
+  state->keys = inflight.keys;
   std::vector<ReroutedPart> parts;
   for (std::size_t m = 0; m < inflight.nodes.size(); ++m) {
     ReroutedPart part;
@@ -1036,7 +1061,7 @@ void DistKVStore::ReroutedPartDone(const std::shared_ptr<Rerouted>& state,
   // The last part: the request is done. Its slots may have been written by a server that
   // died, or be written by a live one answering a copy sent twice: never used again.
   for (ShmSlot* slot : state->slots) slot->Retire();
-  Complete(first_error);
+  Complete(first_error, false, state->keys);
 }
 
 }  // namespace ps

@@ -14,7 +14,7 @@
 // again, slice by slice, to the servers that now serve those slices (Reroute). The servers
 // recognize a push sent twice, so none is applied twice.
 //
-// Threads: Push/Pull/PushPull/WaitAll from any thread; Init/SetOptimizer/Barrier are
+// Threads: Push/Pull/PushPull/WaitAll/Wait from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
 #include <atomic>
 #include <functional>
@@ -67,6 +67,7 @@ class DistKVStore final : public KVStore {
   void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) override;
   void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                     std::span<const Tensor> outs, int priority) override;
+  void WaitImpl(std::span<const Key> keys) override;
 
  private:
   struct KeyInfo {
@@ -193,6 +194,7 @@ class DistKVStore final : public KVStore {
     std::vector<int> nodes;                              // per message: the server it went to
     std::vector<std::vector<Destination>> destinations;  // per message: where its values go
     std::vector<ShmSlot*> slots;  // the shared-memory slots the request holds
+    std::vector<Key> keys;        // per slice sent: its key (counted in key_ops_)
     // With replication, for a Push, Pull or PushPull (SendPlan): sent again when its server
     // dies, with what Reroute needs per message.
     bool reroutable = false;
@@ -214,6 +216,7 @@ class DistKVStore final : public KVStore {
     std::size_t remaining PS_GUARDED_BY(mu) = 0;
     std::string error PS_GUARDED_BY(mu);
     std::vector<ShmSlot*> slots;  // the original request's: retired when it is done
+    std::vector<Key> keys;        // the original request's (counted in key_ops_)
   };
   // An in-flight record from the pool, emptied for a request of `messages` messages.
   Inflight& NewInflight(std::size_t messages);
@@ -260,8 +263,13 @@ class DistKVStore final : public KVStore {
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);
   // One request is done, with `error` ("" for success); `server_lost`: the error is that a
-  // server it waited on died (RunOverLiveServers may run the call again).
-  void Complete(const std::string& error, bool server_lost = false);
+  // server it waited on died (RunOverLiveServers may run the call again). `keys`: its slices'.
+  void Complete(const std::string& error, bool server_lost, std::span<const Key> keys);
+  // WaitAll and Wait: returns once `done()` (called with ops_mu_ held) is true, first polling
+  // `poll()` (the same test, called without the lock); then throws the first error reported
+  // since the last wait.
+  template <typename Done, typename Poll>
+  void WaitUntil(Done done, Poll poll);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
   // whose outcome every worker then shares. Ranks that disagree, or one that fails, make the
@@ -315,6 +323,9 @@ class DistKVStore final : public KVStore {
   std::atomic<std::size_t> outstanding_{0};
   // Whether the last WaitAll that had to wait finished within PS_WAIT_SPIN_US (see WaitAll).
   std::atomic<bool> last_wait_short_{true};
+  // Per key: the requests in flight with a slice of it (Wait). Entries stay at 0, so a warm
+  // store allocates nothing here.
+  std::unordered_map<Key, std::size_t> key_ops_ PS_GUARDED_BY(ops_mu_);
   std::string first_error_ PS_GUARDED_BY(ops_mu_);
   bool first_error_server_lost_ PS_GUARDED_BY(ops_mu_) = false;
 };

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <future>
 
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
@@ -216,6 +217,48 @@ TEST_CASE("dist_sync: pushes and pulls issued from several threads of each worke
                "thread " + std::to_string(t) + " round " + std::to_string(round));
       }
     }
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist_sync: Wait on one key returns while another key's round is still open", "[dist]") {
+  // Key 1 is sliced over both servers in several chunks; key 2's round stays open until rank
+  // 1 pushes it, which it does only once rank 0's Wait(1) has returned (or after a bound, to
+  // fail instead of hanging).
+  KVCluster cluster(2, 2, {{"MXNET_KVSTORE_BIGARRAY_BOUND", "100"}, {"PS_CHUNK_BYTES", "4096"}});
+  std::promise<void> waited;
+  std::shared_future<void> waited_seen = waited.get_future().share();
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    const std::vector<ps::Key> keys = {1, 2};
+    std::vector<std::vector<float>> values = {std::vector<float>(2501, 0.0f),
+                                              std::vector<float>(7, 0.0f)};
+    std::vector<ps::Tensor> views;
+    for (auto& v : values) views.emplace_back(v.data(), v.size());
+    kv.Init(keys, views);
+    std::vector<std::vector<float>> grads = {std::vector<float>(2501, 1.0f + kv.Rank()),
+                                             std::vector<float>(7, 10.0f * (1 + kv.Rank()))};
+    const auto push_pull = [&](std::size_t i) {
+      kv.Push(keys[i], ps::Tensor(grads[i].data(), grads[i].size()));
+      kv.Pull(keys[i], views[i]);
+    };
+    if (kv.Rank() == 0) {
+      push_pull(0);
+      push_pull(1);
+      kv.Wait(keys[0]);
+      waited.set_value();
+      Expect(values[0] == std::vector<float>(2501, 3.0f), "key 1 after its own Wait");
+      kv.Wait(std::vector<ps::Key>{2});
+      Expect(values[1] == std::vector<float>(7, 30.0f), "key 2 after its own Wait");
+    } else {
+      push_pull(0);
+      const bool seen = waited_seen.wait_for(20s) == std::future_status::ready;
+      push_pull(1);  // lets rank 0 go on either way
+      kv.WaitAll();
+      Expect(seen, "rank 0's Wait(1) returned while key 2's round was open");
+      Expect(values[1] == std::vector<float>(7, 30.0f), "key 2 after WaitAll");
+    }
+    kv.Wait(std::vector<ps::Key>{1, 2, 99});  // nothing in flight (99 was never used): at once
   });
   CHECK(AllOk(outcomes) == "");
   CHECK(cluster.EndedCleanly());

@@ -1,10 +1,11 @@
 #pragma once
 // A single-worker, in-process stand-in for ps::KVStore with MXNet's `local` semantics, for
-// testing the trainer without servers. Push/Pull are deferred until WaitAll, as a real store's
-// may be, and the fake checks the buffer lifetime rule: a pushed buffer must be unchanged at
-// WaitAll, and a pulled buffer is only written there.
+// testing the trainer without servers. Push/Pull are deferred until WaitAll, or a Wait naming
+// their key, as a real store's may be, and the fake checks the buffer lifetime rule: a pushed
+// buffer must be unchanged at that wait, and a pulled buffer is only written there.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -24,17 +25,7 @@ class FakeKVStore final : public KVStore {
 
   void WaitAll() override {
     ++wait_alls;
-    for (const Pending& p : pending_) {
-      if (p.op.kind == Op::kPush) {
-        INFO("key " << p.op.key << ": pushed buffer modified before WaitAll");
-        REQUIRE(std::memcmp(p.tensor.data(), p.snapshot.data(), p.snapshot.size() * 4) == 0);
-        ApplyPush(p.op.key, p.snapshot);
-      } else {
-        const std::vector<float>& v = store_.at(p.op.key);
-        REQUIRE(v.size() == p.tensor.size());
-        std::memcpy(p.tensor.data(), v.data(), v.size() * sizeof(float));
-      }
-    }
+    for (const Pending& p : pending_) Complete(p);
     pending_.clear();
   }
   void Barrier() override { ++barriers; }
@@ -48,7 +39,8 @@ class FakeKVStore final : public KVStore {
   void SaveCheckpoint(const std::string&) override { throw Error("FakeKVStore: no checkpoints"); }
   void LoadCheckpoint(const std::string&) override { throw Error("FakeKVStore: no checkpoints"); }
 
-  std::vector<Op> ops;  // every push and pull, in call order
+  std::vector<Op> ops;                  // every push and pull, in call order
+  std::vector<std::vector<Key>> waits;  // every Wait's keys, in call order
   std::vector<Key> init_keys;
   OptimizerConfig optimizer;
   bool has_optimizer = false;
@@ -85,6 +77,19 @@ class FakeKVStore final : public KVStore {
     PushImpl(keys, grads, priority);
     PullImpl(keys, outs, priority);
   }
+  // Completes only the operations on `keys`, in call order; the others stay pending.
+  void WaitImpl(std::span<const Key> keys) override {
+    waits.emplace_back(keys.begin(), keys.end());
+    std::vector<Pending> later;
+    for (Pending& p : pending_) {
+      if (std::find(keys.begin(), keys.end(), p.op.key) == keys.end()) {
+        later.push_back(std::move(p));
+      } else {
+        Complete(p);
+      }
+    }
+    pending_ = std::move(later);
+  }
 
  private:
   struct Pending {
@@ -92,6 +97,18 @@ class FakeKVStore final : public KVStore {
     Tensor tensor;
     std::vector<float> snapshot;  // a push's data as it was at Push time
   };
+
+  void Complete(const Pending& p) {
+    if (p.op.kind == Op::kPush) {
+      INFO("key " << p.op.key << ": pushed buffer modified before its wait");
+      REQUIRE(std::memcmp(p.tensor.data(), p.snapshot.data(), p.snapshot.size() * 4) == 0);
+      ApplyPush(p.op.key, p.snapshot);
+    } else {
+      const std::vector<float>& v = store_.at(p.op.key);
+      REQUIRE(v.size() == p.tensor.size());
+      std::memcpy(p.tensor.data(), v.data(), v.size() * sizeof(float));
+    }
+  }
 
   // MXNet's local store: with an optimizer, update the stored weight (sgd_mom_update); without,
   // the stored value becomes the pushed value (the sum over this single worker).

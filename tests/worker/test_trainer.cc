@@ -1,6 +1,7 @@
 // The KVStore trainer against a fake single-worker store: the protocol (Init, SetOptimizer,
-// pushes in reverse layer order with priorities, pulls, one WaitAll per step), agreement with
-// local SGD in both update modes, and the ps-train log format.
+// pushes in reverse layer order with priorities, pulls, per-layer waits in the next forward pass
+// or one WaitAll per step), agreement with local SGD in both update modes, and the ps-train log
+// format.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -146,9 +147,17 @@ void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false, bool
                                  local->params()[i]->value.ToHost()) < 1e-5);
   }
   CHECK(kv.has_optimizer == update_on_kvstore);
-  CHECK(kv.wait_alls == 1 + sampler.batches_per_epoch());  // Start, then one per step
-  if (device_path) CHECK(device.host_allocations == 2);    // one push, one pull staging buffer
-  if (deferred) CHECK(device.deferred_copies > 0);         // the queue did defer copies
+  const int layers = via_kv->num_param_layers();
+  if (update_on_kvstore) {
+    // Start; then one wait per layer and step: in the next forward pass, or at the epoch's end.
+    CHECK(kv.wait_alls == 1);
+    CHECK(kv.waits.size() == static_cast<std::size_t>(layers * sampler.batches_per_epoch()));
+  } else {
+    CHECK(kv.wait_alls == 1 + sampler.batches_per_epoch());  // Start, then one per step
+    CHECK(kv.waits.empty());
+  }
+  if (device_path) CHECK(device.host_allocations == 2);  // one push, one pull staging buffer
+  if (deferred) CHECK(device.deferred_copies > 0);       // the queue did defer copies
   // Two Speedometer lines for 20 batches at an interval of 10.
   const std::string text = log.str();
   CHECK(text.find("Epoch[0] Batch[10] Speed: ") != std::string::npos);
@@ -177,8 +186,10 @@ TEST_CASE("trainer's GPU path waits for queued copies before it pushes or reuses
   CheckAgainstLocalSgd(false, true, true);
 }
 
-TEST_CASE("trainer pushes each layer as its backward finishes, first layer first priority",
-          "[trainer]") {
+TEST_CASE(
+    "trainer pushes each layer as its backward finishes, first layer first priority, "
+    "and waits for each layer's weights just before its forward pass",
+    "[trainer]") {
   const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), 100);
   TrainConfig config = SmallConfig(true);
   const ShardSampler sampler(data.count, 0, 1, config.batch_size, 3);
@@ -208,6 +219,14 @@ TEST_CASE("trainer pushes each layer as its backward finishes, first layer first
     CHECK(kv.ops[i].kind == kind);
     CHECK(kv.ops[i].key == key);
     CHECK(kv.ops[i].priority == priority);
+  }
+  CHECK(kv.wait_alls == 1);  // Start's only
+  // Step 2 waits layer by layer, from the input; the epoch's end waits for step 2's pulls.
+  const std::vector<std::vector<Key>> one_pass = {{0, 1}, {2, 3}, {4, 5}};
+  REQUIRE(kv.waits.size() == 2 * one_pass.size());
+  for (std::size_t i = 0; i < kv.waits.size(); ++i) {
+    INFO("wait " << i);
+    CHECK(kv.waits[i] == one_pass[i % one_pass.size()]);
   }
 }
 

@@ -3,7 +3,7 @@
 //
 // Buffer lifetime rule: Push, Pull and PushPull are asynchronous. The memory a Tensor views
 // must stay alive and unmodified (for a push) or untouched (for a pull) until WaitAll()
-// returns. Init and SetOptimizer are synchronous and collective.
+// returns, or a Wait naming its key. Init and SetOptimizer are synchronous and collective.
 //
 // GPU tensors (Device::CUDA(i)): the data must be complete when Push is called, so
 // synchronize the stream that produced it first (the store copies it with cudaMemcpy on the
@@ -11,7 +11,7 @@
 // pulled GPU tensor holds its value in device memory, ready for kernels on any stream. A call
 // with a tensor on another GPU than the calling thread's current one makes that GPU current.
 //
-// Thread safety: Push, Pull, PushPull and WaitAll may be called from several threads at
+// Thread safety: Push, Pull, PushPull, WaitAll and Wait may be called from several threads at
 // once. WaitAll waits for every operation issued so far by any thread; in dist_sync an
 // operation completes only when every worker pushed, so threads that each loop "push, then
 // WaitAll" can wait on each other across workers: issue from many threads, wait from one.
@@ -139,6 +139,14 @@ class KVStore {
   }
 
   virtual void WaitAll() = 0;
+  // Waits for the operations issued so far, by any thread, that involve any of `keys`; others
+  // may still be in flight. Afterwards a pulled key's value is in place and a pushed key's
+  // buffer may change again: the buffer lifetime rule, per key. It throws what WaitAll would:
+  // the first error any operation reported since the last wait, whatever its key. A store may
+  // wait for more than asked ("local", whose operations are synchronous, waits for nothing).
+  // ps-train waits so for each layer's weights just before that layer's forward pass.
+  void Wait(Key key) { WaitImpl(One(key)); }
+  void Wait(const std::vector<Key>& keys) { WaitImpl(keys); }
   virtual void Barrier() = 0;
   virtual void SetOptimizer(const OptimizerConfig& config) = 0;
   // Collective, before the first Push of any key; dist_sync and dist_async only ("local"
@@ -181,6 +189,11 @@ class KVStore {
   virtual void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) = 0;
   virtual void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                             std::span<const Tensor> outs, int priority) = 0;
+  // Wait(keys); by default WaitAll.
+  virtual void WaitImpl(std::span<const Key> keys) {
+    static_cast<void>(keys);
+    WaitAll();
+  }
 };
 
 }  // namespace ps
