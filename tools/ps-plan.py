@@ -17,7 +17,10 @@ of one host, a worker and a server on one host) is free.
 
 - Ring all-reduce across N hosts: every link carries 2 (N-1)/N x M each way, in 2 (N-1) steps
   that wait for the slowest link: T = 2 (N-1)/N x M / C_min + 2 (N-1) x latency per bucket
-  (tensor fusion: one all-reduce per `fusion` bytes).
+  (tensor fusion: one all-reduce per `fusion` bytes). Open MPI over TCP (what `check` compares
+  with) sends a step's message above its eager limit (64 KiB) by rendezvous: the bulk leaves
+  after the receiver's acknowledgement; measured on the bed, that is one more latency per
+  step (`rendezvous`; predict and advise leave it out: NCCL's ring has no such handshake).
 - Parameter server: keys of at least 1e6 elements are cut into slices of at most `chunk` bytes
   dealt round-robin over the S servers, smaller keys live whole on one server; each server's
   share travels in messages of at most `chunk` bytes. Per iteration each worker pushes every
@@ -77,6 +80,7 @@ def bed_share(rate, tcp_rcvbuf=None):
     return measured[min(measured, key=lambda r: abs(math.log(r / rate)))]
 DEFAULT_LATENCY = 25e-6          # one-way seconds per message between hosts (datacenter TCP)
 DEFAULT_FUSION = 64 * MiB        # all-reduce bucket (Horovod's tensor fusion buffer)
+OPEN_MPI_EAGER = 64 * 1024       # btl_tcp_eager_limit: larger messages go by rendezvous
 
 # Example models for `advise` (fp32 gradients; compute per batch on one GPU: assumptions,
 # change them with --model and --compute).
@@ -164,7 +168,7 @@ class Job:
                  efficiency=DEFAULT_EFFICIENCY, ps_share=1.0, chunk=DEFAULT_CHUNK,
                  push_ratio=1.0, pull_ratio=1.0, allreduce_ratio=1.0, fusion=DEFAULT_FUSION,
                  compute=0.0, overlap=0.0, mode="sync", slow=None,
-                 bigarray_bound=BIGARRAY_BOUND):
+                 bigarray_bound=BIGARRAY_BOUND, rendezvous=None):
         self.layers = [int(x) for x in (layers if isinstance(layers, (list, tuple))
                                         else [layers])]
         self.worker_hosts = int(worker_hosts)
@@ -185,6 +189,8 @@ class Job:
         self.mode = mode
         self.slow = dict(slow or {})  # worker host index -> factor of its link rate (0.25)
         self.bigarray_bound = int(bigarray_bound)  # elements (float32): sliced from here on
+        # All-reduce messages above this many bytes wait for a handshake (None: none do).
+        self.rendezvous = None if rendezvous is None else int(rendezvous)
         self.validate()
 
     def validate(self):
@@ -400,7 +406,11 @@ class Job:
         M = self.model_bytes * self.allreduce_ratio
         c_min = min(self.worker_capacity(w) for w in range(N))
         buckets = max(1, math.ceil(self.model_bytes / self.fusion))
-        return 2 * (N - 1) / N * M / c_min + 2 * (N - 1) * self.latency * buckets
+        step_latency = self.latency
+        # A step sends 1/N of a bucket.
+        if self.rendezvous is not None and min(M, self.fusion) / N > self.rendezvous:
+            step_latency += self.latency
+        return 2 * (N - 1) / N * M / c_min + 2 * (N - 1) * step_latency * buckets
 
     # -- with compute
     def iteration(self, comm):
@@ -467,7 +477,7 @@ def case_to_job(meta, case, ps_share, efficiency):
                       chunk=case.get("chunk_bytes") or meta.get("chunk_bytes") or DEFAULT_CHUNK,
                       mode="sync" if case["mode"] == "dist_sync" else "async")
     else:
-        kwargs.update(layout="beside")
+        kwargs.update(layout="beside", rendezvous=OPEN_MPI_EAGER)
     return Job(**kwargs)
 
 

@@ -76,6 +76,19 @@ class RingAllReduce(unittest.TestCase):
         p = job(layers=[100 * MiB], worker_hosts=4, latency=1e-3).predict()
         self.assertAlmostEqual(p["allreduce"]["comm_s"], 12.594912, places=6)
 
+    def test_rendezvous_costs_a_latency_per_step_above_the_eager_limit(self):
+        # Open MPI (check): 16 MiB / 4 = 4 MiB per step, above 64 KiB: 2 latencies per step,
+        # 2.01326592 + 6 x 2 x 0.001
+        p = job(layers=[M16], worker_hosts=4, latency=1e-3, rendezvous=65536).predict()
+        self.assertAlmostEqual(p["allreduce"]["comm_s"], 2.02526592, places=6)
+        # 256 KiB / 4 = 64 KiB per step, not above: one latency per step,
+        # 1.5 x 262144 / 12.5e6 + 6 x 0.001
+        p = job(layers=[256 * 1024], worker_hosts=4, latency=1e-3, rendezvous=65536).predict()
+        self.assertAlmostEqual(p["allreduce"]["comm_s"], 0.03745728, places=6)
+        # predict's ring (NCCL) has no handshake
+        p = job(layers=[M16], worker_hosts=4, latency=1e-3).predict()
+        self.assertAlmostEqual(p["allreduce"]["comm_s"], 2.01926592, places=6)
+
     def test_slowest_link_sets_the_pace(self):
         # one link at a quarter: every step waits for it, 4 x 2.01326592
         p = job(layers=[M16], worker_hosts=4, slow={3: 0.25}).predict()
@@ -291,9 +304,10 @@ class Check(unittest.TestCase):
         base = {r["label"]: r["predicted"] for r in plan.check_rows(doc, ps_share=1.0)}
         doc["meta"]["delay_us"] = 2000
         late = {r["label"]: r["predicted"] for r in plan.check_rows(doc, ps_share=1.0)}
-        # the PS: one round trip (2 x 4 ms); the ring: 2 (N - 1) steps of 4 ms, N = 4
+        # the PS: one round trip (2 x 4 ms); Open MPI's ring: 2 (N - 1) steps, N = 4, of two
+        # latencies each (4 MiB messages go by rendezvous)
         self.assertAlmostEqual(late["ps_own_sync_16MB"] - base["ps_own_sync_16MB"], 0.008)
-        self.assertAlmostEqual(late["mpi_ring_16MB"] - base["mpi_ring_16MB"], 6 * 0.004)
+        self.assertAlmostEqual(late["mpi_ring_16MB"] - base["mpi_ring_16MB"], 6 * 2 * 0.004)
 
     def test_cli(self):
         with tempfile.TemporaryDirectory() as d:
