@@ -497,14 +497,29 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
     } catch (const Error& e) {
       error = e.what();
     }
+    kv::Request request;
+    request.command = kv::kShmAttach;
     if (error.empty()) {
-      kv::Request request;
-      request.command = kv::kShmAttach;
       request.segment_id = segment.id;
       request.segment = segment.descriptor;
       // The tracker always answers: a reply, a dead server or the request deadline.
       error = runtime_->RequestAndWait(kv::RequestMessage(request, node)).error;
       if (!error.empty()) shm_.Abandon(segment);
+    }
+    if (error.empty()) {
+      // The slices' replica maps the segment too, when it shares this host, so that a server
+      // forwards a round's sum (or a push) by naming the worker's slot instead of copying it
+      // into a slot of its own. Before Attached: that closes the descriptor's fd.
+      if (const int mirror = SlotMirror(server); mirror != kNoNode) {
+        const std::string why = runtime_->RequestAndWait(kv::RequestMessage(request, mirror)).error;
+        if (why.empty()) {
+          for (ShmSlot* slot : segment.slots) slot->set_mirror(mirror);
+        } else if (runtime_->config().verbose >= 1) {
+          PS_LOG(INFO) << "worker " << Rank() << ": " << runtime_->Describe(mirror)
+                       << " does not map the slots of " << runtime_->Describe(node)
+                       << " (its updates are copied for it): " << why;
+        }
+      }
     }
     if (!error.empty()) {
       // Frames still work: only the same-host shortcut is lost.
@@ -639,9 +654,9 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
     if (slot != nullptr && !slot->TryAcquire()) slot = nullptr;  // in use: frames
     if (slot != nullptr) {
       target.slots.push_back(slot);
-      target.request.shm.push_back(
-          kv::ShmRef{static_cast<std::uint32_t>(target.request.slices.size()), slot->segment(),
-                     slot->offset(), slot->bytes()});
+      target.request.shm.push_back(kv::ShmRef{
+          static_cast<std::uint32_t>(target.request.slices.size()), slot->segment(), slot->offset(),
+          slot->bytes(), kNoNode, call.sending ? slot->mirror() : kNoNode});
     }
     target.bytes += slice_bytes;
     target.request.slices.push_back(kv::SliceRef{key, slice.offset, info.size});
@@ -894,6 +909,20 @@ bool DistKVStore::SharesSlotsWith(int home) {
   FollowRing();
   // A server that took a dead one's rank never mapped this worker's segments.
   return ring_.Primary(home) == home && !ring_.rejoined(home);
+}
+
+int DistKVStore::SlotMirror(int home) {
+  if (!replicated_) return kNoNode;
+  int replica = -1;
+  {
+    MutexLock lock(ring_mu_);
+    FollowRing();
+    replica = ring_.Replica(home);
+  }
+  if (replica < 0 || replica == home || !shm_servers_[static_cast<std::size_t>(replica)]) {
+    return kNoNode;
+  }
+  return runtime_->ServerId(replica);
 }
 
 void DistKVStore::SendToLiveServers(const kv::Request& request) {

@@ -259,6 +259,9 @@ class DistKVStore final : public KVStore {
   void Forget(std::span<const Key> keys);
   // Gives the new keys' big slices on same-host servers a shared-memory slot (Init).
   void AttachSlots(std::span<const Key> keys);
+  // The server (node id) that should map the slots of the slices whose home is `home` too: its
+  // replica, when there is one and it shares this host (kNoNode: none).
+  int SlotMirror(int home);
   // Gives a key's slices (`info`, an entry of keys_) their compression state when compression_
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);

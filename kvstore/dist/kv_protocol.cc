@@ -34,7 +34,14 @@ bool DecodeShm(const pb::KVBody& body, Request& request, const std::vector<Blob>
       return false;
     }
     seen[ref.slice()] = true;
-    request.shm.push_back(ShmRef{ref.slice(), ref.segment(), ref.offset(), ref.bytes()});
+    if ((ref.has_owner() && (command != kReplicate || ref.owner() < 0)) ||
+        (ref.has_mirror() && ref.mirror() < 0)) {
+      *error = "malformed shared-memory owner or mirror in a " + CommandName(command) + " request";
+      return false;
+    }
+    request.shm.push_back(ShmRef{ref.slice(), ref.segment(), ref.offset(), ref.bytes(),
+                                 ref.has_owner() ? ref.owner() : kNoNode,
+                                 ref.has_mirror() ? ref.mirror() : kNoNode});
   }
   return true;
 }
@@ -150,6 +157,8 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
     out->set_segment(ref.segment);
     out->set_offset(ref.offset);
     out->set_bytes(ref.bytes);
+    if (ref.owner != kNoNode) out->set_owner(ref.owner);
+    if (ref.mirror != kNoNode) out->set_mirror(ref.mirror);
   }
   if (request.command == kShmAttach) {
     auto* attach = body.mutable_attach();

@@ -52,6 +52,11 @@ struct ShmRef {
   std::uint32_t segment = 0;
   std::uint64_t offset = 0;  // bytes
   std::uint64_t bytes = 0;
+  // kReplicate: the node whose segment it is (a worker's), kNoNode: the sender's.
+  int owner = kNoNode;
+  // kPush, kPushPull: a server (node id) that mapped the segment too, the slice's replica,
+  // which may read the update from the slot itself; kNoNode: none.
+  int mirror = kNoNode;
   friend bool operator==(const ShmRef&, const ShmRef&) = default;
 };
 

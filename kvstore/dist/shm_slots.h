@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kvstore/shm/shared_segment.h"
+#include "ps/message.h"
 
 namespace ps {
 
@@ -41,6 +42,10 @@ class ShmSlot {
   std::size_t bytes() const { return bytes_; }
   std::uint32_t segment() const { return segment_; }
   std::uint64_t offset() const { return offset_; }
+  // The server (node id) that maps this slot's segment besides the slice's own, its replica
+  // (kNoNode: none). Set once, before the slot is published to other threads (Init).
+  int mirror() const { return mirror_; }
+  void set_mirror(int node) { mirror_ = node; }
 
  private:
   enum State : int { kFree, kBusy, kRetired };
@@ -48,6 +53,7 @@ class ShmSlot {
   const std::size_t bytes_;
   const std::uint32_t segment_;
   const std::uint64_t offset_;
+  int mirror_ = kNoNode;
   std::atomic<int> state_{kFree};
 };
 

@@ -147,10 +147,14 @@ std::string KVServerStore::ResolveShm(int sender, const kv::Request& request,
   if (request.shm.empty()) return "";
   shm.assign(request.slices.size(), ShmTarget{});
   for (const kv::ShmRef& ref : request.shm) {
-    const auto it = segments_.find({sender, ref.segment});
+    // A replicating server may name a worker's segment (a slot holding the update), which the
+    // worker had this server map too; any other reference is to the sender's own.
+    const int owner = ref.owner == kNoNode ? sender : ref.owner;
+    const auto it = segments_.find({owner, ref.segment});
     const Key key = request.slices[ref.slice].key;
     if (it == segments_.end()) {
-      return KeyText(key) + ": unknown shared-memory segment " + std::to_string(ref.segment);
+      return KeyText(key) + ": unknown shared-memory segment " + std::to_string(ref.segment) +
+             (owner == sender ? "" : " of " + runtime_.Describe(owner));
     }
     const SharedSegment& segment = *it->second;
     if (ref.offset < SharedSegment::kHeaderBytes || ref.offset > segment.bytes() ||
@@ -158,7 +162,7 @@ std::string KVServerStore::ResolveShm(int sender, const kv::Request& request,
       return KeyText(key) + ": shared-memory range outside its segment";
     }
     std::byte* where = segment.data() + ref.offset;
-    shm[ref.slice] = ShmTarget{it->second, where, ref.bytes};
+    shm[ref.slice] = ShmTarget{it->second, where, ref.bytes, ref};
     if (request.command != kv::kPull) {
       data[ref.slice] = Blob(it->second, where, ref.bytes, data[ref.slice].dtype());
     }
@@ -535,7 +539,11 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
-    const Gradient gradient{data[i], !shm.empty() && shm[i].data != nullptr};
+    const bool in_shm = !shm.empty() && shm[i].data != nullptr;
+    const Gradient gradient{
+        data[i], in_shm,
+        in_shm ? WorkerSlot{meta.sender, shm[i].ref.segment, shm[i].ref.offset, shm[i].ref.mirror}
+               : WorkerSlot{}};
     if (!request.sync) {
       if (request.seqs.empty()) {
         ApplyUpdate(slice, gradient);

@@ -68,6 +68,7 @@ class KVServerStore {
     std::shared_ptr<SharedSegment> segment;  // keeps the mapping while the request waits
     std::byte* data = nullptr;               // null: the value travels as a frame
     std::size_t bytes = 0;
+    kv::ShmRef ref;  // as the request named it
   };
   // A request waiting for some of its slices; answered when `remaining` reaches 0, then kept
   // for reuse (with the memory its members hold) by a later request.
@@ -92,9 +93,18 @@ class KVServerStore {
   };
   // A pushed gradient: a received frame (this server's alone) or a view of the pushing
   // worker's shared-memory slot (the worker's again once the push is answered).
+  // A worker's shared-memory slot that holds a gradient (its push, or a round's sum added
+  // into the round's first push): a replica that maps it too (`mirror`) reads it there.
+  struct WorkerSlot {
+    int owner = kNoNode;  // the worker (node id); kNoNode: not in a worker's slot
+    std::uint32_t segment = 0;
+    std::uint64_t offset = 0;
+    int mirror = kNoNode;  // the server that maps the slot too (kNoNode: none)
+  };
   struct Gradient {
     Blob values;
     bool in_shared_memory = false;
+    WorkerSlot slot;
   };
   struct DeferredPush {
     int sender;
@@ -317,6 +327,9 @@ class KVServerStore {
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
   // (worker node id, segment id) -> the worker's attached shared memory.
   std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
+  // (primary, worker) node ids whose forwarded updates this replica read from the worker's
+  // slots: logged once each (PS_VERBOSE 1).
+  std::set<std::pair<int, int>> slot_forwards_seen_;
   ObjectPool<Pending> pendings_;  // a Pending is in use until answered
   kv::RequestDecoder decoder_;    // OnRequest's, reused
   std::vector<ShmTarget> shm_;    // OnRequest's, reused

@@ -150,6 +150,17 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kAsyncPush:
       frame = forward.gradient.values;
+      if (const WorkerSlot& from = forward.gradient.slot; forward.gradient.in_shared_memory &&
+                                                          from.owner != kNoNode &&
+                                                          from.mirror == slice.replicated_to) {
+        // The replica maps the worker's slot that holds the update: it reads it there, no copy.
+        // The worker leaves the slot alone until its push is answered, which waits for the
+        // replica's answer.
+        request.shm.push_back(
+            kv::ShmRef{0, from.segment, from.offset, frame.bytes(), from.owner, kNoNode});
+        frame = Blob(nullptr, nullptr, 0, slice.dtype);
+        break;
+      }
       // To a same-host replica through its slot: one copy here instead of two through the
       // kernel and a buffer on the other side.
       if (forward.slot == nullptr && slice.replica_slot != nullptr &&
@@ -381,6 +392,11 @@ void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request
   }
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     const bool in_shm = !shm.empty() && shm[i].data != nullptr;
+    if (in_shm && shm[i].ref.owner != kNoNode && runtime_.config().verbose >= 1 &&
+        slot_forwards_seen_.emplace(meta.sender, shm[i].ref.owner).second) {
+      LOG(INFO) << server << ": reads the updates " << runtime_.Describe(meta.sender)
+                << " forwards from the slots of " << runtime_.Describe(shm[i].ref.owner);
+    }
     const std::string error =
         ApplyReplicaOp(meta.sender, request.slices[i], request.replica_ops[i], data[i], in_shm);
     if (!error.empty()) {
@@ -442,7 +458,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
         if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
           return SliceText(ref) + ": a round's sum of the wrong size";
         }
-        ApplyUpdate(slice, Gradient{frame, in_shared_memory});
+        ApplyUpdate(slice, Gradient{frame, in_shared_memory, WorkerSlot{}});
       }
       ++slice.completed;
       break;
@@ -450,7 +466,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
       if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
         return SliceText(ref) + ": a push of the wrong size";
       }
-      ApplyUpdate(slice, Gradient{frame, in_shared_memory});
+      ApplyUpdate(slice, Gradient{frame, in_shared_memory, WorkerSlot{}});
       slice.seen[op.worker].Add(op.seq);
       break;
     case kv::ReplicaKind::kState:

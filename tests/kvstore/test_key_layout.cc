@@ -221,3 +221,37 @@ TEST_CASE("kv protocol: replication fields round-trip, malformed ones are reject
   CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
   CHECK_THAT(error, Catch::Contains("a negative dead server rank in a SaveCheckpoint request"));
 }
+
+TEST_CASE("kv protocol: a slot's mirror and a forwarded slot's owner round-trip", "[layout]") {
+  std::string error;
+  // A worker's push names the server that maps its slot besides the slice's own.
+  ps::kv::Request push;
+  push.command = ps::kv::kPush;
+  push.slices = {{7, 0, 1 << 20}};
+  push.shm = {{0, 3, 4096, 4 << 20, ps::kNoNode, 12}};
+  ps::Message msg;
+  msg.meta.head = ps::kv::kPush;
+  msg.meta.body = ps::kv::EncodeBody(push);
+  msg.data = {ps::Blob(nullptr, nullptr, 0, ps::DType::kFloat32)};  // the value is in the slot
+  auto decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->shm == push.shm);
+
+  // Only a Replicate names another node's segment: the worker's slot holding the update.
+  push.shm[0].owner = 5;
+  msg.meta.body = ps::kv::EncodeBody(push);
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("malformed shared-memory owner or mirror in a Push request"));
+
+  ps::kv::Request replicate;
+  replicate.command = ps::kv::kReplicate;
+  replicate.slices = {{7, 0, 1 << 20}};
+  replicate.replica_ops = {{ps::kv::ReplicaKind::kRound, 4, 0, ""}};
+  replicate.shm = {{0, 3, 4096, 4 << 20, 9, ps::kNoNode}};
+  msg.meta.head = ps::kv::kReplicate;
+  msg.meta.body = ps::kv::EncodeBody(replicate);
+  decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->shm == replicate.shm);
+  CHECK(decoded->shm[0].owner == 9);
+}

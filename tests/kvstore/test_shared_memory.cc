@@ -79,6 +79,43 @@ TEST_CASE("shared memory: same-host values pass through it with exact dist_sync 
   CHECK(ServersAttached(cluster));
 }
 
+TEST_CASE("shared memory: a replica reads forwarded updates from the workers' slots",
+          "[dist][shm]") {
+  // Each server is the other's replica and maps both workers' slots of the other's slices:
+  // a round's sum (dist_sync) or a push (dist_async) is forwarded by naming the slot.
+  const std::string mode = GENERATE(std::string("dist_sync"), std::string("dist_async"));
+  INFO(mode);
+  KVCluster cluster(2, 2, ShmEnv("1"));
+  const auto outcomes = cluster.RunWorkers(mode, [&](ps::KVStore& kv) {
+    if (mode == "dist_sync") {
+      SyncSumRounds(kv, kSizes, 10, true);
+      return;
+    }
+    constexpr std::size_t kSize = 300000;  // sliced over both servers, several slots each
+    std::vector<float> value(kSize, 0.0f), grad(kSize, static_cast<float>(kv.Rank() + 1));
+    kv.Init(3, ps::Tensor(value.data(), kSize));
+    ps::OptimizerConfig sgd;
+    sgd.learning_rate = 1.0f;
+    kv.SetOptimizer(sgd);
+    for (int round = 0; round < 10; ++round) {
+      kv.Push(3, ps::Tensor(grad.data(), kSize));
+      kv.WaitAll();  // the slot is free again: every push goes through it
+    }
+    kv.Barrier();
+    kv.Pull(3, ps::Tensor(value.data(), kSize));
+    kv.WaitAll();
+    Expect(value == std::vector<float>(kSize, -30.0f),
+           "expected -30 everywhere, element 0 is " + std::to_string(value[0]));
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+  for (auto& server : cluster.servers()) {
+    const std::string output = server->Output();
+    INFO(output);
+    CHECK(output.find("forwards from the slots of worker") != std::string::npos);
+  }
+}
+
 TEST_CASE("shared memory: PS_USE_SHM=0 keeps every value on the socket", "[dist][shm]") {
   KVCluster cluster(2, 2, ShmEnv("0"));
   const auto outcomes =
