@@ -6,7 +6,8 @@
 // Pointers passed to the math calls are in the backend's device memory (host memory for the
 // CPU backend). Calls are ordered: each one sees the results of the previous ones. CUDA calls
 // are asynchronous with respect to the host; Synchronize() waits for all of them, and every call
-// that returns a value to the host (CopyToHost, SoftmaxCrossEntropyForward) synchronizes itself.
+// that returns a value to the host (CopyToHost, SoftmaxCrossEntropyForward, TakeSoftmaxStats)
+// waits for what it needs.
 // Tensors are row-major; images are NCHW.
 #include <cassert>
 #include <cstddef>
@@ -156,6 +157,18 @@ class Backend {
   // dlogits = scale * (probs - onehot(labels)).
   virtual void SoftmaxCrossEntropyBackward(const float* probs, const std::int32_t* labels,
                                            float* dlogits, int batch, int classes, float scale) = 0;
+  // SoftmaxCrossEntropyForward without waiting: probs are written in call order, and the
+  // statistics come from the next TakeSoftmaxStats, which waits for the device up to this call
+  // only (a training step queues the loss, issues the backward pass, then takes the loss while
+  // the device runs it). One queued at a time. By default computed at once.
+  virtual void QueueSoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
+                                               float* probs, int batch, int classes) {
+    queued_softmax_ = SoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
+  }
+  virtual SoftmaxStats TakeSoftmaxStats() { return std::exchange(queued_softmax_, {}); }
+
+ private:
+  SoftmaxStats queued_softmax_;  // the default QueueSoftmaxCrossEntropyForward's result
 };
 
 // Where a BackendArray lives: the backend's device memory, or its host staging memory

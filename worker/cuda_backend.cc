@@ -251,29 +251,46 @@ class CudaBackend final : public Backend {
 
   SoftmaxStats SoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
                                           float* probs, int batch, int classes) override {
+    QueueSoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
+    return TakeSoftmaxStats();
+  }
+
+  void QueueSoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
+                                       float* probs, int batch, int classes) override {
     Use();
-    if (batch <= 0) return {};
+    if (softmax_queued_ > 0) TakeSoftmaxStats();  // one at a time: the host buffers are shared
+    if (batch <= 0) return;
     ReserveSoftmaxScratch(static_cast<std::size_t>(batch));
     auto* loss = static_cast<float*>(loss_dev_.get());
     auto* correct = static_cast<std::int32_t*>(correct_dev_.get());
     Check(cuda::SoftmaxCrossEntropyForward(logits, labels, probs, loss, correct, batch, classes,
                                            stream_),
           "softmax forward");
-    auto* loss_host = static_cast<float*>(loss_host_.get());
-    auto* correct_host = static_cast<std::int32_t*>(correct_host_.get());
     const auto n = static_cast<std::size_t>(batch);
-    Check(cudaMemcpyAsync(loss_host, loss, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+    Check(
+        cudaMemcpyAsync(loss_host_.get(), loss, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+        "softmax forward");
+    Check(cudaMemcpyAsync(correct_host_.get(), correct, n * sizeof(std::int32_t),
+                          cudaMemcpyDeviceToHost, stream_),
           "softmax forward");
-    Check(cudaMemcpyAsync(correct_host, correct, n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                          stream_),
-          "softmax forward");
-    Check(cudaStreamSynchronize(stream_), "softmax forward");
+    if (!softmax_done_) softmax_done_ = NewMark();
+    softmax_done_->Record();
+    softmax_queued_ = n;
+  }
+
+  SoftmaxStats TakeSoftmaxStats() override {
+    if (softmax_queued_ == 0) return {};
+    Use();
+    softmax_done_->Wait();  // the copies only: the work queued after them goes on
+    const auto* loss_host = static_cast<const float*>(loss_host_.get());
+    const auto* correct_host = static_cast<const std::int32_t*>(correct_host_.get());
     // Summed on the host in sample order, like the CPU backend.
     SoftmaxStats stats;
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t i = 0; i < softmax_queued_; ++i) {
       stats.loss_sum += static_cast<double>(loss_host[i]);
       stats.correct += correct_host[i];
     }
+    softmax_queued_ = 0;
     return stats;
   }
 
@@ -310,6 +327,10 @@ class CudaBackend final : public Backend {
   CudaBuffer correct_dev_;
   PinnedBuffer loss_host_;
   PinnedBuffer correct_host_;
+  // QueueSoftmaxCrossEntropyForward: samples whose loss is on its way to the host buffers
+  // above (0: none), and the mark recorded after their copies.
+  std::size_t softmax_queued_ = 0;
+  std::unique_ptr<StreamMark> softmax_done_;
   // BiasGrad's partial sums, grown on demand.
   std::size_t bias_scratch_floats_ = 0;
   CudaBuffer bias_scratch_;

@@ -201,6 +201,13 @@ SoftmaxStats SoftmaxCrossEntropy::Forward(const float* logits, const std::int32_
   return backend_.SoftmaxCrossEntropyForward(logits, labels, probs_.data(), batch, classes_);
 }
 
+void SoftmaxCrossEntropy::QueueForward(const float* logits, const std::int32_t* labels, int batch) {
+  assert(probs_.size() >= static_cast<std::size_t>(batch) * classes_);
+  backend_.QueueSoftmaxCrossEntropyForward(logits, labels, probs_.data(), batch, classes_);
+}
+
+SoftmaxStats SoftmaxCrossEntropy::TakeStats() { return backend_.TakeSoftmaxStats(); }
+
 void SoftmaxCrossEntropy::Backward(const std::int32_t* labels, float* dlogits, int batch,
                                    float scale) {
   backend_.SoftmaxCrossEntropyBackward(probs_.data(), labels, dlogits, batch, classes_, scale);

@@ -152,6 +152,10 @@ class SoftmaxCrossEntropy {
   int classes() const { return classes_; }
   void Reserve(int max_batch);
   SoftmaxStats Forward(const float* logits, const std::int32_t* labels, int batch);
+  // Forward without waiting for the statistics: TakeStats returns them (Backend's
+  // QueueSoftmaxCrossEntropyForward). The probabilities are in place for Backward either way.
+  void QueueForward(const float* logits, const std::int32_t* labels, int batch);
+  SoftmaxStats TakeStats();
   // dlogits = scale * (softmax - onehot); scale = 1/batch gives the mean loss's gradient.
   void Backward(const std::int32_t* labels, float* dlogits, int batch, float scale);
   const DeviceArray<float>& probs() const { return probs_; }

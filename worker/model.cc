@@ -79,7 +79,7 @@ void Model::LoadBatch(const float* images, const std::int32_t* labels, int batch
   backend_.CopyToDevice(labels_.data(), labels, n * sizeof(std::int32_t));
 }
 
-BatchStats Model::Forward(const WeightsNeededHook& weights) {
+const float* Model::ForwardLayers(const WeightsNeededHook& weights) {
   assert(finalized_ && batch_ > 0);
   const float* x = input_data_.data();
   for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -87,7 +87,11 @@ BatchStats Model::Forward(const WeightsNeededHook& weights) {
     layers_[i]->Forward(x, outputs_[i].data(), batch_);
     x = outputs_[i].data();
   }
-  const SoftmaxStats s = loss_.Forward(x, labels_.data(), batch_);
+  return x;
+}
+
+BatchStats Model::Forward(const WeightsNeededHook& weights) {
+  const SoftmaxStats s = loss_.Forward(ForwardLayers(weights), labels_.data(), batch_);
   return BatchStats{s.loss_sum, s.correct, batch_};
 }
 
@@ -108,9 +112,12 @@ void Model::Backward(const GradReadyHook& hook) {
 BatchStats Model::TrainStep(const float* images, const std::int32_t* labels, int batch,
                             const GradReadyHook& hook, const WeightsNeededHook& weights) {
   LoadBatch(images, labels, batch);
-  const BatchStats stats = Forward(weights);
+  // The loss is taken only once the backward pass is issued: on a GPU the host issues it while
+  // the device still runs the forward pass, instead of waiting for the loss in between.
+  loss_.QueueForward(ForwardLayers(weights), labels_.data(), batch_);
   Backward(hook);
-  return stats;
+  const SoftmaxStats s = loss_.TakeStats();
+  return BatchStats{s.loss_sum, s.correct, batch_};
 }
 
 BatchStats Model::Evaluate(const float* images, const std::int32_t* labels, int batch) {

@@ -86,7 +86,8 @@ class Model {
   // Backward pass over the loaded batch (after Forward), for the mean loss over the batch. Every
   // parameter's grad is overwritten; `hook`, when set, runs per parametric layer as it finishes.
   void Backward(const GradReadyHook& hook = {});
-  // LoadBatch + Forward + Backward.
+  // LoadBatch + Forward + Backward; the loss is waited for only after the backward pass is
+  // issued.
   BatchStats TrainStep(const float* images, const std::int32_t* labels, int batch,
                        const GradReadyHook& hook = {}, const WeightsNeededHook& weights = {});
   // LoadBatch + Forward, no gradients.
@@ -97,6 +98,8 @@ class Model {
 
  private:
   void Append(std::unique_ptr<Layer> layer);
+  // Forward through the layers (not the loss); returns the logits.
+  const float* ForwardLayers(const WeightsNeededHook& weights);
 
   Backend& backend_;  // not owned; outlives the model
   std::string name_;

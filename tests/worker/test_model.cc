@@ -3,8 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "tests/worker/backend_agreement.h"
+#include "tests/worker/forwarding_backend.h"
 #include "tests/worker/test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/device.h"
@@ -99,6 +102,43 @@ TEST_CASE("gradient-ready hook runs per parametric layer in reverse order", "[mo
                    }
                  });
   CHECK(order == std::vector<int>{2, 1, 0});
+}
+
+// Records when the loss is queued and taken: a GPU must not wait for the loss before the host
+// has issued the backward pass.
+class LossOrderBackend final : public testing::ForwardingBackend {
+ public:
+  void QueueSoftmaxCrossEntropyForward(const float* logits, const std::int32_t* labels,
+                                       float* probs, int batch, int classes) override {
+    events.push_back("queue loss");
+    ForwardingBackend::QueueSoftmaxCrossEntropyForward(logits, labels, probs, batch, classes);
+  }
+  SoftmaxStats TakeSoftmaxStats() override {
+    events.push_back("take loss");
+    return ForwardingBackend::TakeSoftmaxStats();
+  }
+  std::vector<std::string> events;
+};
+
+TEST_CASE("a training step takes its loss only after issuing the backward pass", "[model]") {
+  LossOrderBackend backend;
+  auto mlp = BuildModel("mlp", backend, 4);
+  mlp->InitParams(3);
+  const auto images = testing::RandomVector(4 * 784, 1, 0.0f, 1.0f);
+  const std::vector<std::int32_t> labels = {1, 2, 3, 4};
+  const BatchStats evaluated = mlp->Evaluate(images.data(), labels.data(), 4);
+  backend.events.clear();
+  const BatchStats trained =
+      mlp->TrainStep(images.data(), labels.data(), 4, [&](int layer, const std::vector<Param*>&) {
+        backend.events.push_back("gradients of layer " + std::to_string(layer));
+      });
+  CHECK(backend.events == std::vector<std::string>{"queue loss", "gradients of layer 2",
+                                                   "gradients of layer 1", "gradients of layer 0",
+                                                   "take loss"});
+  // The same loss as a forward pass that waits for it (the weights did not change).
+  CHECK(trained.loss_sum == evaluated.loss_sum);
+  CHECK(trained.correct == evaluated.correct);
+  CHECK(trained.samples == 4);
 }
 
 TEST_CASE("a partial batch evaluates and the batch limit is enforced", "[model]") {
