@@ -333,6 +333,8 @@ TEST_CASE("dist_async: a push before SetOptimizer is an error", "[dist][errors]"
 
 TEST_CASE("dist_sync: a worker that finishes early fails the round it left open instead of a hang",
           "[dist][errors]") {
+  const bool per_key = GENERATE(false, true);  // WaitAll, or Wait on the key
+  INFO((per_key ? "Wait(1)" : "WaitAll()"));
   KVCluster cluster(1, 2);
   const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
     std::vector<float> value(8, 0.0f), grad(8, 1.0f);
@@ -340,7 +342,11 @@ TEST_CASE("dist_sync: a worker that finishes early fails the round it left open 
     const int rounds = kv.Rank() == 0 ? 3 : 4;  // rank 1 pushes one round more
     for (int round = 0; round < rounds; ++round) {
       kv.PushPull(1, ps::Tensor(grad.data(), 8), ps::Tensor(value.data(), 8));
-      kv.WaitAll();
+      if (per_key) {
+        kv.Wait(1);
+      } else {
+        kv.WaitAll();
+      }
     }
   });
   CHECK(outcomes[0].empty() != outcomes[1].empty());  // exactly the rank-1 thread failed
