@@ -397,15 +397,10 @@ void KVTrainer::PullWeights() {
 }
 
 void KVTrainer::SettleWeights() {
-  int param_layer = 0;
-  for (const auto& layer : model_.layers()) {
-    const std::vector<Param*> params = layer->params();
-    if (!params.empty()) BringInLayer(param_layer++, params);
-  }
+  for (std::size_t layer = 0; layer < pull_pending_.size(); ++layer) BringInLayer(layer);
 }
 
-void KVTrainer::BringInLayer(int layer_index, const std::vector<Param*>& params) {
-  const auto layer = static_cast<std::size_t>(layer_index);
+void KVTrainer::BringInLayer(std::size_t layer) {
   if (!pull_pending_[layer]) return;
   pull_pending_[layer] = false;  // a Wait that throws fails the step: no second try
   const auto start = Clock::now();
@@ -414,11 +409,12 @@ void KVTrainer::BringInLayer(int layer_index, const std::vector<Param*>& params)
   if (!on_device_) return;  // pulled into the parameters themselves
   // Queued, not waited for: this layer's forward comes after the copy on the stream, and the
   // staging buffer is written again only by this layer's next pull, which its gradients' mark
-  // orders after it.
-  for (Param* p : params) {
-    backend_.CopyToDeviceAsync(p->value.data(),
-                               pull_staging_.data() + offsets_[static_cast<std::size_t>(p->index)],
-                               p->size() * sizeof(float));
+  // orders after it. Key i is parameter i.
+  for (const Key key : layer_keys_[layer]) {
+    const auto i = static_cast<std::size_t>(key);
+    Param& p = *model_.params()[i];
+    backend_.CopyToDeviceAsync(p.value.data(), pull_staging_.data() + offsets_[i],
+                               p.size() * sizeof(float));
   }
 }
 
@@ -501,8 +497,8 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
   const GradReadyHook hook = [this](int layer, const std::vector<Param*>& params) {
     OnGradientsReady(layer, params);
   };
-  const WeightsNeededHook weights = [this](int layer, const std::vector<Param*>& params) {
-    BringInLayer(layer, params);
+  const WeightsNeededHook weights = [this](int layer, const std::vector<Param*>&) {
+    BringInLayer(static_cast<std::size_t>(layer));
   };
   EpochResult result;
   BatchStats interval;  // Speedometer: statistics since the last log line

@@ -147,11 +147,12 @@ class KVTrainer {
   void PushReadyLayers(bool wait);
   // Push this layer's gradients and pull its values.
   void PushLayer(int layer_index, const std::vector<Param*>& params);
-  // The forward pass's hook: when this layer's pull is pending, waits for it and queues the
-  // copy of its values to the device.
-  void BringInLayer(int layer_index, const std::vector<Param*>& params);
-  // After PushReadyLayers(true): WaitAll, then bring pulled values into the model (and update,
-  // when updating locally).
+  // The forward pass's hook: when this parametric layer's pull is pending, waits for it and
+  // queues the copy of its values to the device.
+  void BringInLayer(std::size_t layer);
+  // After PushReadyLayers(true). Updating locally: WaitAll, then bring the summed gradients
+  // into the model and update. Updating on the kvstore: nothing (BringInLayer brings the
+  // weights in).
   void FinishStep();
   Tensor PushSource(std::size_t i);
   Tensor PullTarget(std::size_t i);
