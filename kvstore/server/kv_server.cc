@@ -540,10 +540,8 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
     const bool in_shm = !shm.empty() && shm[i].data != nullptr;
-    const Gradient gradient{
-        data[i], in_shm,
-        in_shm ? WorkerSlot{meta.sender, shm[i].ref.segment, shm[i].ref.offset, shm[i].ref.mirror}
-               : WorkerSlot{}};
+    Gradient gradient{data[i], in_shm, in_shm ? shm[i].ref : kv::ShmRef{}};
+    if (in_shm) gradient.slot.owner = meta.sender;
     if (!request.sync) {
       if (request.seqs.empty()) {
         ApplyUpdate(slice, gradient);

@@ -93,18 +93,13 @@ class KVServerStore {
   };
   // A pushed gradient: a received frame (this server's alone) or a view of the pushing
   // worker's shared-memory slot (the worker's again once the push is answered).
-  // A worker's shared-memory slot that holds a gradient (its push, or a round's sum added
-  // into the round's first push): a replica that maps it too (`mirror`) reads it there.
-  struct WorkerSlot {
-    int owner = kNoNode;  // the worker (node id); kNoNode: not in a worker's slot
-    std::uint32_t segment = 0;
-    std::uint64_t offset = 0;
-    int mirror = kNoNode;  // the server that maps the slot too (kNoNode: none)
-  };
   struct Gradient {
     Blob values;
     bool in_shared_memory = false;
-    WorkerSlot slot;
+    // The worker's slot it lies in (its push, or a round's sum added into the round's first
+    // push), as the push named it with `owner` set to the worker: a replica that maps the slot
+    // too (`mirror`) reads the update there. owner kNoNode: not in a worker's slot.
+    kv::ShmRef slot;
   };
   struct DeferredPush {
     int sender;

@@ -150,9 +150,8 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kAsyncPush:
       frame = forward.gradient.values;
-      if (const WorkerSlot& from = forward.gradient.slot; forward.gradient.in_shared_memory &&
-                                                          from.owner != kNoNode &&
-                                                          from.mirror == slice.replicated_to) {
+      if (const kv::ShmRef& from = forward.gradient.slot;
+          from.owner != kNoNode && from.mirror == slice.replicated_to) {
         // The replica maps the worker's slot that holds the update: it reads it there, no copy.
         // The worker leaves the slot alone until its push is answered, which waits for the
         // replica's answer.
@@ -458,7 +457,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
         if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
           return SliceText(ref) + ": a round's sum of the wrong size";
         }
-        ApplyUpdate(slice, Gradient{frame, in_shared_memory, WorkerSlot{}});
+        ApplyUpdate(slice, Gradient{frame, in_shared_memory, kv::ShmRef{}});
       }
       ++slice.completed;
       break;
@@ -466,7 +465,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
       if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
         return SliceText(ref) + ": a push of the wrong size";
       }
-      ApplyUpdate(slice, Gradient{frame, in_shared_memory, WorkerSlot{}});
+      ApplyUpdate(slice, Gradient{frame, in_shared_memory, kv::ShmRef{}});
       slice.seen[op.worker].Add(op.seq);
       break;
     case kv::ReplicaKind::kState:
