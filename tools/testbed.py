@@ -257,21 +257,27 @@ def delay_method():
     return "nfqueue" if nfqueue_available() else None
 
 
-def nfqueue_available():
-    """Whether an iptables NFQUEUE rule and a delay line work here (kernel, iptables-legacy)."""
-    if shutil.which(IPTABLES) is None or not os.path.exists(DELAYLINE):
-        return False
+def works_in_probe_namespace(check):
+    """check(ns), a test that returns a bool, run in a throwaway namespace removed afterwards;
+    False when no namespace can be made."""
     probe = f"{PREFIX}-probe{os.getpid()}"
     if run(["ip", "netns", "add", probe], check=False).returncode != 0:
         return False
     try:
-        rule = run(["ip", "netns", "exec", probe, IPTABLES, "-w", "-t", "mangle", "-A",
-                    "PREROUTING", "-j", "NFQUEUE", "--queue-num", "0"], check=False)
-        line = run(["ip", "netns", "exec", probe, sys.executable, DELAYLINE, "--probe"],
-                   check=False)
-        return rule.returncode == 0 and line.returncode == 0
+        return check(probe)
     finally:
         run(["ip", "netns", "del", probe], check=False)
+
+
+def nfqueue_available():
+    """Whether an iptables NFQUEUE rule and a delay line work here (kernel, iptables-legacy)."""
+    if shutil.which(IPTABLES) is None or not os.path.exists(DELAYLINE):
+        return False
+    return works_in_probe_namespace(lambda ns: (
+        run(["ip", "netns", "exec", ns, IPTABLES, "-w", "-t", "mangle", "-A", "PREROUTING",
+             "-j", "NFQUEUE", "--queue-num", "0"], check=False).returncode == 0
+        and run(["ip", "netns", "exec", ns, sys.executable, DELAYLINE, "--probe"],
+                check=False).returncode == 0))
 
 
 NO_DELAY = ("link delays need tc netem (CONFIG_NET_SCH_NETEM) or, without it, iptables NFQUEUE "
@@ -282,14 +288,9 @@ NO_DELAY = ("link delays need tc netem (CONFIG_NET_SCH_NETEM) or, without it, ip
 
 def netem_available():
     """Whether tc's netem (delay) works in this kernel; probed in a throwaway namespace."""
-    probe = f"{PREFIX}-probe{os.getpid()}"
-    if run(["ip", "netns", "add", probe], check=False).returncode != 0:
-        return False
-    try:
-        return run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "netem", "delay",
-                    "1ms"], check=False).returncode == 0
-    finally:
-        run(["ip", "netns", "del", probe], check=False)
+    return works_in_probe_namespace(lambda ns: run(
+        ["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+        check=False).returncode == 0)
 
 
 # --------------------------------------------------------------------------------------------
