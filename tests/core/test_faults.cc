@@ -17,6 +17,7 @@
 #include <future>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -199,7 +200,15 @@ TEST_CASE("faults: a server out of descriptors drops idle connections and serves
   CHECK(scheduler->Wait(30s) == 0);
   const std::string output = server->Output();
   CHECK_THAT(output, Catch::Contains("connections are still in ZeroMQ's handshake"));
-  CHECK_THAT(output, !Catch::Contains("Too many open files"));
+  // On a busy machine ZeroMQ's I/O thread can accept faster than the monitor drops, so the
+  // kernel may refuse an accept for a moment (the connection waits in the backlog and is taken
+  // once descriptors are free): that warning is allowed, no other failure for want of them.
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("Too many open files") == std::string::npos) continue;
+    INFO("server line: " << line);
+    CHECK_THAT(line, Catch::Contains("could not accept a connection"));
+  }
 }
 
 TEST_CASE("faults: frames past a node's cap are refused before they take memory", "[faults]") {
