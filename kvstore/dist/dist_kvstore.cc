@@ -629,11 +629,7 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
   const std::size_t chunk_bytes = layout_.chunk_bytes();
   const Tensor* send = call.sending ? &call.sends[i] : nullptr;
   const auto* user_send = send != nullptr ? static_cast<const std::byte*>(send->data()) : nullptr;
-  // What frames point into: the caller's memory, or a host copy of a GPU tensor (made only
-  // when some slice of it travels as a frame).
-  const std::byte* send_base = user_send;
-  std::shared_ptr<const void> send_owner = borrowed_;
-  bool staged = false;
+  SendSource source{user_send, borrowed_, false};
   // Compressed slices travel as frames: the point is what crosses the link.
   const bool compressed = call.command != kv::kInit && !info.compression.empty();
   for (std::size_t j = 0; j < info.slices.size(); ++j) {
@@ -676,37 +672,8 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
       if (compressed) pull = info.compression[j]->NextPull();
       target.request.pulls.push_back(pull);
     }
-    if (send == nullptr) {
-      // A pull: nothing to send.
-    } else if (compressed && compression_.push != compression::Codec::kNone) {
-      target.encodes.push_back({target.frames.size(), info.compression[j].get(),
-                                reinterpret_cast<const float*>(user_send) + slice.offset,
-                                send->device(), key});
-      target.frames.emplace_back();  // filled by SendPlan
-    } else if (slot != nullptr) {
-      target.frames.emplace_back(nullptr, nullptr, 0, info.dtype);  // the value is in shm
-      const std::byte* source = user_send + slice.offset * element;
-      if (send->device().is_cuda()) {
-        // A GPU copy can fail: do it now, before any message of this call is sent.
-        checks::NamingKey(kStore, call.op, key, [&] {
-          CopyFromDevice(slot->data(), source, slot->bytes(), send->device());
-        });
-      } else {
-        target.copies.push_back({slot, source});
-      }
-    } else {
-      if (send->device().is_cuda() && !staged) {
-        std::shared_ptr<std::byte> host;
-        checks::NamingKey(kStore, call.op, key, [&] {
-          host = staging_->Get(send->bytes(), send->device());
-          CopyFromDevice(host.get(), send->data(), send->bytes(), send->device());
-        });
-        send_base = host.get();
-        send_owner = std::move(host);
-        staged = true;
-      }
-      target.frames.emplace_back(send_owner, send_base + slice.offset * element, slice_bytes,
-                                 info.dtype);
+    if (send != nullptr) {
+      PlanSliceValue(call, i, info, j, compressed, slot, source, target);
     }
     if (call.receiving) {
       auto* base = static_cast<std::byte*>(call.outs[i].data());
@@ -714,6 +681,45 @@ void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, 
                                      call.outs[i].device(), slot,
                                      pull.next != 0 ? info.compression[j].get() : nullptr, pull});
     }
+  }
+}
+
+void DistKVStore::PlanSliceValue(const Call& call, std::size_t i, const KeyInfo& info,
+                                 std::size_t j, bool compressed, ShmSlot* slot, SendSource& source,
+                                 Outgoing& target) {
+  const Key key = call.keys[i];
+  const Tensor& send = call.sends[i];
+  const KeySlice& slice = info.slices[j];
+  const std::size_t element = DTypeSize(info.dtype);
+  const auto* user_send = static_cast<const std::byte*>(send.data());
+  if (compressed && compression_.push != compression::Codec::kNone) {
+    target.encodes.push_back({target.frames.size(), info.compression[j].get(),
+                              reinterpret_cast<const float*>(user_send) + slice.offset,
+                              send.device(), key});
+    target.frames.emplace_back();  // filled by SendPlan
+  } else if (slot != nullptr) {
+    target.frames.emplace_back(nullptr, nullptr, 0, info.dtype);  // the value is in shm
+    const std::byte* from = user_send + slice.offset * element;
+    if (send.device().is_cuda()) {
+      // A GPU copy can fail: do it now, before any message of this call is sent.
+      checks::NamingKey(kStore, call.op, key,
+                        [&] { CopyFromDevice(slot->data(), from, slot->bytes(), send.device()); });
+    } else {
+      target.copies.push_back({slot, from});
+    }
+  } else {
+    if (send.device().is_cuda() && !source.staged) {
+      std::shared_ptr<std::byte> host;
+      checks::NamingKey(kStore, call.op, key, [&] {
+        host = staging_->Get(send.bytes(), send.device());
+        CopyFromDevice(host.get(), send.data(), send.bytes(), send.device());
+      });
+      source.base = host.get();
+      source.owner = std::move(host);
+      source.staged = true;
+    }
+    target.frames.emplace_back(source.owner, source.base + slice.offset * element,
+                               slice.length * element, info.dtype);
   }
 }
 

@@ -184,6 +184,18 @@ class DistKVStore final : public KVStore {
   // Issue's planning step for key `i` of `call` (declared as `info`, an entry of keys_).
   void PlanKey(const Call& call, std::size_t i, const KeyInfo& info, Plan& plan,
                DraftsTaken& drafts) PS_REQUIRES_SHARED(keys_mu_);
+  // What a key's frames point into: the caller's memory, or a host copy of a GPU tensor (made
+  // only when some slice of it travels as a frame; `owner` then keeps it alive).
+  struct SendSource {
+    const std::byte* base;
+    std::shared_ptr<const void> owner;
+    bool staged;
+  };
+  // PlanKey's step for the value of slice `j` of a key being sent: an encoding, a copy into
+  // its shared-memory `slot`, or a frame of `source`.
+  void PlanSliceValue(const Call& call, std::size_t i, const KeyInfo& info, std::size_t j,
+                      bool compressed, ShmSlot* slot, SendSource& source, Outgoing& target)
+      PS_REQUIRES_SHARED(keys_mu_);
   // Issue's sending step: each wave's slot copies and encodings, then its messages.
   void SendPlan(const Call& call, Plan& plan);
   // Gives back the slots of the messages of waves from `from_wave` on: not sent (a throw).

@@ -16,6 +16,113 @@ bool CarriesValues(int command) {
   return command == kInit || command == kPush || command == kPushPull || command == kReplicate;
 }
 
+// Empties every field a previous Decode filled, keeping the memory of its lists.
+void ClearRequest(Request& request) {
+  request.slices.clear();
+  request.shm.clear();
+  request.optimizer = OptimizerConfig{};
+  request.path.clear();
+  request.manifest.clear();
+  request.dead_servers.clear();
+  request.segment_id = 0;
+  request.segment = SharedSegment::Descriptor{};
+  request.compression = GradientCompression{};
+  request.pulls.clear();
+  request.homes.clear();
+  request.seqs.clear();
+  request.replica_ops.clear();
+}
+
+// Fills request.slices from the body's three key lists and checks them against the value
+// frames: one per slice for a command that carries values, each inside its key.
+bool DecodeSlices(const pb::KVBody& body, Request& request, const std::vector<Blob>& data,
+                  std::string* error) {
+  if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
+      static_cast<std::size_t>(body.keys_size()) > kMaxSlicesPerMessage) {
+    *error = "inconsistent key lists in a " + CommandName(request.command) + " request";
+    return false;
+  }
+  request.slices.reserve(static_cast<std::size_t>(body.keys_size()));
+  for (int i = 0; i < body.keys_size(); ++i) {
+    request.slices.push_back(SliceRef{body.keys(i), body.offsets(i), body.totals(i)});
+  }
+  const std::size_t frames = CarriesValues(request.command) ? request.slices.size() : 0;
+  if (data.size() != frames) {
+    *error = CommandName(request.command) + " request with " + std::to_string(data.size()) +
+             " value frames for " + std::to_string(request.slices.size()) + " keys";
+    return false;
+  }
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    const SliceRef& slice = request.slices[i];
+    // A compressed gradient's frame counts bytes, not elements: the server checks its size
+    // against the slice it holds (and a key is never of dtype uint8).
+    const bool compressed = frames && data[i].dtype() == DType::kUInt8;
+    const std::uint64_t length = frames && !compressed ? data[i].count() : 0;
+    if (slice.offset > slice.total || length > slice.total - slice.offset) {
+      *error = "key " + std::to_string(slice.key) + ": slice [" + std::to_string(slice.offset) +
+               ", +" + std::to_string(length) + ") outside its " + std::to_string(slice.total) +
+               " elements";
+      return false;
+    }
+  }
+  return true;
+}
+
+// Fills request.path, .manifest and .dead_servers of a SaveCheckpoint or LoadCheckpoint; no
+// other command may carry dead server ranks.
+bool DecodeCheckpoint(const pb::KVBody& body, Request& request, std::string* error) {
+  if (request.command != kSave && request.command != kLoad) {
+    if (body.dead_servers_size() == 0) return true;
+    *error = "dead server ranks in a " + CommandName(request.command) + " request";
+    return false;
+  }
+  // A directory path: no NUL (the file system would cut it there), not empty.
+  if (body.path().empty() || body.path().find('\0') != std::string::npos ||
+      body.path().size() > 4096) {
+    *error = "a checkpoint request without a valid directory path";
+    return false;
+  }
+  request.path = body.path();
+  request.manifest = body.manifest();
+  for (const int rank : body.dead_servers()) {
+    if (rank < 0) {
+      *error = "a negative dead server rank in a " + CommandName(request.command) + " request";
+      return false;
+    }
+    request.dead_servers.push_back(rank);
+  }
+  return true;
+}
+
+// Copies a SetOptimizer body's settings into `c`; a schedule of more than 1024 steps is refused.
+bool DecodeOptimizer(const pb::OptimizerSpec& spec, OptimizerConfig& c, std::string* error) {
+  c.name = spec.name();
+  c.learning_rate = spec.learning_rate();
+  c.momentum = spec.momentum();
+  c.weight_decay = spec.weight_decay();
+  c.rescale_grad = spec.rescale_grad();
+  c.clip_gradient = spec.clip_gradient();
+  c.beta1 = spec.beta1();
+  c.beta2 = spec.beta2();
+  c.epsilon = spec.epsilon();
+  c.rho = spec.rho();
+  const auto& schedule = spec.schedule();
+  if (schedule.steps_size() > 1024) {
+    *error = "a learning-rate schedule with " + std::to_string(schedule.steps_size()) + " steps";
+    return false;
+  }
+  c.schedule.type = schedule.type();
+  c.schedule.step = schedule.step();
+  c.schedule.steps.assign(schedule.steps().begin(), schedule.steps().end());
+  c.schedule.factor = schedule.factor();
+  c.schedule.stop_factor_lr = schedule.stop_factor_lr();
+  c.schedule.max_update = schedule.max_update();
+  c.schedule.final_lr = schedule.final_lr();
+  c.schedule.warmup_steps = schedule.warmup_steps();
+  c.schedule.warmup_begin_lr = schedule.warmup_begin_lr();
+  return true;
+}
+
 // Fills request.shm from the body: every reference names a distinct slice of the request, and
 // for a command that carries values the slice's frame is an empty placeholder.
 bool DecodeShm(const pb::KVBody& body, Request& request, const std::vector<Blob>& data,
@@ -135,6 +242,30 @@ std::string CommandName(int command) {
 
 namespace {
 
+// Copies a SetOptimizer request's settings into its body (DecodeOptimizer reads them back).
+void EncodeOptimizer(const OptimizerConfig& c, pb::OptimizerSpec& spec) {
+  spec.set_name(c.name);
+  spec.set_learning_rate(c.learning_rate);
+  spec.set_momentum(c.momentum);
+  spec.set_weight_decay(c.weight_decay);
+  spec.set_rescale_grad(c.rescale_grad);
+  spec.set_clip_gradient(c.clip_gradient);
+  spec.set_beta1(c.beta1);
+  spec.set_beta2(c.beta2);
+  spec.set_epsilon(c.epsilon);
+  spec.set_rho(c.rho);
+  auto* schedule = spec.mutable_schedule();
+  schedule->set_type(c.schedule.type);
+  schedule->set_step(c.schedule.step);
+  for (const std::uint64_t at : c.schedule.steps) schedule->add_steps(at);
+  schedule->set_factor(c.schedule.factor);
+  schedule->set_stop_factor_lr(c.schedule.stop_factor_lr);
+  schedule->set_max_update(c.schedule.max_update);
+  schedule->set_final_lr(c.schedule.final_lr);
+  schedule->set_warmup_steps(c.schedule.warmup_steps);
+  schedule->set_warmup_begin_lr(c.schedule.warmup_begin_lr);
+}
+
 // Serializes `request`'s body into `encoded`, reusing its memory.
 void EncodeBodyInto(const Request& request, std::string& encoded) {
   // The body lives in an arena whose first block is on this stack: a request of a few dozen
@@ -194,30 +325,8 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
     body.add_replica_workers(op.worker);
     body.add_replica_states(op.state);
   }
-  if (request.command == kSetOptimizer) {
-    const OptimizerConfig& c = request.optimizer;
-    auto* spec = body.mutable_optimizer();
-    spec->set_name(c.name);
-    spec->set_learning_rate(c.learning_rate);
-    spec->set_momentum(c.momentum);
-    spec->set_weight_decay(c.weight_decay);
-    spec->set_rescale_grad(c.rescale_grad);
-    spec->set_clip_gradient(c.clip_gradient);
-    spec->set_beta1(c.beta1);
-    spec->set_beta2(c.beta2);
-    spec->set_epsilon(c.epsilon);
-    spec->set_rho(c.rho);
-    auto* schedule = spec->mutable_schedule();
-    schedule->set_type(c.schedule.type);
-    schedule->set_step(c.schedule.step);
-    for (const std::uint64_t at : c.schedule.steps) schedule->add_steps(at);
-    schedule->set_factor(c.schedule.factor);
-    schedule->set_stop_factor_lr(c.schedule.stop_factor_lr);
-    schedule->set_max_update(c.schedule.max_update);
-    schedule->set_final_lr(c.schedule.final_lr);
-    schedule->set_warmup_steps(c.schedule.warmup_steps);
-    schedule->set_warmup_begin_lr(c.schedule.warmup_begin_lr);
-  }
+  if (request.command == kSetOptimizer)
+    EncodeOptimizer(request.optimizer, *body.mutable_optimizer());
   body.SerializeToString(&encoded);
 }
 
@@ -260,78 +369,20 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     return nullptr;
   }
   Request& request = request_;
-  request.slices.clear();
-  request.shm.clear();
-  request.optimizer = OptimizerConfig{};
-  request.path.clear();
-  request.manifest.clear();
-  request.dead_servers.clear();
-  request.segment_id = 0;
-  request.segment = SharedSegment::Descriptor{};
-  request.compression = GradientCompression{};
-  request.pulls.clear();
-  request.homes.clear();
-  request.seqs.clear();
-  request.replica_ops.clear();
+  ClearRequest(request);
   request.membership = body.membership();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
-  if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
-      static_cast<std::size_t>(body.keys_size()) > kMaxSlicesPerMessage) {
-    *error = "inconsistent key lists in a " + CommandName(request.command) + " request";
+  if (!DecodeSlices(body, request, msg.data, error) || !DecodeShm(body, request, msg.data, error) ||
+      !DecodePulls(body, request, error) || !DecodeReplication(body, request, error) ||
+      !DecodeCheckpoint(body, request, error)) {
     return nullptr;
   }
-  request.slices.reserve(static_cast<std::size_t>(body.keys_size()));
-  for (int i = 0; i < body.keys_size(); ++i) {
-    request.slices.push_back(SliceRef{body.keys(i), body.offsets(i), body.totals(i)});
-  }
-  const std::size_t frames = CarriesValues(request.command) ? request.slices.size() : 0;
-  if (msg.data.size() != frames) {
-    *error = CommandName(request.command) + " request with " + std::to_string(msg.data.size()) +
-             " value frames for " + std::to_string(request.slices.size()) + " keys";
-    return nullptr;
-  }
-  for (std::size_t i = 0; i < request.slices.size(); ++i) {
-    const SliceRef& slice = request.slices[i];
-    // A compressed gradient's frame counts bytes, not elements: the server checks its size
-    // against the slice it holds (and a key is never of dtype uint8).
-    const bool compressed = frames && msg.data[i].dtype() == DType::kUInt8;
-    const std::uint64_t length = frames && !compressed ? msg.data[i].count() : 0;
-    if (slice.offset > slice.total || length > slice.total - slice.offset) {
-      *error = "key " + std::to_string(slice.key) + ": slice [" + std::to_string(slice.offset) +
-               ", +" + std::to_string(length) + ") outside its " + std::to_string(slice.total) +
-               " elements";
-      return nullptr;
-    }
-  }
-  if (!DecodeShm(body, request, msg.data, error)) return nullptr;
-  if (!DecodePulls(body, request, error)) return nullptr;
-  if (!DecodeReplication(body, request, error)) return nullptr;
   if (request.command == kShmAttach) {
     const auto& attach = body.attach();
     request.segment_id = attach.id();
     request.segment =
         SharedSegment::Descriptor{attach.pid(), attach.fd(), attach.bytes(), attach.token()};
-  }
-  if (request.command == kSave || request.command == kLoad) {
-    // A directory path: no NUL (the file system would cut it there), not empty.
-    if (body.path().empty() || body.path().find('\0') != std::string::npos ||
-        body.path().size() > 4096) {
-      *error = "a checkpoint request without a valid directory path";
-      return nullptr;
-    }
-    request.path = body.path();
-    request.manifest = body.manifest();
-    for (const int rank : body.dead_servers()) {
-      if (rank < 0) {
-        *error = "a negative dead server rank in a " + CommandName(request.command) + " request";
-        return nullptr;
-      }
-      request.dead_servers.push_back(rank);
-    }
-  } else if (body.dead_servers_size() != 0) {
-    *error = "dead server ranks in a " + CommandName(request.command) + " request";
-    return nullptr;
   }
   if (request.command == kSetCompression) {
     const auto& spec = body.compression();
@@ -339,33 +390,9 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     request.compression.threshold = spec.threshold();
     request.compression.pull_type = spec.pull_type();
   }
-  if (request.command == kSetOptimizer) {
-    const auto& spec = body.optimizer();
-    OptimizerConfig& c = request.optimizer;
-    c.name = spec.name();
-    c.learning_rate = spec.learning_rate();
-    c.momentum = spec.momentum();
-    c.weight_decay = spec.weight_decay();
-    c.rescale_grad = spec.rescale_grad();
-    c.clip_gradient = spec.clip_gradient();
-    c.beta1 = spec.beta1();
-    c.beta2 = spec.beta2();
-    c.epsilon = spec.epsilon();
-    c.rho = spec.rho();
-    const auto& schedule = spec.schedule();
-    if (schedule.steps_size() > 1024) {
-      *error = "a learning-rate schedule with " + std::to_string(schedule.steps_size()) + " steps";
-      return nullptr;
-    }
-    c.schedule.type = schedule.type();
-    c.schedule.step = schedule.step();
-    c.schedule.steps.assign(schedule.steps().begin(), schedule.steps().end());
-    c.schedule.factor = schedule.factor();
-    c.schedule.stop_factor_lr = schedule.stop_factor_lr();
-    c.schedule.max_update = schedule.max_update();
-    c.schedule.final_lr = schedule.final_lr();
-    c.schedule.warmup_steps = schedule.warmup_steps();
-    c.schedule.warmup_begin_lr = schedule.warmup_begin_lr();
+  if (request.command == kSetOptimizer &&
+      !DecodeOptimizer(body.optimizer(), request.optimizer, error)) {
+    return nullptr;
   }
   return &request;
 }

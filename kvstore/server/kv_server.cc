@@ -188,6 +188,14 @@ void KVServerStore::HandleShmAttach(const Meta& meta, const kv::Request& request
 
 std::string KVServerStore::Validate(const kv::Request& request, const std::vector<Blob>& data,
                                     const std::vector<ShmTarget>& shm) {
+  if (std::string why = ValidateLists(request); !why.empty()) return why;
+  for (std::size_t i = 0; i < request.slices.size(); ++i) {
+    if (std::string why = ValidateSlice(request, i, data, shm); !why.empty()) return why;
+  }
+  return "";
+}
+
+std::string KVServerStore::ValidateLists(const kv::Request& request) {
   if (request.slices.size() > 1) {
     seen_.clear();
     for (const kv::SliceRef& ref : request.slices) seen_.emplace_back(ref.key, ref.offset);
@@ -208,69 +216,73 @@ std::string KVServerStore::Validate(const kv::Request& request, const std::vecto
              std::to_string(ring_.num_servers()) + " servers)";
     }
   }
-  for (std::size_t i = 0; i < request.slices.size(); ++i) {
-    const kv::SliceRef& ref = request.slices[i];
-    const SliceId id{ref.key, ref.offset};
-    const auto it = slices_.find(id);
-    if (request.command == kv::kInit) {
-      // The same values again are worker 0's Init sent once more after a server died: the
-      // part that had arrived is kept (HandleInit).
-      if (it != slices_.end() && !HoldsExactly(it->second, ref, data[i])) {
-        return KeyText(ref.key) + ": already initialized (a key is initialized once)";
-      }
-      if (!IsSummableDType(data[i].dtype())) {
-        return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
-      }
-      continue;
+  return "";
+}
+
+std::string KVServerStore::ValidateSlice(const kv::Request& request, std::size_t i,
+                                         const std::vector<Blob>& data,
+                                         const std::vector<ShmTarget>& shm) const {
+  const kv::SliceRef& ref = request.slices[i];
+  const SliceId id{ref.key, ref.offset};
+  const auto it = slices_.find(id);
+  if (request.command == kv::kInit) {
+    // The same values again are worker 0's Init sent once more after a server died: the
+    // part that had arrived is kept (HandleInit).
+    if (it != slices_.end() && !HoldsExactly(it->second, ref, data[i])) {
+      return KeyText(ref.key) + ": already initialized (a key is initialized once)";
     }
-    if (request.command == kv::kSetOptimizer || request.command == kv::kForget ||
-        request.command == kv::kSetCompression || request.command == kv::kReplicate) {
-      continue;
+    if (!IsSummableDType(data[i].dtype())) {
+      return KeyText(ref.key) + ": dtype " + DTypeName(data[i].dtype()) + " is not supported";
     }
-    if (it == slices_.end()) {
-      const int home = request.homes.empty() ? -1 : request.homes[i];
-      const bool moved = home >= 0 && ring_.num_servers() > 1 &&
-                         (ring_.Primary(home) != home || ring_.rejoined(home));
-      if (moved) {  // its home's server died: it should be here
-        return KeyText(ref.key) +
-               ": lost: the servers that held it died before a new copy was made (the job "
-               "cannot recover it; restart from a checkpoint)";
-      }
-      return KeyText(ref.key) + ": was never initialized (call Init first)";
-    }
-    const Slice& slice = it->second;
-    if (!shm.empty() && shm[i].data != nullptr &&
-        shm[i].bytes != slice.length * DTypeSize(slice.dtype)) {
-      return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
-             " elements, the shared-memory slot holds " + std::to_string(shm[i].bytes) + " bytes";
-    }
-    if (!request.pulls.empty() && request.pulls[i].next != 0) {
-      const bool in_shm = !shm.empty() && shm[i].data != nullptr;
-      if (std::string why = CheckCompressedPull(ref, slice, in_shm); !why.empty()) return why;
-    }
-    if (request.command == kv::kPull) continue;
-    // A frame of dtype uint8 for a key of another dtype is a compressed gradient.
-    if (data[i].dtype() == DType::kUInt8 && slice.dtype != DType::kUInt8) {
-      if (std::string why = CheckCompressedPush(ref, slice, data[i]); !why.empty()) return why;
-    } else if (data[i].dtype() != slice.dtype) {
-      return KeyText(ref.key) + ": dtype mismatch: expected " + DTypeName(slice.dtype) +
-             ", given " + DTypeName(data[i].dtype());
-    } else if (data[i].count() != slice.length || ref.total != slice.total) {
-      return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
-             " elements, given " + std::to_string(ref.total);
-    }
-    if (!request.sync && !optimizer_) {
+    return "";
+  }
+  if (request.command == kv::kSetOptimizer || request.command == kv::kForget ||
+      request.command == kv::kSetCompression || request.command == kv::kReplicate) {
+    return "";
+  }
+  if (it == slices_.end()) {
+    const int home = request.homes.empty() ? -1 : request.homes[i];
+    const bool moved = home >= 0 && ring_.num_servers() > 1 &&
+                       (ring_.Primary(home) != home || ring_.rejoined(home));
+    if (moved) {  // its home's server died: it should be here
       return KeyText(ref.key) +
-             ": dist_async applies every push at once, so it needs an optimizer: call "
-             "SetOptimizer before the first Push";
+             ": lost: the servers that held it died before a new copy was made (the job "
+             "cannot recover it; restart from a checkpoint)";
     }
-    if (optimizer_ && slice.dtype != DType::kFloat32) {
-      return KeyText(ref.key) + ": optimizers update float32 keys only, this key holds " +
-             DTypeName(slice.dtype);
-    }
-    if (request.sync && !gone_workers_.empty()) {
-      return UnfinishableRound(ref.key, gone_workers_.begin()->second);
-    }
+    return KeyText(ref.key) + ": was never initialized (call Init first)";
+  }
+  const Slice& slice = it->second;
+  if (!shm.empty() && shm[i].data != nullptr &&
+      shm[i].bytes != slice.length * DTypeSize(slice.dtype)) {
+    return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
+           " elements, the shared-memory slot holds " + std::to_string(shm[i].bytes) + " bytes";
+  }
+  if (!request.pulls.empty() && request.pulls[i].next != 0) {
+    const bool in_shm = !shm.empty() && shm[i].data != nullptr;
+    if (std::string why = CheckCompressedPull(ref, slice, in_shm); !why.empty()) return why;
+  }
+  if (request.command == kv::kPull) return "";
+  // A frame of dtype uint8 for a key of another dtype is a compressed gradient.
+  if (data[i].dtype() == DType::kUInt8 && slice.dtype != DType::kUInt8) {
+    if (std::string why = CheckCompressedPush(ref, slice, data[i]); !why.empty()) return why;
+  } else if (data[i].dtype() != slice.dtype) {
+    return KeyText(ref.key) + ": dtype mismatch: expected " + DTypeName(slice.dtype) + ", given " +
+           DTypeName(data[i].dtype());
+  } else if (data[i].count() != slice.length || ref.total != slice.total) {
+    return KeyText(ref.key) + ": size mismatch: expected " + std::to_string(slice.total) +
+           " elements, given " + std::to_string(ref.total);
+  }
+  if (!request.sync && !optimizer_) {
+    return KeyText(ref.key) +
+           ": dist_async applies every push at once, so it needs an optimizer: call "
+           "SetOptimizer before the first Push";
+  }
+  if (optimizer_ && slice.dtype != DType::kFloat32) {
+    return KeyText(ref.key) + ": optimizers update float32 keys only, this key holds " +
+           DTypeName(slice.dtype);
+  }
+  if (request.sync && !gone_workers_.empty()) {
+    return UnfinishableRound(ref.key, gone_workers_.begin()->second);
   }
   return "";
 }

@@ -217,6 +217,11 @@ class KVServerStore {
   // Checks every slice of a request before anything changes; "" when all are fine.
   std::string Validate(const kv::Request& request, const std::vector<Blob>& data,
                        const std::vector<ShmTarget>& shm);
+  // Validate's checks of the request as a whole: no slice twice, server ranks in range.
+  std::string ValidateLists(const kv::Request& request);
+  // Validate's checks of slice `i` against the slice this server holds (or not).
+  std::string ValidateSlice(const kv::Request& request, std::size_t i,
+                            const std::vector<Blob>& data, const std::vector<ShmTarget>& shm) const;
 
   // A reply to `meta` waiting on `parts` answers (Resolve, FailWaiter), without values.
   Pending& NewPending(const Meta& meta, std::size_t parts);

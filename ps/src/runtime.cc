@@ -75,6 +75,24 @@ Runtime::~Runtime() {
 void Runtime::Register() {
   // Every wait of registration, name resolution included, ends at one deadline.
   const auto deadline = SteadyClock::now() + config_.register_timeout;
+  OpenTransport(deadline);
+  // Everything read from self_ is read before the receive thread starts: that thread rewrites
+  // self_ (under mu_) when the node table arrives, and nothing orders this thread's later
+  // reads before that write but the network round trip, which is invisible to the memory model.
+  const NodeInfo announced = self_;
+  AnnounceToScheduler(announced);
+  AwaitNodeTable(deadline);
+  if (config_.verbose >= 1) {
+    PS_LOG(INFO) << "registered as " << self_.Describe() << " in a job of " << config_.num_servers
+                 << " server(s) and " << config_.num_workers << " worker(s)";
+  }
+  // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
+  const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
+                                                             : std::chrono::milliseconds(500);
+  timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
+}
+
+void Runtime::OpenTransport(std::chrono::steady_clock::time_point deadline) {
   scheduler_ip_ = ResolveWaiting(config_.root_uri, "DMLC_PS_ROOT_URI", deadline);
   self_.role = config_.role;
   self_.host = AdvertisedHost(config_, scheduler_ip_, deadline);
@@ -91,11 +109,9 @@ void Runtime::Register() {
         transport_->BindIpc("ps-" + std::to_string(getpid()) + "-" + std::to_string(self_.port));
   }
   transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port);
+}
 
-  // Everything read from self_ is read before the receive thread starts: that thread rewrites
-  // self_ (under mu_) when the node table arrives, and nothing orders this thread's later
-  // reads before that write but the network round trip, which is invisible to the memory model.
-  const NodeInfo announced = self_;
+void Runtime::AnnounceToScheduler(const NodeInfo& announced) {
   Message hello;
   hello.meta.control = Control::kRegister;
   hello.meta.request = true;
@@ -110,7 +126,9 @@ void Runtime::Register() {
     PS_LOG(INFO) << RoleName(announced.role) << " at " << announced.host << ":" << announced.port
                  << " registering with the scheduler at " << config_.SchedulerAddress();
   }
+}
 
+void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
   MutexLock lock(mu_);
   auto report_at = SteadyClock::now() + kWaitReportEvery;
   while (!RegistrationAnswered()) {
@@ -157,16 +175,6 @@ void Runtime::Register() {
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
-  lock.Unlock();
-
-  if (config_.verbose >= 1) {
-    PS_LOG(INFO) << "registered as " << self_.Describe() << " in a job of " << config_.num_servers
-                 << " server(s) and " << config_.num_workers << " worker(s)";
-  }
-  // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
-  const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
-                                                             : std::chrono::milliseconds(500);
-  timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
 }
 
 void Runtime::ConnectTo(const NodeInfo& node) {

@@ -248,6 +248,34 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
   return std::nullopt;
 }
 
+std::optional<Scheduler::Refusal> Scheduler::LateJoinRefusal(const NodeInfo& node) const {
+  if (!complete_) return std::nullopt;
+  if (node.role != Role::kServer || !config_.replicated()) {
+    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
+                   std::to_string(config_.num_servers) +
+                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")" +
+                   (node.role == Role::kServer
+                        ? "; without replication (PS_REPLICATION=0) a server cannot join a "
+                          "running job: to use more servers, restart the job from a checkpoint "
+                          "(SaveCheckpoint, ps-train --resume)"
+                        : "")};
+  }
+  // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
+  if (DeadServerRank() < 0) {
+    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
+                   std::to_string(config_.num_servers) +
+                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) +
+                   ") and none of its servers died: a server started later joins a running "
+                   "job only in the place of a dead one"};
+  }
+  if (rejoins_ >= kMaxRejoins) {
+    return Refusal{"the job already admitted " + std::to_string(kMaxRejoins) +
+                   " servers in the place of dead ones, the most a job admits: restart the "
+                   "job from a checkpoint (SaveCheckpoint, ps-train --resume)"};
+  }
+  return std::nullopt;
+}
+
 std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& msg) const {
   using Answer = Refusal::Answer;
   const Meta& meta = msg.meta;
@@ -272,31 +300,7 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
   if (node.role == Role::kScheduler) {
     return Refusal{"a second scheduler cannot join: set DMLC_ROLE to server or worker"};
   }
-  if (complete_ && (node.role != Role::kServer || !config_.replicated())) {
-    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
-                   std::to_string(config_.num_servers) +
-                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")" +
-                   (node.role == Role::kServer
-                        ? "; without replication (PS_REPLICATION=0) a server cannot join a "
-                          "running job: to use more servers, restart the job from a checkpoint "
-                          "(SaveCheckpoint, ps-train --resume)"
-                        : "")};
-  }
-  if (complete_) {
-    // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
-    if (DeadServerRank() < 0) {
-      return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
-                     std::to_string(config_.num_servers) +
-                     ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) +
-                     ") and none of its servers died: a server started later joins a running "
-                     "job only in the place of a dead one"};
-    }
-    if (rejoins_ >= kMaxRejoins) {
-      return Refusal{"the job already admitted " + std::to_string(kMaxRejoins) +
-                     " servers in the place of dead ones, the most a job admits: restart the "
-                     "job from a checkpoint (SaveCheckpoint, ps-train --resume)"};
-    }
-  }
+  if (auto refusal = LateJoinRefusal(node)) return refusal;
   // A node that sees the job differently would size rounds, heartbeats or key slices its own
   // way and hang the others: the job cannot run as launched. (Not fatal to a running job.)
   if (auto refusal = SettingsRefusal(node, meta.body)) {

@@ -149,7 +149,15 @@ class Runtime {
   bool SameHost(int node_id) const;
 
  private:
+  // Registration with the scheduler, in its three steps (the constructing thread, before any
+  // other thread of this node runs but the receive loop the second step starts).
   void Register();
+  // Resolves the scheduler, opens and binds the transport, fills self_ and connects.
+  void OpenTransport(std::chrono::steady_clock::time_point deadline);
+  // Starts the receive loop and sends the Register request carrying `announced`.
+  void AnnounceToScheduler(const NodeInfo& announced);
+  // Waits for the node table until `deadline`; throws ps::Error naming why it did not come.
+  void AwaitNodeTable(std::chrono::steady_clock::time_point deadline) PS_EXCLUDES(mu_);
   // Why the scheduler has not answered yet, in a sentence: what a TCP probe of its port finds
   // (nothing listens, no answer, or a port that accepts but does not reply).
   std::string SchedulerProbe() const;

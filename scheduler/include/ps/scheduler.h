@@ -82,6 +82,9 @@ class Scheduler {
   };
   // Every check of a register message, in one place: why it is not admitted, if it is not.
   std::optional<Refusal> RegistrationRefusal(const Message& msg) const PS_REQUIRES(mu_);
+  // RegistrationRefusal's check of a node arriving once the job is complete: only a server,
+  // with replication on, in the place of a dead one, within the job's rejoin budget.
+  std::optional<Refusal> LateJoinRefusal(const NodeInfo& node) const PS_REQUIRES(mu_);
   // Why the node's shared settings (ClusterConfig::SharedSettings) do not fit the job, if
   // they do not.
   std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const
