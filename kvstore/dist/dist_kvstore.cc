@@ -852,8 +852,11 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   }
   for (auto& frames : inflight.frames) frames.clear();
   // Before the record goes back to the pool: Complete reads its keys.
-  Complete(error, !result.ok() && result.lost_peer != kNoNode && error == result.error,
-           inflight.keys);
+  // A server lost for good (not a connection reset) is ServerLost to the caller.
+  Complete(
+      error,
+      !result.ok() && result.lost_peer != kNoNode && !result.peer_reset && error == result.error,
+      inflight.keys);
   inflights_.Give(inflight);
 }
 

@@ -868,9 +868,11 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   if (peer.role == Role::kServer) {
     if (event == Runtime::PeerEvent::kDead) OnServerDead(peer);
     if (event == Runtime::PeerEvent::kJoined) OnServerJoined(peer);
+    if (event == Runtime::PeerEvent::kReset) OnServerReset(peer);
     return;
   }
-  if (peer.role != Role::kWorker) return;
+  // A worker whose connection was reset sends its requests again (or fails them) itself.
+  if (peer.role != Role::kWorker || event == Runtime::PeerEvent::kReset) return;
   const std::string why =
       peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
   gone_workers_[peer.id] = why;

@@ -274,6 +274,9 @@ class KVServerStore {
   std::string EncodeState(const Slice& slice) const;
   std::string DecodeState(Slice& slice, const std::string& state);
   void OnServerDead(const NodeInfo& peer);
+  // A connection between this server and `peer` was reset: the slices `peer` replicates
+  // whose updates were on their way are copied to it again.
+  void OnServerReset(const NodeInfo& peer);
   // A server took the rank of a dead one: it may be this server's replica now.
   void OnServerJoined(const NodeInfo& peer);
   // After a death or join: makes the ring's replica of this server its replica, giving every

@@ -202,10 +202,16 @@ void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int 
     const auto it = slices_.find(id);
     if (it != slices_.end() && it->second.replicated_to != to) return;
   }
+  if (!result.ok() && result.lost_peer == kNoNode && runtime_.ConnectionResetPending(to)) {
+    // A refusal of an update that came after one lost with the old connection: the reset
+    // (OnServerReset) sends the slice and its updates again.
+    return;
+  }
   if (!result.ok()) {
-    // A replica that died is replaced by OnServerDead, which sends the updates again. At the
-    // end of the job, or when this node failed, the requests still out fail without anyone at
-    // fault, possibly on another thread than the receive thread: the store is not touched.
+    // A replica that died is replaced by OnServerDead, which sends the updates again; one
+    // whose connection was reset gets them again from OnServerReset. At the end of the job,
+    // or when this node failed, the requests still out fail without anyone at fault,
+    // possibly on another thread than the receive thread: the store is not touched.
     if (result.lost_peer != kNoNode || runtime_.terminated() || !runtime_.failure().empty()) {
       return;
     }
@@ -286,6 +292,25 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   // that reference them are done.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   FollowRing(peer.Describe() + " died");
+}
+
+void KVServerStore::OnServerReset(const NodeInfo& peer) {
+  if (!runtime_.config().replicated()) return;
+  // An update on its way to the replica, or the replica's answer, may be lost: the replica
+  // gets the slice again as this server holds it, then the updates not yet applied, in order
+  // (what it applied twice meanwhile the copy undoes).
+  std::vector<SliceId> copied_ids;
+  for (auto& [id, slice] : slices_) {
+    if (!Serves(slice) || slice.replicated_to != peer.id || slice.forwards.empty()) continue;
+    copied_ids.push_back(id);
+    CopyToReplica(slice, peer.id);
+  }
+  AttachReplicaSlots(copied_ids, peer.id);
+  if (!copied_ids.empty()) {
+    LOG(WARNING) << "server " << runtime_.rank() << ": the connection to its replica "
+                 << peer.Describe() << " was reset; " << copied_ids.size()
+                 << " key slice(s) with updates on their way copied to it again";
+  }
 }
 
 void KVServerStore::OnServerJoined(const NodeInfo& peer) {

@@ -31,6 +31,8 @@ std::string ControlName(Control control) {
       return "node-failed";
     case Control::kNodeJoined:
       return "node-joined";
+    case Control::kConnectionReset:
+      return "connection-reset";
   }
   return "unknown";
 }

@@ -56,6 +56,7 @@ void RequestTracker::Finish(Slot& slot) {
     slot.callback = nullptr;  // drops what the callback captured, outside the lock
     slot.result.error.clear();
     slot.result.lost_peer = kNoNode;
+    slot.result.peer_reset = false;
     // The responses, emptied of their frames, go back to the receive loop one by one.
     for (Message& response : slot.result.responses) {
       response.data.clear();
@@ -98,7 +99,8 @@ bool RequestTracker::OnResponse(Message&& msg) {
 }
 
 void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
-                               const std::function<std::string(const Slot&)>& why, int lost_peer) {
+                               const std::function<std::string(const Slot&)>& why, int lost_peer,
+                               bool peer_reset) {
   std::vector<Slot*> failed;
   {
     MutexLock lock(mu_);
@@ -107,6 +109,7 @@ void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
       if (slot.state != SlotState::kWaiting || !matches(slot)) continue;
       Complete(slot, why(slot));
       slot.result.lost_peer = lost_peer;
+      slot.result.peer_reset = peer_reset;
       failed.push_back(&slot);
     }
   }
@@ -114,12 +117,21 @@ void RequestTracker::FailWhere(const std::function<bool(const Slot&)>& matches,
 }
 
 void RequestTracker::FailPeer(int node, const std::string& why, bool died) {
+  FailWaitingOn(node, why, died ? node : kNoNode, false);
+}
+
+void RequestTracker::FailReset(int node, const std::string& why) {
+  FailWaitingOn(node, why, node, true);
+}
+
+void RequestTracker::FailWaitingOn(int node, const std::string& why, int lost_peer,
+                                   bool peer_reset) {
   FailWhere(
       [node](const Slot& slot) {
         return std::find(slot.waiting_on.begin(), slot.waiting_on.end(), node) !=
                slot.waiting_on.end();
       },
-      [&why](const Slot&) { return why; }, died ? node : kNoNode);
+      [&why](const Slot&) { return why; }, lost_peer, peer_reset);
 }
 
 void RequestTracker::FailAll(const std::string& why) {

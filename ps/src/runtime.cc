@@ -66,7 +66,10 @@ std::unique_ptr<Runtime> Runtime::Start(const ClusterConfig& config) {
 }
 
 Runtime::~Runtime() {
-  if (transport_) transport_->Shutdown();
+  if (transport_) {
+    transport_->SetPeerWatcher({});  // waits for a call in progress (it uses members)
+    transport_->Shutdown();
+  }
   receiver_.reset();
   timer_.reset();
   tracker_.FailAll("the node is shutting down");
@@ -99,6 +102,8 @@ void Runtime::OpenTransport(std::chrono::steady_clock::time_point deadline) {
   const TransportOptions options = TransportOptionsFor(config_, config_.role);
   self_.connection_key = options.connection_key;
   transport_ = std::make_unique<ZmqTransport>(options);
+  // Before any send socket opens: the watcher follows the sockets opened after it is set.
+  transport_->SetPeerWatcher([this](int id, bool connected) { OnPeerConnection(id, connected); });
   // Listen on the advertised address when it is ours; behind NAT (a name or a foreign
   // address) listen everywhere.
   const bool local = net::IsLocalAddress(self_.host);
@@ -358,6 +363,20 @@ void Runtime::OnControl(Message&& msg) {
     case Control::kNodeJoined:
       for (const NodeInfo& joined : meta.nodes) OnNodeJoined(joined);
       break;
+    case Control::kConnectionReset:
+      if (meta.sender == kSchedulerId) break;  // the scheduler's sockets are not followed
+      if (!meta.request) {
+        MutexLock lock(reset_mu_);
+        announced_resets_.erase(meta.sender);
+      }
+      OnConnectionReset(meta.sender);
+      if (meta.request) {  // the peer saw the reset: it learns that this side acted too
+        Message answer;
+        answer.meta.control = Control::kConnectionReset;
+        answer.meta.recipient = meta.sender;
+        SendToNode(answer);
+      }
+      break;
     default:
       if (const auto count = ++dropped_; LogOccurrence(count)) {
         PS_LOG(WARNING) << "dropped an unexpected message (#" << count
@@ -497,9 +516,62 @@ void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
   }
 }
 
+void Runtime::OnPeerConnection(int node_id, bool connected) {
+  if (node_id == kSchedulerId) return;
+  MutexLock lock(reset_mu_);
+  if (!connected) {
+    closed_peers_.insert(node_id);
+  } else if (closed_peers_.erase(node_id) != 0) {
+    reset_peers_.push_back(node_id);
+  }
+}
+
+bool Runtime::ConnectionResetPending(int node_id) {
+  MutexLock lock(reset_mu_);
+  return closed_peers_.contains(node_id) || announced_resets_.contains(node_id) ||
+         std::find(reset_peers_.begin(), reset_peers_.end(), node_id) != reset_peers_.end();
+}
+
+void Runtime::AnnounceResets() {
+  std::vector<int> reset;
+  {
+    MutexLock lock(reset_mu_);
+    reset.swap(reset_peers_);
+    announced_resets_.insert(reset.begin(), reset.end());
+  }
+  for (const int peer : reset) {
+    if (IsDead(peer)) continue;
+    // Each side fails what waits on the other when it reads this request or its answer, on
+    // its receive thread: what this node sent may be lost, and so may what it answered.
+    Message notice;
+    notice.meta.control = Control::kConnectionReset;
+    notice.meta.request = true;
+    notice.meta.recipient = peer;
+    SendToNode(notice);
+  }
+}
+
+void Runtime::OnConnectionReset(int node_id) {
+  if (IsDead(node_id)) return;
+  const NodeInfo* peer = Node(node_id);
+  if (peer == nullptr || peer->role == Role::kScheduler) return;
+  if (const auto count = ++connection_resets_; LogOccurrence(count)) {
+    PS_LOG(WARNING) << "the connection between " << self_.Describe() << " and " << peer->Describe()
+                    << " was reset (#" << count
+                    << "): the requests in flight between them failed; a replicated store "
+                       "sends them again";
+  }
+  tracker_.FailReset(node_id, "the connection between " + self_.Describe() + " and " +
+                                  peer->Describe() +
+                                  " was reset while this request was in flight, so it or its "
+                                  "answer may be lost (the network, a firewall or NAT reset it)");
+  NotifyPeer(*peer, PeerEvent::kReset);
+}
+
 void Runtime::OnTick() {
   const auto now = RequestTracker::Clock::now();
   tracker_.ExpireOverdue(now);
+  AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) return;
   bool lost = false;
   {

@@ -59,6 +59,28 @@ TEST_CASE("tracker: a dead peer fails only the requests waiting on it", "[tracke
   CHECK(on_other->ok());
 }
 
+TEST_CASE("tracker: a reset names its peer as lost but alive, a death as lost", "[tracker]") {
+  ps::RequestTracker tracker;
+  std::optional<ps::RequestResult> reset, died, plain;
+  tracker.Start({1, 2}, [&](ps::RequestResult&& r) { reset = std::move(r); });
+  tracker.FailReset(2, "the connection was reset");
+  REQUIRE(reset);
+  CHECK(reset->error == "the connection was reset");
+  CHECK(reset->lost_peer == 2);
+  CHECK(reset->peer_reset);
+  // The slot is used again: neither flag carries over.
+  tracker.Start({2}, [&](ps::RequestResult&& r) { died = std::move(r); });
+  tracker.FailPeer(2, "server 1 died", /*died=*/true);
+  REQUIRE(died);
+  CHECK(died->lost_peer == 2);
+  CHECK_FALSE(died->peer_reset);
+  tracker.Start({2}, [&](ps::RequestResult&& r) { plain = std::move(r); });
+  tracker.FailPeer(2, "cannot send");
+  REQUIRE(plain);
+  CHECK(plain->lost_peer == ps::kNoNode);
+  CHECK_FALSE(plain->peer_reset);
+}
+
 TEST_CASE("tracker: FailAll fails outstanding and later requests", "[tracker]") {
   ps::RequestTracker tracker;
   std::optional<ps::RequestResult> first, later;

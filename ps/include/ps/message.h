@@ -40,6 +40,7 @@ enum class Control {
   kWorkerDone = 9,
   kNodeFailed = 10,
   kNodeJoined = 11,
+  kConnectionReset = 12,
 };
 std::string ControlName(Control control);
 

@@ -30,9 +30,12 @@ namespace ps {
 struct RequestResult {
   std::string error;               // empty: success
   std::vector<Message> responses;  // in arrival order; partial on error
-  // The peer whose death failed the request (RequestTracker::FailPeer with `died`), else
-  // kNoNode: a caller that can re-route the request knows where not to send it again.
+  // The peer whose death failed the request (RequestTracker::FailPeer with `died`), or whose
+  // connection was reset while it was in flight (FailReset: `peer_reset`), else kNoNode: a
+  // caller that can send the request again knows that it may not have arrived, or its answer
+  // not come back, and where not to send it again after a death.
   int lost_peer = kNoNode;
+  bool peer_reset = false;
   bool ok() const { return error.empty(); }
 };
 
@@ -66,6 +69,9 @@ class RequestTracker {
   // Fails every request still waiting on `node` with `why`; `died`: because the node died
   // (RequestResult::lost_peer).
   void FailPeer(int node, const std::string& why, bool died = false);
+  // Fails every request still waiting on `node` with `why`, because a connection between the
+  // two was reset while it was in flight (RequestResult::lost_peer and peer_reset).
+  void FailReset(int node, const std::string& why);
   // Fails every outstanding request with `why`, and every later Start() at once.
   void FailAll(const std::string& why);
   // Fails the requests whose deadline is past.
@@ -92,9 +98,12 @@ class RequestTracker {
   void Complete(Slot& slot, const std::string& error) PS_REQUIRES(mu_);
   // Runs a completing slot's callback (without mu_), then frees the slot.
   void Finish(Slot& slot) PS_EXCLUDES(mu_);
+  // FailPeer and FailReset: fails every request waiting on `node`.
+  void FailWaitingOn(int node, const std::string& why, int lost_peer, bool peer_reset);
   // Fails, then finishes, every waiting slot `matches` selects.
   void FailWhere(const std::function<bool(const Slot&)>& matches,
-                 const std::function<std::string(const Slot&)>& why, int lost_peer = kNoNode);
+                 const std::function<std::string(const Slot&)>& why, int lost_peer = kNoNode,
+                 bool peer_reset = false);
 
   mutable Mutex mu_;
   // Slots are heap objects so that a completing callback's reference survives slots_ growing.

@@ -74,6 +74,10 @@ class Runtime {
   // Whether the scheduler reported `node_id` dead (set before the requests waiting on it fail
   // and before the peer handler hears of it), and how many nodes it reported so far.
   bool IsDead(int node_id) const;
+  // True from the moment this node's connection to `node_id` closes until both have acted on
+  // its reset (Runtime::PeerEvent::kReset): an error answer from the peer meanwhile may be
+  // about a message lost with the old connection (a replica that missed an update).
+  bool ConnectionResetPending(int node_id);
   std::size_t dead_count() const { return dead_count_.load(); }
   // "worker 1 (node 5 at 127.0.0.1:4321)", or "node N" for an unknown id.
   std::string Describe(int node_id) const;
@@ -94,11 +98,14 @@ class Runtime {
   // Receives every application request, on the receive thread. Requests that arrive before a
   // handler is set are held and delivered, in order, when it is set.
   void SetRequestHandler(RequestHandler handler);
-  enum class PeerEvent { kDead, kFinished, kJoined };
+  enum class PeerEvent { kDead, kFinished, kJoined, kReset };
   using PeerHandler = std::function<void(const NodeInfo& peer, PeerEvent event)>;
   // Called on the receive thread when the scheduler reports a node dead, a server that took a
-  // dead one's rank, or (to servers) a worker finished. Events reported before a handler is
-  // set are held and delivered, in order, by SetPeerHandler on its caller's thread.
+  // dead one's rank, or (to servers) a worker finished; and when a connection between this
+  // node and a live peer was reset (kReset: messages between the two may have been lost; the
+  // requests waiting on the peer have failed with RequestResult::peer_reset just before).
+  // Events reported before a handler is set are held and delivered, in order, by
+  // SetPeerHandler on its caller's thread.
   void SetPeerHandler(PeerHandler handler);
 
   // Sends each message (to its meta.recipient) as one request with a shared timestamp and calls
@@ -177,8 +184,15 @@ class Runtime {
   // The node with id `node_id`, or nullptr: reads the published part of nodes_.
   const NodeInfo* Node(int node_id) const;
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
-  void OnTick() PS_EXCLUDES(mu_);                          // timer thread
-  bool SendToNode(Message& msg);                           // sets msg.meta.sender
+  // The transport's news of a send socket's connection (monitor thread: records only).
+  void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
+  // Tells each peer whose connection came back after a close (timer thread).
+  void AnnounceResets() PS_EXCLUDES(reset_mu_);
+  // A connection between this node and `node_id` was reset: fails what waits on it and tells
+  // the peer handler (receive thread, on the peer's CONNECTION_RESET or its answer).
+  void OnConnectionReset(int node_id);
+  void OnTick() PS_EXCLUDES(mu_);  // timer thread
+  bool SendToNode(Message& msg);   // sets msg.meta.sender
 
   const ClusterConfig config_;
   std::string scheduler_ip_;
@@ -213,12 +227,20 @@ class Runtime {
 
   std::atomic<std::size_t> dead_count_{0};  // dead_.size(), readable without mu_
   std::atomic<std::size_t> dropped_{0};     // from unknown senders, or unexpected controls
+  std::uint64_t connection_resets_ = 0;     // OnConnectionReset's count (receive thread)
 
   Mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
   RequestHandler request_handler_ PS_GUARDED_BY(handler_mu_);
   std::vector<Message> early_requests_ PS_GUARDED_BY(handler_mu_);
   PeerHandler peer_handler_ PS_GUARDED_BY(handler_mu_);
   std::vector<std::pair<NodeInfo, PeerEvent>> early_peer_events_ PS_GUARDED_BY(handler_mu_);
+
+  // Send-socket connections to peers, as the monitor thread reports them: closed and not back
+  // yet, and back after a close (a reset, unless the peer died) but not yet announced.
+  Mutex reset_mu_;
+  std::set<int> closed_peers_ PS_GUARDED_BY(reset_mu_);
+  std::vector<int> reset_peers_ PS_GUARDED_BY(reset_mu_);
+  std::set<int> announced_resets_ PS_GUARDED_BY(reset_mu_);  // told, not answered yet
 
   // Declared last: destroyed first, so no thread runs while the members above die.
   std::unique_ptr<PeriodicTask> timer_;
