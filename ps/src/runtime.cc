@@ -364,7 +364,10 @@ void Runtime::OnControl(Message&& msg) {
       for (const NodeInfo& joined : meta.nodes) OnNodeJoined(joined);
       break;
     case Control::kConnectionReset:
-      if (meta.sender == kSchedulerId) break;  // the scheduler's sockets are not followed
+      if (meta.sender == kSchedulerId) {  // its connection to this node was reset
+        BreakBarrier("the scheduler's connection to this node was reset while it waited");
+        break;
+      }
       if (!meta.request) {
         MutexLock lock(reset_mu_);
         announced_resets_.erase(meta.sender);
@@ -517,13 +520,21 @@ void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
 }
 
 void Runtime::OnPeerConnection(int node_id, bool connected) {
-  if (node_id == kSchedulerId) return;
   MutexLock lock(reset_mu_);
   if (!connected) {
     closed_peers_.insert(node_id);
   } else if (closed_peers_.erase(node_id) != 0) {
     reset_peers_.push_back(node_id);
   }
+}
+
+void Runtime::BreakBarrier(const std::string& why) {
+  MutexLock lock(mu_);
+  if (barriers_waiting_ == 0) return;
+  barrier_broken_ = why +
+                    ": the barrier request or its release may be lost (the network, a "
+                    "firewall or NAT reset the connection)";
+  changed_.NotifyAll();
 }
 
 bool Runtime::ConnectionResetPending(int node_id) {
@@ -537,9 +548,15 @@ void Runtime::AnnounceResets() {
   {
     MutexLock lock(reset_mu_);
     reset.swap(reset_peers_);
-    announced_resets_.insert(reset.begin(), reset.end());
+    for (const int peer : reset) {
+      if (peer != kSchedulerId) announced_resets_.insert(peer);
+    }
   }
   for (const int peer : reset) {
+    if (peer == kSchedulerId) {
+      BreakBarrier("this node's connection to the scheduler was reset while it waited");
+      continue;
+    }
     if (IsDead(peer)) continue;
     // Each side fails what waits on the other when it reads this request or its answer, on
     // its receive thread: what this node sent may be lost, and so may what it answered.
@@ -625,6 +642,8 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
     MutexLock lock(mu_);
     barrier_released_.erase(groups);
     barrier_error_.clear();
+    barrier_broken_.clear();
+    ++barriers_waiting_;
   }
   Message msg;
   msg.meta.control = Control::kBarrier;
@@ -637,15 +656,20 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
   const auto start = SteadyClock::now();
   MutexLock lock(mu_);
   const auto ready = [&]() PS_REQUIRES(mu_) {
-    return barrier_released_.contains(groups) || !failure_.empty() || terminated_;
+    return barrier_released_.contains(groups) || !failure_.empty() || terminated_ ||
+           !barrier_broken_.empty();
   };
-  while (!ready()) {
+  bool timed_out = false;
+  while (!ready() && !timed_out) {
     if (!timeout) {
       changed_.Wait(mu_);
-    } else if (!changed_.WaitUntil(mu_, start + *timeout) && !ready()) {
-      return "timed out after " + FormatSeconds(*timeout);
+    } else {
+      timed_out = !changed_.WaitUntil(mu_, start + *timeout) && !ready();
     }
   }
+  --barriers_waiting_;
+  if (timed_out) return "timed out after " + FormatSeconds(*timeout);
+  if (!barrier_released_.contains(groups) && !barrier_broken_.empty()) return barrier_broken_;
   if (!barrier_error_.empty()) return barrier_error_;
   if (!failure_.empty()) return failure_;
   if (!barrier_released_.contains(groups)) return "the job has ended";

@@ -671,9 +671,13 @@ void Scheduler::ApplyConnectionEvents() {
     // connections close as they exit.
     if (id <= 0 || static_cast<std::size_t>(id) >= nodes_.size() || !IsLive(id)) continue;
     if (event.connected) {
-      if (suspected_.erase(id) != 0 && config_.verbose >= 1) {
+      if (suspected_.erase(id) == 0) continue;
+      if (config_.verbose >= 1) {
         LOG(INFO) << "the connection to " << nodes_[id].Describe() << " is back";
       }
+      // A reset: a barrier release on its way may be lost. The node fails the barrier it
+      // waits in, if any, instead of waiting for that release forever.
+      Send(Notice(Control::kConnectionReset, id, nodes_[id]));
     } else if (suspected_.emplace(id, event.at).second && config_.verbose >= 1) {
       LOG(INFO) << "the connection to " << nodes_[id].Describe()
                 << " closed: it is declared dead unless it is back within "

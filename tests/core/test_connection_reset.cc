@@ -11,13 +11,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <optional>
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ps/kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/util/child_process.h"
 
@@ -169,4 +172,48 @@ TEST_CASE("connection reset: without replication the worker fails naming it, nev
   // The job ends naming the worker's failure: the scheduler and the server do not wait on.
   CHECK(cluster.scheduler().Wait(20s).has_value());
   CHECK(cluster.servers()[0]->Wait(20s).has_value());
+}
+
+TEST_CASE("connection reset: a barrier waiting on the scheduler fails naming it, never hangs",
+          "[reset]") {
+  if (!CanResetConnections()) {
+    WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
+    return;
+  }
+  // Worker 0 waits in a Barrier that worker 1 never joins, so it waits for good unless the
+  // reset ends it; the workers are threads of this process, each with its own runtime.
+  KVCluster cluster(1, 2, {{"PS_VERBOSE", "1"}});
+  std::promise<void> entering;
+  std::promise<void> left;
+  std::shared_future<void> left_future = left.get_future().share();
+  std::thread resets([&, entered = entering.get_future()]() mutable {
+    if (entered.wait_for(60s) != std::future_status::ready) return;  // the workers failed
+    // The scheduler's side and the workers' side (the port is the scheduler's).
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      if (!ResetConnectionsTo(std::stoi(cluster.env().at("DMLC_PS_ROOT_PORT")))) break;
+      if (left_future.wait_for(3s) == std::future_status::ready) return;
+    }
+    // The barrier did not end: without the scheduler it fails (PS_HEARTBEAT_TIMEOUT), naming
+    // that instead of the reset.
+    cluster.scheduler().Kill(SIGKILL);
+  });
+  std::string barrier_error;  // rank 0's, written before `left` is set
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    if (kv.Rank() != 0) {
+      left_future.wait_for(60s);
+      return;
+    }
+    entering.set_value();
+    try {
+      kv.Barrier();
+    } catch (const std::exception& e) {
+      barrier_error = e.what();
+    }
+    left.set_value();
+  });
+  resets.join();
+  INFO("outcomes: " << outcomes[0] << " / " << outcomes[1]);
+  CHECK_THAT(barrier_error,
+             Catch::Contains("connection to the scheduler was reset while it waited: "
+                             "the barrier request or its release may be lost"));
 }

@@ -184,6 +184,9 @@ class Runtime {
   // The node with id `node_id`, or nullptr: reads the published part of nodes_.
   const NodeInfo* Node(int node_id) const;
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
+  // Ends the barriers threads wait in with `why` (a reset of a connection to the scheduler:
+  // a request or release may be lost, and a barrier has no deadline of its own).
+  void BreakBarrier(const std::string& why) PS_EXCLUDES(mu_);
   // The transport's news of a send socket's connection (monitor thread: records only).
   void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
   // Tells each peer whose connection came back after a close (timer thread).
@@ -215,6 +218,8 @@ class Runtime {
   std::string register_error_ PS_GUARDED_BY(mu_);
   std::set<int> barrier_released_ PS_GUARDED_BY(mu_);  // groups released
   std::string barrier_error_ PS_GUARDED_BY(mu_);
+  int barriers_waiting_ PS_GUARDED_BY(mu_) = 0;    // threads in VotedBarrier
+  std::string barrier_broken_ PS_GUARDED_BY(mu_);  // BreakBarrier's reason, for those threads
   bool terminated_ PS_GUARDED_BY(mu_) = false;
   std::string failure_ PS_GUARDED_BY(mu_);
   std::set<int> dead_ PS_GUARDED_BY(mu_);
