@@ -179,10 +179,13 @@ void DistKVStore::Barrier() {
 
 void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<void()>& work) {
   WaitAll();  // an earlier operation's error fails the call, never to be hidden by a retry
-  // Each pass follows a server death or join (both bounded in number), so this ends.
+  // Each pass follows a server death or join (both bounded in number), or one of at most
+  // kMaxResetRetries connection resets, so this ends.
+  int reset_retries = 0;
   for (;;) {
     const std::size_t deaths = runtime_->dead_count();
     const std::size_t events = runtime_->server_event_count();
+    const std::uint64_t resets = runtime_->connection_reset_count();
     try {
       work();
       WaitAll();
@@ -193,6 +196,13 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
                       << e.what() << "); running it again on the " << live << " live servers";
       continue;
     } catch (const Error& e) {
+      // A connection reset meanwhile may have lost a request or its answer.
+      if (replicated_ && runtime_->connection_reset_count() != resets &&
+          reset_retries++ < kMaxResetRetries) {
+        PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a connection was "
+                        << "reset (" << e.what() << "); running it again";
+        continue;
+      }
       // Another failure while servers died or joined may be theirs (a server that took a
       // dead one's rank and holds nothing yet): once more, on the servers as they are now.
       if (!replicated_ ||
@@ -273,7 +283,7 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {
-        if (result.lost_peer != kNoNode) throw ServerLost(result.error);
+        if (result.lost_peer != kNoNode && !result.peer_reset) throw ServerLost(result.error);
         throw Error(result.error);
       }
       const auto& reply = result.responses.at(0);

@@ -294,9 +294,12 @@ class DistKVStore final : public KVStore {
                   const std::function<void()>& work, const std::function<void()>& undo = {});
   // Runs `work` and waits for its requests. When it failed while servers died and, with
   // replication, live ones took their ranges over, runs it again on those: once per server
-  // lost at most. Every collective's work may run twice: settings are set again, files
-  // written again, and a server answers an Init of the values it already holds.
+  // lost at most; and, with replication, when a connection reset during it (Runtime's
+  // connection_reset_count moved), up to kMaxResetRetries times. Every collective's work may
+  // run twice: settings are set again, files written again, and a server answers an Init of
+  // the values it already holds.
   void RunOverLiveServers(std::string_view op, const std::function<void()>& work);
+  static constexpr int kMaxResetRetries = 8;
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
 

@@ -23,6 +23,7 @@
 #include "ps/kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/util/child_process.h"
+#include "tests/util/temp_dir.h"
 
 namespace {
 
@@ -88,14 +89,20 @@ Env ResetJobEnv() {
 }
 
 std::unique_ptr<ChildProcess> StartChecker(const KVCluster& cluster, const std::string& type,
-                                           int rounds) {
+                                           int rounds, std::vector<std::string> extra = {}) {
   Env env = cluster.env();
   env["DMLC_ROLE"] = "worker";
-  return std::make_unique<ChildProcess>(
-      std::vector<std::string>{ps::test::BinPath("ps-kvstore-check"), "--type", type, "--rounds",
-                               std::to_string(rounds), "--report-every", "100", "--big-size",
-                               "300000"},
-      env);
+  std::vector<std::string> args = {ps::test::BinPath("ps-kvstore-check"),
+                                   "--type",
+                                   type,
+                                   "--rounds",
+                                   std::to_string(rounds),
+                                   "--report-every",
+                                   "100",
+                                   "--big-size",
+                                   "300000"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return std::make_unique<ChildProcess>(args, env);
 }
 
 }  // namespace
@@ -138,6 +145,42 @@ TEST_CASE("connection reset: a replicated job goes on, every value exact", "[res
   for (auto& server : cluster.servers()) logs += server->Output();
   // The resets happened and were acted on (not merely survived by luck).
   CHECK_THAT(logs, Catch::Contains("was reset (#1)"));
+}
+
+TEST_CASE("connection reset: collectives run again, every value exact", "[reset]") {
+  if (!CanResetConnections()) {
+    WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
+    return;
+  }
+  // Every 3rd round SetOptimizer, an Init checked by a pull, SaveCheckpoint and LoadCheckpoint.
+  // Only the servers' connections are reset: a reset of the scheduler's would fail a barrier.
+  KVCluster cluster(2, 2, ResetJobEnv());
+  const ps::test::TempDir checkpoints;
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (int w = 0; w < 2; ++w) {
+    workers.push_back(
+        StartChecker(cluster, "dist_sync", 900,
+                     {"--collectives-every", "3", "--checkpoint-dir", checkpoints.path()}));
+  }
+  std::vector<ChildProcess*> servers;
+  for (auto& server : cluster.servers()) servers.push_back(server.get());
+  for (int round = 100; round <= 800; round += 100) {
+    if (!workers[0]->WaitForOutput("kvstore-check: round " + std::to_string(round) + "\n", 60s)) {
+      FAIL("no round " << round << "; worker 0: " << workers[0]->Tail(12) << "\nworker 1: "
+                       << workers[1]->Tail(12) << "\nserver 0: " << servers[0]->Tail(8)
+                       << "\nserver 1: " << servers[1]->Tail(8));
+    }
+    const std::set<int> ports = ListeningPorts(servers);
+    REQUIRE(ports.size() == 2);
+    for (const int port : ports) REQUIRE(ResetConnectionsTo(port));
+  }
+  for (auto& worker : workers) {
+    const auto status = worker->Wait(60s);
+    INFO("worker output: " << worker->Tail(10));
+    CHECK(status == 0);
+    CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: ok"));
+  }
+  CHECK(cluster.EndedCleanly());
 }
 
 TEST_CASE("connection reset: without replication the worker fails naming it, never hangs",

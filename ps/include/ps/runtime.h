@@ -79,6 +79,8 @@ class Runtime {
   // about a message lost with the old connection (a replica that missed an update).
   bool ConnectionResetPending(int node_id);
   std::size_t dead_count() const { return dead_count_.load(); }
+  // Connection resets this node acted on so far (OnConnectionReset), both sides' notices counted.
+  std::uint64_t connection_reset_count() const { return connection_resets_.load(); }
   // "worker 1 (node 5 at 127.0.0.1:4321)", or "node N" for an unknown id.
   std::string Describe(int node_id) const;
 
@@ -230,9 +232,9 @@ class Runtime {
   std::vector<Message> held_until_joined_ PS_GUARDED_BY(mu_);
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
 
-  std::atomic<std::size_t> dead_count_{0};  // dead_.size(), readable without mu_
-  std::atomic<std::size_t> dropped_{0};     // from unknown senders, or unexpected controls
-  std::uint64_t connection_resets_ = 0;     // OnConnectionReset's count (receive thread)
+  std::atomic<std::size_t> dead_count_{0};           // dead_.size(), readable without mu_
+  std::atomic<std::size_t> dropped_{0};              // from unknown senders, or unexpected controls
+  std::atomic<std::uint64_t> connection_resets_{0};  // counted by OnConnectionReset
 
   Mutex handler_mu_;  // held while a handler runs, so Set*Handler never races a call
   RequestHandler request_handler_ PS_GUARDED_BY(handler_mu_);
