@@ -283,7 +283,7 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {
-        if (result.lost_peer != kNoNode && !result.peer_reset) throw ServerLost(result.error);
+        if (result.peer_died()) throw ServerLost(result.error);
         throw Error(result.error);
       }
       const auto& reply = result.responses.at(0);
@@ -863,10 +863,7 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   for (auto& frames : inflight.frames) frames.clear();
   // Before the record goes back to the pool: Complete reads its keys.
   // A server lost for good (not a connection reset) is ServerLost to the caller.
-  Complete(
-      error,
-      !result.ok() && result.lost_peer != kNoNode && !result.peer_reset && error == result.error,
-      inflight.keys);
+  Complete(error, !result.ok() && result.peer_died() && error == result.error, inflight.keys);
   inflights_.Give(inflight);
 }
 

@@ -274,6 +274,9 @@ class KVServerStore {
   std::string EncodeState(const Slice& slice) const;
   std::string DecodeState(Slice& slice, const std::string& state);
   void OnServerDead(const NodeInfo& peer);
+  // Copies each slice this server serves that `needs_copy` selects to the replica `to` in full
+  // (CopyToReplica), then offers `to` shared-memory slots for them; returns how many.
+  std::size_t CopySlicesTo(int to, const std::function<bool(const Slice&)>& needs_copy);
   // A connection between this server and `peer` was reset: the slices `peer` replicates
   // whose updates were on their way are copied to it again.
   void OnServerReset(const NodeInfo& peer);

@@ -201,11 +201,9 @@ void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int 
     // a dead one's rank), its refusal is stale too.
     const auto it = slices_.find(id);
     if (it != slices_.end() && it->second.replicated_to != to) return;
-  }
-  if (!result.ok() && result.lost_peer == kNoNode && runtime_.ConnectionResetPending(to)) {
     // A refusal of an update that came after one lost with the old connection: the reset
     // (OnServerReset) sends the slice and its updates again.
-    return;
+    if (runtime_.ConnectionResetPending(to)) return;
   }
   if (!result.ok()) {
     // A replica that died is replaced by OnServerDead, which sends the updates again; one
@@ -281,6 +279,19 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
   for (Forward& forward : slice.forwards) SendForward(slice, forward);
 }
 
+std::size_t KVServerStore::CopySlicesTo(int to,
+                                        const std::function<bool(const Slice&)>& needs_copy) {
+  std::vector<SliceId> copied_ids;
+  for (auto& [id, slice] : slices_) {
+    // Copies this server keeps for another are not its to copy.
+    if (!Serves(slice) || !needs_copy(slice)) continue;
+    copied_ids.push_back(id);
+    CopyToReplica(slice, to);
+  }
+  AttachReplicaSlots(copied_ids, to);
+  return copied_ids.size();
+}
+
 void KVServerStore::OnServerDead(const NodeInfo& peer) {
   // Without replication the scheduler ends the job: nothing to take over.
   if (!runtime_.config().replicated() || peer.rank < 0 || peer.rank >= ring_.num_servers()) {
@@ -299,16 +310,12 @@ void KVServerStore::OnServerReset(const NodeInfo& peer) {
   // An update on its way to the replica, or the replica's answer, may be lost: the replica
   // gets the slice again as this server holds it, then the updates not yet applied, in order
   // (what it applied twice meanwhile the copy undoes).
-  std::vector<SliceId> copied_ids;
-  for (auto& [id, slice] : slices_) {
-    if (!Serves(slice) || slice.replicated_to != peer.id || slice.forwards.empty()) continue;
-    copied_ids.push_back(id);
-    CopyToReplica(slice, peer.id);
-  }
-  AttachReplicaSlots(copied_ids, peer.id);
-  if (!copied_ids.empty()) {
+  const std::size_t copied = CopySlicesTo(peer.id, [&](const Slice& slice) {
+    return slice.replicated_to == peer.id && !slice.forwards.empty();
+  });
+  if (copied != 0) {
     LOG(WARNING) << "server " << runtime_.rank() << ": the connection to its replica "
-                 << peer.Describe() << " was reset; " << copied_ids.size()
+                 << peer.Describe() << " was reset; " << copied
                  << " key slice(s) with updates on their way copied to it again";
   }
 }
@@ -379,18 +386,11 @@ void KVServerStore::FollowRing(const std::string& cause) {
     }
     return drop;
   });
-  std::vector<SliceId> copied_ids;
-  for (auto& [id, slice] : slices_) {
-    if (!Serves(slice)) continue;  // a copy this server keeps for another
-    if (slice.replicated_to == replica_node_) continue;
-    // A range this server takes over from the dead primary (it held the copy, so nothing is
-    // on its way yet), or one whose replica died or gave way to a server that joined: either
-    // way the replica needs a full copy.
-    copied_ids.push_back(id);
-    CopyToReplica(slice, replica_node_);
-  }
-  AttachReplicaSlots(copied_ids, replica_node_);
-  const std::size_t copied = copied_ids.size();
+  // A range this server takes over from the dead primary (it held the copy, so nothing is on
+  // its way yet), or one whose replica died or gave way to a server that joined: either way
+  // the replica needs a full copy.
+  const std::size_t copied = CopySlicesTo(
+      replica_node_, [&](const Slice& slice) { return slice.replicated_to != replica_node_; });
   LOG(WARNING) << "server " << me << ": " << cause << "; "
                << (replica_node_ == kNoNode
                        ? std::string("no replica is left for this server's keys")

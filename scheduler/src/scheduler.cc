@@ -250,22 +250,20 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
 
 std::optional<Scheduler::Refusal> Scheduler::LateJoinRefusal(const NodeInfo& node) const {
   if (!complete_) return std::nullopt;
+  const std::string full =
+      "the job already has all its nodes (DMLC_NUM_SERVER=" + std::to_string(config_.num_servers) +
+      ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")";
   if (node.role != Role::kServer || !config_.replicated()) {
-    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
-                   std::to_string(config_.num_servers) +
-                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")" +
-                   (node.role == Role::kServer
-                        ? "; without replication (PS_REPLICATION=0) a server cannot join a "
-                          "running job: to use more servers, restart the job from a checkpoint "
-                          "(SaveCheckpoint, ps-train --resume)"
-                        : "")};
+    return Refusal{full + (node.role == Role::kServer
+                               ? "; without replication (PS_REPLICATION=0) a server cannot join "
+                                 "a running job: to use more servers, restart the job from a "
+                                 "checkpoint (SaveCheckpoint, ps-train --resume)"
+                               : "")};
   }
   // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
   if (DeadServerRank() < 0) {
-    return Refusal{"the job already has all its nodes (DMLC_NUM_SERVER=" +
-                   std::to_string(config_.num_servers) +
-                   ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) +
-                   ") and none of its servers died: a server started later joins a running "
+    return Refusal{full +
+                   " and none of its servers died: a server started later joins a running "
                    "job only in the place of a dead one"};
   }
   if (rejoins_ >= kMaxRejoins) {

@@ -68,6 +68,13 @@ bool CanResetConnections() {
   return reset;
 }
 
+// Whether a case can run; says why not when it cannot.
+bool ResetsOrSkip() {
+  if (CanResetConnections()) return true;
+  WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
+  return false;
+}
+
 // The ports the processes listen on ("listening on 127.0.0.1:PORT", logged at PS_VERBOSE=1).
 std::set<int> ListeningPorts(const std::vector<ChildProcess*>& processes) {
   std::set<int> ports;
@@ -108,10 +115,7 @@ std::unique_ptr<ChildProcess> StartChecker(const KVCluster& cluster, const std::
 }  // namespace
 
 TEST_CASE("connection reset: a replicated job goes on, every value exact", "[reset]") {
-  if (!CanResetConnections()) {
-    WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
-    return;
-  }
+  if (!ResetsOrSkip()) return;
   const std::string type = GENERATE("dist_sync", "dist_async");
   INFO("type " << type);
   KVCluster cluster(2, 2, ResetJobEnv());
@@ -148,10 +152,7 @@ TEST_CASE("connection reset: a replicated job goes on, every value exact", "[res
 }
 
 TEST_CASE("connection reset: collectives run again, every value exact", "[reset]") {
-  if (!CanResetConnections()) {
-    WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
-    return;
-  }
+  if (!ResetsOrSkip()) return;
   // Every 3rd round SetOptimizer, an Init checked by a pull, SaveCheckpoint and LoadCheckpoint.
   // Only the servers' connections are reset: a reset of the scheduler's would fail a barrier.
   KVCluster cluster(2, 2, ResetJobEnv());
@@ -185,10 +186,7 @@ TEST_CASE("connection reset: collectives run again, every value exact", "[reset]
 
 TEST_CASE("connection reset: without replication the worker fails naming it, never hangs",
           "[reset]") {
-  if (!CanResetConnections()) {
-    WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
-    return;
-  }
+  if (!ResetsOrSkip()) return;
   // One worker stops before its push of round 50, so the other's push of that round waits at the
   // server for good: a request certainly in flight when the connection is reset.
   KVCluster cluster(1, 2, ResetJobEnv());
@@ -219,10 +217,7 @@ TEST_CASE("connection reset: without replication the worker fails naming it, nev
 
 TEST_CASE("connection reset: a barrier waiting on the scheduler fails naming it, never hangs",
           "[reset]") {
-  if (!CanResetConnections()) {
-    WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
-    return;
-  }
+  if (!ResetsOrSkip()) return;
   // Worker 0 waits in a Barrier that worker 1 never joins, so it waits for good unless the
   // reset ends it; the workers are threads of this process, each with its own runtime.
   KVCluster cluster(1, 2, {{"PS_VERBOSE", "1"}});

@@ -37,6 +37,8 @@ struct RequestResult {
   int lost_peer = kNoNode;
   bool peer_reset = false;
   bool ok() const { return error.empty(); }
+  // Failed because `lost_peer` died (not a reset: the peer lives and may answer again).
+  bool peer_died() const { return lost_peer != kNoNode && !peer_reset; }
 };
 
 class RequestTracker {
