@@ -327,8 +327,13 @@ void Runtime::OnControl(Message&& msg) {
       break;
     case Control::kBarrierRelease: {
       MutexLock lock(mu_);
-      barrier_released_.insert(meta.barrier_group);
-      if (!meta.error.empty()) barrier_error_ = meta.error;
+      const auto waiting = barriers_.find(meta.barrier_group);
+      // Not the barrier waited in: the release of one this node left, sent again because its
+      // request came again after a reset.
+      if (waiting == barriers_.end() || waiting->second.request.meta.timestamp != meta.timestamp)
+        break;
+      waiting->second.released = true;
+      waiting->second.error = meta.error;
       changed_.NotifyAll();
       break;
     }
@@ -365,7 +370,7 @@ void Runtime::OnControl(Message&& msg) {
       break;
     case Control::kConnectionReset:
       if (meta.sender == kSchedulerId) {  // its connection to this node was reset
-        BreakBarrier("the scheduler's connection to this node was reset while it waited");
+        OnSchedulerReset("the scheduler's connection to this node was reset");
         break;
       }
       if (!meta.request) {
@@ -486,6 +491,11 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
       }
       return;
     }
+    // Heard again: the scheduler sends its notices again after a reset of its connection.
+    if (std::any_of(server_events_.begin(), server_events_.end(), [&](const ServerEvent& event) {
+          return event.joined && event.node_id == node.id;
+        }))
+      return;
     server_events_.push_back(ServerEvent{node.rank, node.id, true});
     server_event_count_.store(server_events_.size());
   }
@@ -528,13 +538,19 @@ void Runtime::OnPeerConnection(int node_id, bool connected) {
   }
 }
 
-void Runtime::BreakBarrier(const std::string& why) {
-  MutexLock lock(mu_);
-  if (barriers_waiting_ == 0) return;
-  barrier_broken_ = why +
-                    ": the barrier request or its release may be lost (the network, a "
-                    "firewall or NAT reset the connection)";
-  changed_.NotifyAll();
+void Runtime::OnSchedulerReset(const std::string& why) {
+  std::vector<Message> waiting;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [group, barrier] : barriers_) {
+      if (!barrier.released) waiting.push_back(barrier.request);
+    }
+  }
+  if (!waiting.empty() && config_.verbose >= 1) {
+    PS_LOG(INFO) << why << ": sending the barrier request it waits in again";
+  }
+  for (Message& request : waiting) SendToNode(request);
+  tracker_.FailReset(kSchedulerId, why + " while this request was in flight");
 }
 
 bool Runtime::ConnectionResetPending(int node_id) {
@@ -554,7 +570,7 @@ void Runtime::AnnounceResets() {
   }
   for (const int peer : reset) {
     if (peer == kSchedulerId) {
-      BreakBarrier("this node's connection to the scheduler was reset while it waited");
+      OnSchedulerReset("this node's connection to the scheduler was reset");
       continue;
     }
     if (IsDead(peer)) continue;
@@ -638,13 +654,6 @@ void Runtime::Agree(int groups, const std::string& vote, const std::string& fail
 
 std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std::string& failure,
                                   std::optional<std::chrono::milliseconds> timeout) {
-  {
-    MutexLock lock(mu_);
-    barrier_released_.erase(groups);
-    barrier_error_.clear();
-    barrier_broken_.clear();
-    ++barriers_waiting_;
-  }
   Message msg;
   msg.meta.control = Control::kBarrier;
   msg.meta.request = true;
@@ -652,12 +661,17 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
   msg.meta.barrier_group = groups;
   msg.meta.body = vote;
   msg.meta.error = failure;
+  {
+    MutexLock lock(mu_);
+    msg.meta.timestamp = ++barrier_count_;
+    barriers_.insert_or_assign(groups, PendingBarrier{msg, false, ""});
+  }
   SendToNode(msg);
   const auto start = SteadyClock::now();
   MutexLock lock(mu_);
+  const PendingBarrier& barrier = barriers_.at(groups);  // erased below, by this thread only
   const auto ready = [&]() PS_REQUIRES(mu_) {
-    return barrier_released_.contains(groups) || !failure_.empty() || terminated_ ||
-           !barrier_broken_.empty();
+    return barrier.released || !failure_.empty() || terminated_;
   };
   bool timed_out = false;
   while (!ready() && !timed_out) {
@@ -667,13 +681,16 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
       timed_out = !changed_.WaitUntil(mu_, start + *timeout) && !ready();
     }
   }
-  --barriers_waiting_;
-  if (timed_out) return "timed out after " + FormatSeconds(*timeout);
-  if (!barrier_released_.contains(groups) && !barrier_broken_.empty()) return barrier_broken_;
-  if (!barrier_error_.empty()) return barrier_error_;
-  if (!failure_.empty()) return failure_;
-  if (!barrier_released_.contains(groups)) return "the job has ended";
-  return "";
+  std::string outcome;
+  if (timed_out) {
+    outcome = "timed out after " + FormatSeconds(*timeout);
+  } else if (barrier.released) {
+    outcome = barrier.error;
+  } else {
+    outcome = failure_.empty() ? "the job has ended" : failure_;
+  }
+  barriers_.erase(groups);
+  return outcome;
 }
 
 void Runtime::SetRequestHandler(RequestHandler handler) {
@@ -759,13 +776,25 @@ RequestResult Runtime::RequestAndWait(Message message,
   return std::move(*answer.result);
 }
 
+RequestResult Runtime::RequestSchedulerAndWait(const Message& msg,
+                                               RequestTracker::Clock::time_point deadline) {
+  // Bounded: each resend follows a reset the connection monitor saw.
+  constexpr int kMaxSchedulerResends = 8;
+  RequestResult outcome;
+  for (int sent = 0; sent <= kMaxSchedulerResends; ++sent) {
+    outcome = RequestAndWait(msg, deadline);
+    if (!outcome.peer_reset) break;
+  }
+  return outcome;
+}
+
 void Runtime::FinishWorker(const std::string& failure) {
   Message msg;
   msg.meta.control = Control::kWorkerDone;
   msg.meta.recipient = kSchedulerId;
   msg.meta.error = failure;
-  const RequestResult outcome = RequestAndWait(
-      std::move(msg),
+  const RequestResult outcome = RequestSchedulerAndWait(
+      msg,
       RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
   if (!outcome.ok())
     throw Error("could not tell the scheduler this worker finished: " + outcome.error);
@@ -780,7 +809,7 @@ void Runtime::ReportFailure(const std::string& why) {
   // closed connection or the missing heartbeats instead.
   constexpr auto kReportWait = std::chrono::seconds(3);
   const RequestResult outcome =
-      RequestAndWait(std::move(msg), RequestTracker::Clock::now() + kReportWait);
+      RequestSchedulerAndWait(msg, RequestTracker::Clock::now() + kReportWait);
   if (!outcome.ok() && config_.verbose >= 1) {
     PS_LOG(WARNING) << "could not tell the scheduler why this node failed: " << outcome.error;
   }

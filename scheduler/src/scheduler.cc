@@ -178,12 +178,13 @@ void Scheduler::OnMessage(Message&& msg) {
     }
     case Control::kWorkerDone: {
       if (nodes_[meta.sender].role != Role::kWorker) break;
-      done_.insert(meta.sender);
+      const bool again = !done_.insert(meta.sender).second;  // sent again after a reset
       Message reply;
       reply.meta.control = Control::kWorkerDone;
       reply.meta.recipient = meta.sender;
       reply.meta.timestamp = meta.timestamp;
       Send(std::move(reply));
+      if (again) break;
       if (!meta.error.empty()) {  // the worker failed: the job cannot succeed
         Finish(1, nodes_[meta.sender].Describe() + " failed: " + meta.error);
         break;
@@ -475,11 +476,7 @@ void Scheduler::AdmitInPlaceOfDead(NodeInfo node) {
   Message table = RegisterReply(node.id, node.connection_key);
   table.meta.nodes = nodes_;
   Send(std::move(table));
-  for (const ServerEvent& event : server_events_) {
-    Send(Notice(event.joined ? Control::kNodeJoined : Control::kNodeDead, node.id,
-                nodes_[static_cast<std::size_t>(event.node_id)]));
-  }
-  for (const int worker : done_) Send(Notice(Control::kWorkerDone, node.id, nodes_[worker]));
+  SendCatchUp(node.id);
   for (std::size_t other = 1; other + 1 < nodes_.size(); ++other) {
     if (IsLive(static_cast<int>(other)))
       Send(Notice(Control::kNodeJoined, static_cast<int>(other), node));
@@ -534,13 +531,22 @@ void Scheduler::OnBarrier(const Meta& meta) {
     reply.meta.control = Control::kBarrierRelease;
     reply.meta.recipient = meta.sender;
     reply.meta.barrier_group = meta.barrier_group;
+    reply.meta.timestamp = meta.timestamp;
     reply.meta.error = "barrier group " + std::to_string(meta.barrier_group) +
                        " does not include " + nodes_[meta.sender].Describe();
     Send(std::move(reply));
     return;
   }
+  // A request sent again after a reset: for a barrier that ended, the release again; for
+  // the one in progress, nothing new.
+  if (const auto last = released_.find({meta.barrier_group, meta.sender});
+      last != released_.end() && meta.timestamp <= last->second.number) {
+    if (meta.timestamp == last->second.number)
+      SendBarrierRelease(meta.barrier_group, meta.sender, last->second);
+    return;
+  }
   auto& arrived = barriers_[meta.barrier_group];
-  arrived[meta.sender] = BarrierArrival{meta.body, meta.error};
+  arrived[meta.sender] = BarrierArrival{meta.body, meta.error, meta.timestamp};
   for (int member : GroupMembers(group)) {
     if (dead_.contains(member)) {
       ReleaseBarrier(meta.barrier_group, nodes_[member].Describe() + " died");
@@ -603,14 +609,20 @@ void Scheduler::ReleaseBarrier(int group, const std::string& error) {
   const auto it = barriers_.find(group);
   if (it == barriers_.end()) return;
   for (const auto& [id, arrival] : it->second) {
-    Message release;
-    release.meta.control = Control::kBarrierRelease;
-    release.meta.recipient = id;
-    release.meta.barrier_group = group;
-    release.meta.error = error;
-    Send(std::move(release));
+    const BarrierRelease& release = released_[{group, id}] = {arrival.number, error};
+    SendBarrierRelease(group, id, release);
   }
   barriers_.erase(it);
+}
+
+void Scheduler::SendBarrierRelease(int group, int id, const BarrierRelease& release) {
+  Message message;
+  message.meta.control = Control::kBarrierRelease;
+  message.meta.recipient = id;
+  message.meta.barrier_group = group;
+  message.meta.timestamp = release.number;
+  message.meta.error = release.error;
+  Send(std::move(message));
 }
 
 void Scheduler::OnTick() {
@@ -673,15 +685,28 @@ void Scheduler::ApplyConnectionEvents() {
       if (config_.verbose >= 1) {
         LOG(INFO) << "the connection to " << nodes_[id].Describe() << " is back";
       }
-      // A reset: a barrier release on its way may be lost. The node fails the barrier it
-      // waits in, if any, instead of waiting for that release forever.
+      // A reset: what was on its way to the node may be lost. It sends the barrier it waits
+      // in again, if any (the release comes again), and gets the notices again.
       Send(Notice(Control::kConnectionReset, id, nodes_[id]));
+      SendCatchUp(id);
     } else if (suspected_.emplace(id, event.at).second && config_.verbose >= 1) {
       LOG(INFO) << "the connection to " << nodes_[id].Describe()
                 << " closed: it is declared dead unless it is back within "
                 << FormatSeconds(kReconnectGrace);
     }
   }
+}
+
+void Scheduler::SendCatchUp(int id) {
+  for (const ServerEvent& event : server_events_) {
+    Send(Notice(event.joined ? Control::kNodeJoined : Control::kNodeDead, id,
+                nodes_[static_cast<std::size_t>(event.node_id)]));
+  }
+  for (const int dead : dead_) {
+    if (nodes_[dead].role != Role::kServer) Send(Notice(Control::kNodeDead, id, nodes_[dead]));
+  }
+  if (nodes_[id].role != Role::kServer) return;  // only servers hear of finished workers
+  for (const int worker : done_) Send(Notice(Control::kWorkerDone, id, nodes_[worker]));
 }
 
 bool Scheduler::DeclareClosedConnectionsDead(Clock::time_point now) {

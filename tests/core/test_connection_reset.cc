@@ -10,12 +10,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
 #include <optional>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +76,20 @@ bool ResetsOrSkip() {
   if (CanResetConnections()) return true;
   WARN("skipped: needs root and ss -K (a kernel with CONFIG_INET_DIAG_DESTROY)");
   return false;
+}
+
+// The TCP ports this process listens on (its in-process workers').
+std::set<int> OwnListeningPorts() {
+  ChildProcess ss({"/bin/sh", "-c", "exec ss -Htlnp"}, {});
+  ss.Wait(10s);
+  std::set<int> ports;
+  const std::regex listening(":(\\d+) .*pid=" + std::to_string(getpid()) + ",");
+  std::istringstream lines(ss.Output());
+  for (std::string line; std::getline(lines, line);) {
+    if (std::smatch match; std::regex_search(line, match, listening))
+      ports.insert(std::stoi(match[1]));
+  }
+  return ports;
 }
 
 // The ports the processes listen on ("listening on 127.0.0.1:PORT", logged at PS_VERBOSE=1).
@@ -154,7 +171,8 @@ TEST_CASE("connection reset: a replicated job goes on, every value exact", "[res
 TEST_CASE("connection reset: collectives run again, every value exact", "[reset]") {
   if (!ResetsOrSkip()) return;
   // Every 3rd round SetOptimizer, an Init checked by a pull, SaveCheckpoint and LoadCheckpoint.
-  // Only the servers' connections are reset: a reset of the scheduler's would fail a barrier.
+  // Every connection is reset: the servers', the workers' and the scheduler's (the collectives'
+  // barriers are sent again).
   KVCluster cluster(2, 2, ResetJobEnv());
   const ps::test::TempDir checkpoints;
   std::vector<std::unique_ptr<ChildProcess>> workers;
@@ -171,8 +189,11 @@ TEST_CASE("connection reset: collectives run again, every value exact", "[reset]
                        << workers[1]->Tail(12) << "\nserver 0: " << servers[0]->Tail(8)
                        << "\nserver 1: " << servers[1]->Tail(8));
     }
-    const std::set<int> ports = ListeningPorts(servers);
-    REQUIRE(ports.size() == 2);
+    std::vector<ChildProcess*> nodes = servers;
+    for (auto& worker : workers) nodes.push_back(worker.get());
+    std::set<int> ports = ListeningPorts(nodes);
+    REQUIRE(ports.size() == 4);
+    ports.insert(std::stoi(cluster.env().at("DMLC_PS_ROOT_PORT")));
     for (const int port : ports) REQUIRE(ResetConnectionsTo(port));
   }
   for (auto& worker : workers) {
@@ -215,43 +236,70 @@ TEST_CASE("connection reset: without replication the worker fails naming it, nev
   CHECK(cluster.servers()[0]->Wait(20s).has_value());
 }
 
-TEST_CASE("connection reset: a barrier waiting on the scheduler fails naming it, never hangs",
-          "[reset]") {
+TEST_CASE("connection reset: barriers are sent again, every one holds", "[reset]") {
   if (!ResetsOrSkip()) return;
-  // Worker 0 waits in a Barrier that worker 1 never joins, so it waits for good unless the
-  // reset ends it; the workers are threads of this process, each with its own runtime.
-  KVCluster cluster(1, 2, {{"PS_VERBOSE", "1"}});
-  std::promise<void> entering;
-  std::promise<void> left;
-  std::shared_future<void> left_future = left.get_future().share();
-  std::thread resets([&, entered = entering.get_future()]() mutable {
-    if (entered.wait_for(60s) != std::future_status::ready) return;  // the workers failed
-    // The scheduler's side and the workers' side (the port is the scheduler's).
-    for (int attempt = 0; attempt < 10; ++attempt) {
-      if (!ResetConnectionsTo(std::stoi(cluster.env().at("DMLC_PS_ROOT_PORT")))) break;
-      if (left_future.wait_for(3s) == std::future_status::ready) return;
+  // The workers are threads of this process, each with its own runtime, over TCP: resetting
+  // the scheduler's port and this process's ports resets both directions between them.
+  KVCluster cluster(1, 2, {{"PS_USE_IPC", "0"}, {"PS_VERBOSE", "1"}});
+  const int scheduler_port = std::stoi(cluster.env().at("DMLC_PS_ROOT_PORT"));
+  constexpr int kBarriers = 2000;
+  std::array<std::atomic<int>, 2> entered{};  // barriers each worker entered
+  std::promise<void> waiting_promise;         // worker 0 waits in the first barrier
+  std::promise<void> resets_done_promise;     // the first barrier's resets are over
+  std::promise<void> finished_promise;        // both workers left the loop
+  std::shared_future<void> resets_done = resets_done_promise.get_future().share();
+  std::shared_future<void> finished = finished_promise.get_future().share();
+  int resets = 0;
+  std::thread resetter([&, waiting = waiting_promise.get_future()]() mutable {
+    const auto reset_all = [&] {
+      bool done = ResetConnectionsTo(scheduler_port);
+      for (const int port : OwnListeningPorts()) done = ResetConnectionsTo(port) && done;
+      resets += done ? 1 : 0;
+    };
+    // First: worker 0 waits in a barrier while every connection it has with the scheduler is
+    // reset, and worker 1 joins only afterwards.
+    if (waiting.wait_for(60s) == std::future_status::ready) {
+      for (int round = 0; round < 5; ++round) {
+        reset_all();
+        finished.wait_for(300ms);  // time for the reconnections
+      }
     }
-    // The barrier did not end: without the scheduler it fails (PS_HEARTBEAT_TIMEOUT), naming
-    // that instead of the reset.
-    cluster.scheduler().Kill(SIGKILL);
+    resets_done_promise.set_value();
+    // Then: resets while both run barriers back to back, some of them between a request or a
+    // release and its arrival.
+    for (int round = 0; round < 1000 && finished.wait_for(20ms) != std::future_status::ready;
+         ++round) {
+      reset_all();
+    }
+    // A barrier that never ends: without the scheduler the workers fail (heartbeat timeout).
+    if (finished.wait_for(60s) != std::future_status::ready) cluster.scheduler().Kill(SIGKILL);
   });
-  std::string barrier_error;  // rank 0's, written before `left` is set
+  std::atomic<int> left{0};
   const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
-    if (kv.Rank() != 0) {
-      left_future.wait_for(60s);
-      return;
+    const int rank = kv.Rank();
+    const int other = 1 - rank;
+    if (rank == 0) {
+      waiting_promise.set_value();
+    } else {
+      ps::test::Expect(resets_done.wait_for(60s) == std::future_status::ready,
+                       "the resets did not end");
     }
-    entering.set_value();
-    try {
+    for (int barrier = 1; barrier <= kBarriers; ++barrier) {
+      entered[rank].store(barrier);
       kv.Barrier();
-    } catch (const std::exception& e) {
-      barrier_error = e.what();
+      // A barrier released early, or a release of an earlier one taken for this one, shows
+      // here: the other worker has not entered it yet.
+      ps::test::Expect(entered[other].load() >= barrier,
+                       "barrier " + std::to_string(barrier) + " released worker " +
+                           std::to_string(rank) + " before worker " + std::to_string(other) +
+                           " entered it");
     }
-    left.set_value();
+    if (++left == 2) finished_promise.set_value();
   });
-  resets.join();
+  resetter.join();
   INFO("outcomes: " << outcomes[0] << " / " << outcomes[1]);
-  CHECK_THAT(barrier_error,
-             Catch::Contains("connection to the scheduler was reset while it waited: "
-                             "the barrier request or its release may be lost"));
+  CHECK(outcomes[0].empty());
+  CHECK(outcomes[1].empty());
+  CHECK(resets >= 5);
+  CHECK(cluster.EndedCleanly());
 }

@@ -70,6 +70,9 @@ class KVCluster {
     if (const auto it = env_.find("PS_USE_SHM"); it != env_.end()) {
       config.use_shm = it->second == "1";
     }
+    if (const auto it = env_.find("PS_USE_IPC"); it != env_.end()) {
+      config.use_ipc = it->second == "1";
+    }
     return config;
   }
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -186,9 +187,14 @@ class Runtime {
   // The node with id `node_id`, or nullptr: reads the published part of nodes_.
   const NodeInfo* Node(int node_id) const;
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
-  // Ends the barriers threads wait in with `why` (a reset of a connection to the scheduler:
-  // a request or release may be lost, and a barrier has no deadline of its own).
-  void BreakBarrier(const std::string& why) PS_EXCLUDES(mu_);
+  // A connection with the scheduler was reset, so a barrier request, its release or an
+  // answer may be lost: sends the barriers threads wait in again (the scheduler answers a
+  // request it already released with the release again) and fails the requests to it.
+  void OnSchedulerReset(const std::string& why) PS_EXCLUDES(mu_);
+  // Sends `msg` to the scheduler and waits until `deadline` for its answer, sending it again
+  // after a reset (at most kMaxSchedulerResends times): for requests it may see twice.
+  RequestResult RequestSchedulerAndWait(const Message& msg,
+                                        RequestTracker::Clock::time_point deadline);
   // The transport's news of a send socket's connection (monitor thread: records only).
   void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
   // Tells each peer whose connection came back after a close (timer thread).
@@ -218,10 +224,16 @@ class Runtime {
   bool acknowledged_ PS_GUARDED_BY(mu_) = false;  // scheduler saw REGISTER
   bool registered_ PS_GUARDED_BY(mu_) = false;
   std::string register_error_ PS_GUARDED_BY(mu_);
-  std::set<int> barrier_released_ PS_GUARDED_BY(mu_);  // groups released
-  std::string barrier_error_ PS_GUARDED_BY(mu_);
-  int barriers_waiting_ PS_GUARDED_BY(mu_) = 0;    // threads in VotedBarrier
-  std::string barrier_broken_ PS_GUARDED_BY(mu_);  // BreakBarrier's reason, for those threads
+  // A barrier a thread waits in (VotedBarrier), by group. Its request's timestamp numbers it
+  // (barrier_count_): the release echoes it, so a release sent again for a barrier this node
+  // already left is told apart from the next one's.
+  struct PendingBarrier {
+    Message request;  // sent again after a reset of a connection with the scheduler
+    bool released = false;
+    std::string error;  // the release's: why the barrier failed, if it did
+  };
+  std::map<int, PendingBarrier> barriers_ PS_GUARDED_BY(mu_);
+  std::uint64_t barrier_count_ PS_GUARDED_BY(mu_) = 0;
   bool terminated_ PS_GUARDED_BY(mu_) = false;
   std::string failure_ PS_GUARDED_BY(mu_);
   std::set<int> dead_ PS_GUARDED_BY(mu_);

@@ -171,10 +171,24 @@ class Scheduler {
   struct BarrierArrival {
     std::string vote;
     std::string error;
+    std::uint64_t number = 0;  // the member's count of its barriers: its request's timestamp
   };
   // "" when every member voted alike and none failed; else why the barrier fails.
   std::string BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const PS_REQUIRES(mu_);
   std::map<int, std::map<int, BarrierArrival>> barriers_ PS_GUARDED_BY(mu_);  // group -> arrivals
+  // The last barrier released for each member of each group, (group, node id) -> its number
+  // and verdict: a member whose connection was reset sends its request again, and gets the
+  // release again if that barrier has ended.
+  struct BarrierRelease {
+    std::uint64_t number = 0;
+    std::string error;
+  };
+  std::map<std::pair<int, int>, BarrierRelease> released_ PS_GUARDED_BY(mu_);
+  void SendBarrierRelease(int group, int id, const BarrierRelease& release) PS_REQUIRES(mu_);
+  // Sends node `id` again what it may have missed while its connection was reset: every server
+  // death and join in order, the other deaths and the workers that finished (it ignores what
+  // it already heard).
+  void SendCatchUp(int id) PS_REQUIRES(mu_);
   int next_reject_id_ PS_GUARDED_BY(mu_) = 1 << 30;  // socket ids for refusals
   std::uint64_t dropped_ PS_GUARDED_BY(mu_) = 0;     // unknown senders, unexpected
   std::uint64_t refused_ PS_GUARDED_BY(mu_) = 0;     // registrations turned away
