@@ -51,14 +51,14 @@ DEAD_NODE_RE = re.compile(r"\b(worker|server) (\d+) \(node \d+ at (\S+):\d+\) (?
 # Variables the launcher sets itself; --env* may not change them.
 LAUNCHER_OWNED = ("DMLC_ROLE", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "DMLC_NODE_HOST")
 # Variables that must be equal in every process: settable by --env (all roles) only.
-JOB_WIDE = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT")
+JOB_WIDE = ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "PS_SERVER_WEIGHTS")
 # The job secret (docs/launcher.md, "Job secret"): never on a command line or in --env; the
 # launcher hands it to every process over the wrapper's standard input.
 SECRET_VARS = ("PS_JOB_SECRET", "PS_JOB_SECRET_FILE")
 # Forwarded from the launcher's environment to remote processes when set (MXNet forwards a
 # similar list; credentials are deliberately not forwarded).
-FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "PS_TCP_RCVBUF", "DMLC_INTERFACE",
-             "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
+FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "PS_TCP_RCVBUF", "PS_SERVER_WEIGHTS",
+             "DMLC_INTERFACE", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
 
 STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
 LAST_LINES = 20  # lines kept per process for failure reports
@@ -105,13 +105,16 @@ class UsageError(Exception):
 
 
 class Host:
-    """One hostfile entry: [user@]name[:sshport] [slots=N]."""
+    """One hostfile entry: [user@]name[:sshport] [slots=N] [server_weight=W]."""
 
     def __init__(self, name, user=None, port=None, slots=1):
         self.name = name  # what DMLC_NODE_HOST is set to
         self.user = user
         self.port = port  # ssh port, None for ssh's default
         self.slots = slots
+        # the share of the keys each server placed here takes, relative to the others: below
+        # 1 for a host whose link or CPU is slower (PS_SERVER_WEIGHTS)
+        self.server_weight = 1.0
 
     @property
     def target(self):
@@ -156,8 +159,11 @@ def parse_host(text, where):
     return Host(name, user, port)
 
 
+HOSTFILE_LINE = "'[user@]host[:sshport] [slots=N] [server_weight=W]'"
+
+
 def parse_hostfile_text(text, path="hostfile"):
-    """Lines: '[user@]host[:sshport] [slots=N]', '# comment'. Returns [Host]."""
+    """Lines: HOSTFILE_LINE, '# comment'. Returns [Host]."""
     hosts = []
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -172,9 +178,18 @@ def parse_hostfile_text(text, path="hostfile"):
                 if not value.isdigit() or int(value) < 1:
                     raise UsageError(f"{where}: bad slots value '{value}' (want an integer >= 1)")
                 host.slots = int(value)
+            elif key == "server_weight" and sep:
+                try:
+                    host.server_weight = float(value)
+                except ValueError:
+                    host.server_weight = 0.0
+                if not 0 < host.server_weight < float("inf"):
+                    raise UsageError(f"{where}: bad server_weight value '{value}' (want a "
+                                     "number > 0, e.g. 0.25 for a host at a quarter of the "
+                                     "others' link rate)")
             else:
                 raise UsageError(f"{where}: unknown field '{field}' (a line is "
-                                 "'[user@]host[:sshport] [slots=N]')")
+                                 f"{HOSTFILE_LINE})")
         hosts.append(host)
     if not hosts:
         raise UsageError(f"{path}: no hosts in the hostfile")
@@ -303,7 +318,9 @@ def build_parser():
                         "--server-hostfile, its slots)")
     p.add_argument("-H", "--hostfile", "--host-file", dest="hostfile",
                    help="hosts to run servers and workers on, one per line: "
-                        "[user@]host[:sshport] [slots=N] (e.g. node1, alice@node2:2222 slots=2); "
+                        "[user@]host[:sshport] [slots=N] [server_weight=W] (e.g. node1, "
+                        "alice@node2:2222 slots=2, node3 server_weight=0.25 for a host whose "
+                        "servers should hold a quarter of the keys the others hold); "
                         "'#' starts a comment")
     p.add_argument("--server-hostfile", metavar="FILE",
                    help="BytePS layout: run the servers on these hosts (same format) and the "
@@ -493,6 +510,13 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         "worker": parse_env_items(a.env_worker, "--env-worker", environ),
         "scheduler": parse_env_items(a.env_scheduler, "--env-scheduler", environ),
     }
+    if c.server_hosts and any(h.server_weight != 1.0 for h in c.hosts):
+        c.warnings.append("server_weight in the -H hostfile is ignored: with --server-hostfile "
+                          "the servers run on that file's hosts (give their weights there)")
+    weighted = any(h.server_weight != 1.0 for h in (c.server_hosts or c.hosts or []))
+    if weighted and ("PS_SERVER_WEIGHTS" in c.env_all or "PS_SERVER_WEIGHTS" in environ):
+        raise UsageError("PS_SERVER_WEIGHTS is set and the hostfile gives server_weight too: "
+                         "give the weights one way (the hostfile's follow the servers' hosts)")
     port = c.env_all.pop("DMLC_PS_ROOT_PORT", None) or environ.get("DMLC_PS_ROOT_PORT") or None
     if port is not None and (not port.isdigit() or not 0 < int(port) < 65536):
         raise UsageError(f"DMLC_PS_ROOT_PORT={port}: want a port number 1-65535")
@@ -641,7 +665,20 @@ class Launch:
         })
         env.update(c.env_all)
         env.update(c.env_role[role])
+        weights = self.server_weights()
+        if weights:
+            env["PS_SERVER_WEIGHTS"] = weights
         return env
+
+    def server_weights(self):
+        """PS_SERVER_WEIGHTS from the hostfiles' server_weight fields, by server rank (the
+        rank each server is placed with), or None when every server's host has the default."""
+        if self.c.launcher == "local":
+            return None
+        servers, _ = self.placement()
+        if all(h.server_weight == 1.0 for h in servers):
+            return None
+        return ",".join(f"{h.server_weight:g}" for h in servers)
 
     def make_specs(self, root_uri, root_port_for_others):
         """Server and worker specs (the scheduler's is made by scheduler_spec)."""

@@ -28,7 +28,8 @@ of one host, a worker and a server on one host) is free.
   follow (a worker and a server on one host skip the link). With pushes of one message
   overlapping the pulls of another, the links need T_bw = max over link directions of
   bytes / C (dist_sync: all workers' bytes, one round; dist_async: each worker at the rate
-  max-min fair sharing of the links gives it). What cannot overlap: the last message's round
+  its connections get when those across a link share it equally, as TCP does, max-min fair).
+  Server weights (PS_SERVER_WEIGHTS) give each server that share of every key. What cannot overlap: the last message's round
   closes only when every push is in, and its replies (one per remote worker, `chunk` bytes
   each) leave its server afterwards: T_drain = remote workers x chunk / C. So
       T_ps = T_bw / share + T_drain + 2 latency
@@ -54,6 +55,7 @@ import sys
 PROG = "ps-plan.py"
 
 MiB = 1 << 20
+ASYNC_FIXPOINT_ROUNDS = 400  # dist_async's fair rates converge in tens of rounds
 DEFAULT_CHUNK = 4 * MiB          # PS_CHUNK_BYTES
 BIGARRAY_BOUND = 1_000_000       # MXNET_KVSTORE_BIGARRAY_BOUND, elements
 DEFAULT_EFFICIENCY = 0.95        # payload / line rate of TCP over Ethernet (1448 / 1514 ~ 0.956)
@@ -112,6 +114,18 @@ class PlanError(argparse.ArgumentTypeError):
 _SIZE = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
+def fair_level(capacity, demands):
+    """Max-min fair share of `capacity` among flows that want `demands`, one of them inf (no
+    limit): the level every flow that wants more than it gets."""
+    left, waiting = capacity, sorted(demands)
+    for i, d in enumerate(waiting):
+        level = left / (len(waiting) - i)
+        if d >= level:
+            return level
+        left -= d
+    return math.inf
+
+
 def parse_size(text):
     """'16MB' -> 16777216 (binary units, as ps-bench's --sizes); a plain number is bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*", str(text), re.IGNORECASE)
@@ -168,7 +182,7 @@ class Job:
                  efficiency=DEFAULT_EFFICIENCY, ps_share=1.0, chunk=DEFAULT_CHUNK,
                  push_ratio=1.0, pull_ratio=1.0, allreduce_ratio=1.0, fusion=DEFAULT_FUSION,
                  compute=0.0, overlap=0.0, mode="sync", slow=None,
-                 bigarray_bound=BIGARRAY_BOUND, rendezvous=None):
+                 bigarray_bound=BIGARRAY_BOUND, rendezvous=None, server_weights=None):
         self.layers = [int(x) for x in (layers if isinstance(layers, (list, tuple))
                                         else [layers])]
         self.worker_hosts = int(worker_hosts)
@@ -191,6 +205,8 @@ class Job:
         self.bigarray_bound = int(bigarray_bound)  # elements (float32): sliced from here on
         # All-reduce messages above this many bytes wait for a handshake (None: none do).
         self.rendezvous = None if rendezvous is None else int(rendezvous)
+        # PS_SERVER_WEIGHTS, one per server (None: alike)
+        self.server_weights = None if not server_weights else [float(x) for x in server_weights]
         self.validate()
 
     def validate(self):
@@ -214,6 +230,11 @@ class Job:
             if not 0 <= w < self.worker_hosts or not 0 < f <= 1:
                 raise PlanError(f"slow host {w}={f}: want a worker host index and a factor in "
                                 "(0, 1]")
+        if self.server_weights is not None and (
+                len(self.server_weights) != self.server_hosts
+                or any(not 0 < x < math.inf for x in self.server_weights)):
+            raise PlanError(f"server weights {self.server_weights}: want one positive weight "
+                            f"per server host ({self.server_hosts})")
 
     @property
     def model_bytes(self):
@@ -233,12 +254,26 @@ class Job:
         return self.server_rate * self.efficiency / 8
 
     # -- where the bytes are
+    def scaled_weights(self):
+        """The server weights as the runtime scales them (the largest 1000, none below 1),
+        or None when they are alike."""
+        if self.server_weights is None:
+            return None
+        top = max(self.server_weights)
+        scaled = [max(1, round(1000 * x / top)) for x in self.server_weights]
+        return None if len(set(scaled)) == 1 else scaled
+
     def placement(self):
         """Per server: (bytes of the model it holds, bytes of its last message), as the
         runtime places keys: big keys sliced evenly, small ones whole, round-robin here
         (hashed in the runtime). The last message: the last key's part on that server, at
         most one chunk for a big key; a small key travels whole, in one message whatever the
-        chunk (its round's pulls cannot start before all of it arrived)."""
+        chunk (its round's pulls cannot start before all of it arrived). With server weights:
+        each server's share of every key in proportion to its weight, a big key cut into
+        pieces of which the lightest server gets about two."""
+        weights = self.scaled_weights()
+        if weights is not None:
+            return self.weighted_placement(weights)
         S = self.server_hosts
         per = [0.0] * S
         last = [0.0] * S
@@ -260,6 +295,18 @@ class Job:
                 per[j] += size
                 last[j] = size
                 small += 1
+        return per, last
+
+    def weighted_placement(self, weights):
+        S, total = self.server_hosts, sum(weights)
+        per = [0.0] * S
+        last = [0.0] * S
+        for size in self.layers:
+            big = size // 4 >= self.bigarray_bound
+            pieces = max(math.ceil(2 * total / min(weights)), math.ceil(size / self.chunk))
+            for j in range(S):
+                per[j] += size * weights[j] / total
+                last[j] = min(self.chunk, size / pieces) if big else size
         return per, last
 
     def server_bytes(self):
@@ -326,37 +373,52 @@ class Job:
             totals = self.link_totals()
             t = max((b / self.capacity(h) for (h, _), b in totals.items()), default=0.0)
             return [t] * N
-        links = self.link_bytes()
-        if not links:
+        # dist_async: each connection (worker to server, server to worker) is a TCP flow,
+        # and the flows across a link share it equally, as TCP does, whatever each worker's
+        # iteration needs; a worker's flows all run at its iteration rate times their bytes
+        on_link = {}
+        for w, s, b, links in self.flows():
+            for link in links:
+                on_link.setdefault(link, []).append((w, b))
+        if not on_link:
             return [0.0] * N
-        # dist_async: max-min fair iteration rates by progressive filling
-        rate = [0.0] * N
-        frozen = [False] * N
-        while not all(frozen):
-            # the largest equal increase of every unfrozen worker's rate some link allows
-            best, tight = math.inf, []
-            for (h, way), b in links.items():
-                used = sum(rate[w] * b[w] for w in range(N))
-                grow = sum(b[w] for w in range(N) if not frozen[w])
-                if grow <= 0:
-                    continue
-                room = (self.capacity(h) - used) / grow
-                if room < best - 1e-12:
-                    best, tight = room, [(h, way)]
-                elif abs(room - best) <= 1e-12:
-                    tight.append((h, way))
-            if best is math.inf:
-                for w in range(N):
-                    frozen[w] = True
+        # From an equal split of every link, each worker's rate moves halfway towards what
+        # its flows could get if they wanted more, the other flows wanting what they get now
+        # (max-min fairness is where no flow can get more that way).
+        rate = [min(self.capacity(link[0]) / len(on_link[link]) / b
+                    for w2, s, b, links in self.flows() if w2 == w for link in links)
+                for w in range(N)]
+        for _ in range(ASYNC_FIXPOINT_ROUNDS):
+            bound = [math.inf] * N
+            for link, flows in on_link.items():
+                demands = [rate[w] * b for w, b in flows]
+                for i, (w, b) in enumerate(flows):
+                    level = fair_level(self.capacity(link[0]),
+                                       demands[:i] + [math.inf] + demands[i + 1:])
+                    bound[w] = min(bound[w], level / b)
+            done = all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(rate, bound))
+            rate = [(x + y) / 2 for x, y in zip(rate, bound)]
+            if done:
                 break
-            for w in range(N):
-                if not frozen[w]:
-                    rate[w] += best
-            for key in tight:
-                for w in range(N):
-                    if links[key][w] > 0:
-                        frozen[w] = True
-        return [1.0 / r if r > 0 else 0.0 for r in rate]
+        return [1.0 / r for r in rate]
+
+    def flows(self):
+        """(worker, server, bytes per iteration, [(host, way) crossed]) of every connection
+        that crosses a link: the pushes to each remote server and that server's replies."""
+        out = []
+        per_server = self.server_bytes()
+        for w in range(self.worker_hosts):
+            for s in range(self.server_hosts):
+                if self.layout == "beside" and s == w:
+                    continue  # same host: shared memory, no link
+                shost = ("w", s) if self.layout == "beside" else ("s", s)
+                push = per_server[s] * self.push_ratio
+                pull = per_server[s] * self.pull_ratio
+                if push > 0:
+                    out.append((w, s, push, [(("w", w), "out"), (shost, "in")]))
+                if pull > 0:
+                    out.append((w, s, pull, [(shost, "out"), (("w", w), "in")]))
+        return out
 
     def ps_drain(self):
         """Seconds the last message's replies need after its round closed (per worker: the
@@ -471,7 +533,8 @@ def case_to_job(meta, case, ps_share, efficiency):
     # one way between two hosts: the bed's own 50 us plus both links' delay
     latency = 50e-6 + 2 * float(meta.get("delay_us") or 0) * 1e-6
     kwargs = dict(layers=[case["size"]], worker_hosts=case["workers"], rate=rate,
-                  latency=latency, efficiency=efficiency, ps_share=ps_share, slow=slow)
+                  latency=latency, efficiency=efficiency, ps_share=ps_share, slow=slow,
+                  server_weights=case.get("server_weights"))
     if case["system"] == "ps":
         kwargs.update(layout=case["layout"], server_hosts=case.get("server_hosts") or None,
                       chunk=case.get("chunk_bytes") or meta.get("chunk_bytes") or DEFAULT_CHUNK,
@@ -720,6 +783,9 @@ def build_parser():
                     help="all-reduced bytes / gradient bytes (fp16: 0.5; default 1)")
     pr.add_argument("--slow", action="append", default=[], metavar="W=F",
                     help="worker host W's link at F of the rate (0.25); repeatable")
+    pr.add_argument("--server-weights", metavar="W,W,...",
+                    help="PS_SERVER_WEIGHTS: each server's share of the keys relative to the "
+                         "others, one per server host (1,1,1,0.25)")
     add_common(pr)
 
     ch = sub.add_parser("check", help="the model against bed_bench.py's measurements")
@@ -756,6 +822,13 @@ def build_parser():
     return p
 
 
+def parse_weights(text):
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise PlanError(f"--server-weights {text}: want numbers, comma-separated (1,1,1,0.25)")
+
+
 def cmd_predict(a):
     if (a.model is None) == (a.layers is None):
         raise PlanError("give --model or --layers (one of them)")
@@ -772,7 +845,8 @@ def cmd_predict(a):
               ps_share=a.ps_share, chunk=a.chunk, push_ratio=a.push_compression,
               pull_ratio=a.pull_compression, allreduce_ratio=a.allreduce_compression,
               fusion=a.fusion, compute=a.compute, overlap=a.overlap, mode=a.mode, slow=slow,
-              bigarray_bound=a.bigarray_bound)
+              bigarray_bound=a.bigarray_bound,
+              server_weights=parse_weights(a.server_weights) if a.server_weights else None)
     p = job.predict()
     if a.json:
         print(json.dumps(p, indent=1))

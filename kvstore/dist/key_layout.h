@@ -4,7 +4,9 @@
 // none larger than the chunk size, dealt round-robin over the servers, so its traffic and update
 // work spread over all of them (MXNet's MXNET_KVSTORE_BIGARRAY_BOUND rule) and its slices travel
 // as separate messages that the servers and the worker process while the next one is in flight
-// (BytePS-style pipelining).
+// (BytePS-style pipelining). With server weights (PS_SERVER_WEIGHTS) the hash and the deal
+// follow them: a server of weight w holds about w / (sum of weights) of every big key, in
+// smaller slices where needed, and that share of the small keys.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -24,9 +26,9 @@ struct KeySlice {
 
 class KeyLayout {
  public:
+  // `weights`: empty (all servers alike) or one positive integer per server rank.
   KeyLayout(int num_servers, std::size_t big_array_bound,
-            std::size_t chunk_bytes = kDefaultChunkBytes)
-      : num_servers_(num_servers), bound_(big_array_bound), chunk_bytes_(chunk_bytes) {}
+            std::size_t chunk_bytes = kDefaultChunkBytes, std::vector<std::uint32_t> weights = {});
 
   // The slices of a key of `length` elements of `element_bytes` each, in offset order.
   std::vector<KeySlice> Slices(Key key, std::size_t length, std::size_t element_bytes) const;
@@ -41,6 +43,9 @@ class KeyLayout {
   int num_servers_;
   std::size_t bound_;
   std::size_t chunk_bytes_;
+  std::vector<std::uint32_t> weights_;  // empty: all alike
+  std::uint64_t total_weight_ = 0;
+  std::uint32_t least_weight_ = 0;
 };
 
 }  // namespace ps

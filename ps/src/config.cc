@@ -1,5 +1,6 @@
 #include "ps/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +11,9 @@
 
 namespace ps {
 namespace {
+
+// PS_SERVER_WEIGHTS's largest weight once scaled: fine enough for a share of 1/1000.
+constexpr double kServerWeightScale = 1000;
 
 // PS_TCP_RCVBUF's least non-zero value: a few segments; the kernel rounds smaller ones up.
 constexpr int kMinTcpReceiveBuffer = 4096;
@@ -41,6 +45,42 @@ int ReadInt(const SettingLookup& lookup, std::string_view name, long long min, l
             "expected an integer in " + std::to_string(min) + ".." + std::to_string(max));
   }
   return static_cast<int>(*value);
+}
+
+// PS_SERVER_WEIGHTS: one positive number per server rank, comma-separated; scaled to integers
+// (the largest 1000, none below 1) so every node deals key slices with the same arithmetic.
+std::vector<std::uint32_t> ReadServerWeights(const SettingLookup& lookup, int num_servers) {
+  const auto raw = lookup("PS_SERVER_WEIGHTS");
+  if (!raw || raw->empty()) return {};
+  std::vector<double> weights;
+  std::string_view rest = *raw;
+  while (true) {
+    const std::string_view item = rest.substr(0, rest.find(','));
+    double weight = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), weight);
+    if (error != std::errc() || end != item.data() + item.size() || item.empty() ||
+        !std::isfinite(weight) || weight <= 0) {
+      Invalid("PS_SERVER_WEIGHTS", *raw,
+              "expected one positive number per server rank, comma-separated (e.g. 1,1,1,0.25)");
+    }
+    weights.push_back(weight);
+    if (item.size() == rest.size()) break;
+    rest.remove_prefix(item.size() + 1);
+  }
+  if (weights.size() != static_cast<std::size_t>(num_servers)) {
+    Invalid("PS_SERVER_WEIGHTS", *raw,
+            "it has " + std::to_string(weights.size()) + " weights for " +
+                std::to_string(num_servers) + " servers (DMLC_NUM_SERVER): give one per rank");
+  }
+  const double largest = *std::max_element(weights.begin(), weights.end());
+  std::vector<std::uint32_t> scaled;
+  for (const double weight : weights) {
+    scaled.push_back(std::max<std::uint32_t>(
+        1, static_cast<std::uint32_t>(std::lround(kServerWeightScale * weight / largest))));
+  }
+  if (std::all_of(scaled.begin(), scaled.end(), [&](auto w) { return w == scaled.front(); }))
+    return {};
+  return scaled;
 }
 
 std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_view name,
@@ -142,6 +182,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES");
   config.chunk_bytes =
       static_cast<std::size_t>(ReadInt(lookup, "PS_CHUNK_BYTES", 4096, 2147483647, 4 << 20));
+  config.server_weights = ReadServerWeights(lookup, config.num_servers);
   config.tcp_receive_buffer = ReadInt(lookup, "PS_TCP_RCVBUF", 0, 1 << 30, 0);
   if (config.tcp_receive_buffer > 0 && config.tcp_receive_buffer < kMinTcpReceiveBuffer) {
     Invalid("PS_TCP_RCVBUF", std::to_string(config.tcp_receive_buffer),
@@ -204,6 +245,16 @@ std::string SecondsText(std::chrono::milliseconds ms) {
   return text;
 }
 
+// The scaled weights as SharedSettings compares them: "equal", or "1000,1000,250".
+std::string ServerWeightsText(const std::vector<std::uint32_t>& weights) {
+  if (weights.empty()) return "equal";
+  std::string text;
+  for (const std::uint32_t weight : weights) {
+    text += (text.empty() ? "" : ",") + std::to_string(weight);
+  }
+  return text;
+}
+
 }  // namespace
 
 std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const {
@@ -215,6 +266,7 @@ std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const 
       {"PS_REPLICATION", replication ? "1" : "0"},
       {"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(big_array_bound), true},
       {"PS_CHUNK_BYTES", std::to_string(chunk_bytes), true},
+      {"PS_SERVER_WEIGHTS", ServerWeightsText(server_weights), true},
   };
 }
 

@@ -680,6 +680,19 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
                             Catch::Contains("PS_CHUNK_BYTES=" + std::to_string(4 << 20)) &&
                             Catch::Contains("servers and workers must slice keys alike"));
   }
+
+  // Server weights set which server holds which slice: compared too.
+  ps::Scheduler fourth_job(job);
+  ps::ClusterConfig weighted = fourth_job.NodeConfig(ps::Role::kWorker);
+  weighted.server_weights = {1000, 500};
+  NodeThreads even(fourth_job.NodeConfig(ps::Role::kWorker), 1,
+                   [&](ps::Runtime&, int) { return std::string("registered"); });
+  NodeThreads uneven(weighted, 1, [&](ps::Runtime&, int) { return std::string("registered"); });
+  CHECK(fourth_job.Run() == 1);
+  for (const std::string& outcome : {even.Join()[0], uneven.Join()[0]}) {
+    CHECK_THAT(outcome, Catch::Contains("PS_SERVER_WEIGHTS=1000,500") &&
+                            Catch::Contains("PS_SERVER_WEIGHTS=equal"));
+  }
 }
 
 // A job of one server and one worker, attacked while it runs: the worker waits until the

@@ -137,6 +137,12 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_TCP_RCVBUF", "1000",
        "PS_TCP_RCVBUF='1000' is invalid: expected 0 (the kernel's autotuning) or at least 4096"},
       {"PS_TCP_RCVBUF", "64KB", "PS_TCP_RCVBUF='64KB' is invalid: expected an integer in 0.."},
+      {"PS_SERVER_WEIGHTS", "1,0", "PS_SERVER_WEIGHTS='1,0' is invalid: expected one positive"},
+      {"PS_SERVER_WEIGHTS", "1,,2", "PS_SERVER_WEIGHTS='1,,2' is invalid: expected one positive"},
+      {"PS_SERVER_WEIGHTS", "1,x", "PS_SERVER_WEIGHTS='1,x' is invalid: expected one positive"},
+      {"PS_SERVER_WEIGHTS", "1,nan", "PS_SERVER_WEIGHTS='1,nan' is invalid"},
+      {"PS_SERVER_WEIGHTS", "1,2,3",
+       "PS_SERVER_WEIGHTS='1,2,3' is invalid: it has 3 weights for 2 servers (DMLC_NUM_SERVER)"},
   };
   for (const Case& c : cases) {
     auto settings = Valid();
@@ -148,6 +154,19 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
     INFO(c.variable << "=" << c.value.value_or("(unset)"));
     CHECK_THAT(ErrorOf(settings), Catch::Contains(c.expected));
   }
+}
+
+TEST_CASE("config: PS_SERVER_WEIGHTS scales each rank's share, the largest to 1000", "[config]") {
+  auto settings = Valid();
+  settings["DMLC_NUM_SERVER"] = "4";
+  settings["PS_SERVER_WEIGHTS"] = "2,2,2,0.5";
+  CHECK(ParseSettings(settings).server_weights ==
+        std::vector<std::uint32_t>{1000, 1000, 1000, 250});
+  settings["PS_SERVER_WEIGHTS"] = "1,1,1,0.0000001";  // none below 1 once scaled
+  CHECK(ParseSettings(settings).server_weights == std::vector<std::uint32_t>{1000, 1000, 1000, 1});
+  settings["PS_SERVER_WEIGHTS"] = "3,3,3,3";  // alike: the plain layout
+  CHECK(ParseSettings(settings).server_weights.empty());
+  CHECK(ParseSettings(Valid()).server_weights.empty());
 }
 
 TEST_CASE("config: the heartbeat timeout must exceed the interval", "[config]") {

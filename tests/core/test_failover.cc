@@ -69,8 +69,10 @@ struct Job {
   std::vector<std::unique_ptr<ChildProcess>> servers;
 };
 
-Job StartSchedulerAndServers() {
+// `weighted`: server 2 holds a quarter of what each other server holds (PS_SERVER_WEIGHTS).
+Job StartSchedulerAndServers(bool weighted = false) {
   Job job;
+  if (weighted) job.env["PS_SERVER_WEIGHTS"] = "1,1,0.25";
   job.scheduler = Start("ps-scheduler", job.env);
   REQUIRE(job.scheduler->WaitForOutput("listening on 127.0.0.1:", 10s));
   const std::string listening = job.scheduler->Output();
@@ -107,6 +109,7 @@ struct Disturbance {
   // one carries the job alone.
   bool second_victim = false;
   Collectives collectives = Collectives::kNone;
+  bool weighted = false;  // server weights 1,1,0.25: the ranges move all the same
 };
 
 // One job with one server disturbed `delay` after the workers' round 10.
@@ -118,8 +121,9 @@ void RunJob(const Disturbance& what, std::size_t victim, std::chrono::millisecon
                  << (what.collectives == Collectives::kNone ? ""
                      : what.collectives == Collectives::kInitAndOptimizer
                          ? ", Init every round"
-                         : ", checkpoints every round"));
-  auto [env, scheduler, servers] = StartSchedulerAndServers();
+                         : ", checkpoints every round")
+                 << (what.weighted ? ", server weights 1,1,0.25" : ""));
+  auto [env, scheduler, servers] = StartSchedulerAndServers(what.weighted);
   std::vector<std::unique_ptr<ChildProcess>> workers;
   // Enough rounds that the faults land mid-job on an idle machine (about 700 rounds/s here,
   // 250 with Init every round, 30 with checkpoints).
@@ -218,7 +222,9 @@ TEST_CASE("failover: a server killed or stopped at a random moment changes no va
       Disturbance{"dist_async", SIGKILL, true, true},
       Disturbance{"dist_sync", SIGKILL, false, false, Collectives::kWithCheckpoints},
       Disturbance{"dist_async", SIGKILL, false, false, Collectives::kInitAndOptimizer},
-      Disturbance{"dist_sync", SIGSTOP, false, false, Collectives::kWithCheckpoints});
+      Disturbance{"dist_sync", SIGSTOP, false, false, Collectives::kWithCheckpoints},
+      Disturbance{"dist_sync", SIGKILL, false, false, Collectives::kWithCheckpoints, true},
+      Disturbance{"dist_async", SIGKILL, true, false, Collectives::kNone, true});
   // PS_FAILOVER_RUNS=N repeats each case N times at other moments (docs/kvstore.md).
   const char* runs_text = std::getenv("PS_FAILOVER_RUNS");
   const int runs =

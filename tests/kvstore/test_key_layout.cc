@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -58,6 +60,54 @@ TEST_CASE("layout: big keys are chunked to the chunk size and dealt round-robin"
   CHECK(next == 4500);
   // Doubles: half as many elements per chunk.
   CHECK(layout.Slices(7, 4500, 8).size() == 9);
+}
+
+TEST_CASE("layout: server weights set each server's share of big and small keys", "[layout]") {
+  // Weights as PS_SERVER_WEIGHTS=1,1,1,0.25 scales them: the last server on a slow host.
+  const std::vector<std::uint32_t> weights = {1000, 1000, 1000, 250};
+  const ps::KeyLayout layout(4, 1000, /*chunk_bytes=*/4 << 20, weights);
+  // A 16 MB key of float32 (4 chunks of 4 MB): cut finer so that server 3 takes a quarter of
+  // what each other server takes, the slices contiguous and in order.
+  for (ps::Key key : {0, 1, 2, 3, 7}) {
+    const std::size_t length = 4 << 20;
+    const auto slices = layout.Slices(key, length, 4);
+    REQUIRE(slices.size() >= 26);  // two pieces for the lightest: 2 * 3250 / 250
+    std::vector<std::size_t> held(4, 0);
+    std::size_t next = 0;
+    for (const auto& slice : slices) {
+      CHECK(slice.offset == next);
+      next += slice.length;
+      held[static_cast<std::size_t>(slice.server_rank)] += slice.length;
+    }
+    CHECK(next == length);
+    for (std::size_t server = 0; server < 4; ++server) {
+      const double expected = static_cast<double>(length) * weights[server] / 3250;
+      INFO("key " << key << ", server " << server << " holds " << held[server]);
+      // Within one piece of its share.
+      CHECK(std::abs(static_cast<double>(held[server]) - expected) <=
+            static_cast<double>(length) / slices.size() + 1);
+    }
+  }
+  // Small keys: server 3 takes about 250/3250 of them.
+  std::map<int, int> load;
+  constexpr int kKeys = 13000;
+  for (ps::Key key = 0; key < kKeys; ++key) ++load[layout.Slices(key, 10, 4)[0].server_rank];
+  CHECK(std::abs(load[3] - 1000) < 150);
+  CHECK(std::abs(load[0] - 4000) < 400);
+  // Alike weights deal exactly as no weights.
+  const ps::KeyLayout even(3, 1000, 4000);
+  const ps::KeyLayout alike(3, 1000, 4000, {5, 5, 5});
+  for (ps::Key key = 0; key < 20; ++key) {
+    const auto a = even.Slices(key, 7777, 4);
+    const auto b = alike.Slices(key, 7777, 4);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].server_rank == b[i].server_rank);
+      CHECK(a[i].offset == b[i].offset);
+    }
+  }
+  CHECK_THROWS(ps::KeyLayout(2, 1000, 4000, {1, 0}));
+  CHECK_THROWS(ps::KeyLayout(2, 1000, 4000, {1, 2, 3}));
 }
 
 TEST_CASE("kv protocol: requests round-trip and inconsistent ones are rejected", "[layout]") {

@@ -49,7 +49,12 @@ class Hostfile(unittest.TestCase):
                            ("node1 slots=0\n", "hosts:1: bad slots"),
                            ("node1 slots=x\n", "bad slots"),
                            ("node1 cpus=4\n", "unknown field 'cpus=4' (a line is "
-                                               "'[user@]host[:sshport] [slots=N]')"),
+                                               "'[user@]host[:sshport] [slots=N] "
+                                               "[server_weight=W]')"),
+                           ("node1 server_weight=0\n", "hosts:1: bad server_weight value '0'"),
+                           ("node1 server_weight=-1\n", "bad server_weight value '-1'"),
+                           ("node1 server_weight=nan\n", "bad server_weight value 'nan'"),
+                           ("node1 server_weight=x\n", "bad server_weight value 'x'"),
                            ("# only comments\n\n", "no hosts"),
                            ("[::1\n", "unbalanced"),
                            ("@node\n", "empty user")]:
@@ -315,6 +320,28 @@ class Args(LauncherTest):
                 with self.assertRaises(launch.UsageError) as cm:
                     self.parse(argv)
                 self.assertIn(want, str(cm.exception))
+
+    def test_server_weights_follow_the_servers_hosts(self):
+        # beside the workers: servers 0..3 on h0..h3, h3 at a quarter
+        hosts = self.write("weighted", "h0\nh1\nh2\nh3 server_weight=0.25\n")
+        la = launch.Launch(self.parse(["-n", "4", "-s", "4", "-H", hosts, "prog"]))
+        specs = la.make_specs("10.0.0.1", 9000) + [la.scheduler_spec("10.0.0.1", 9000)]
+        self.assertEqual({s.env["PS_SERVER_WEIGHTS"] for s in specs}, {"1,1,1,0.25"})
+        # servers on hosts of their own: the server hostfile's weights count, by server rank
+        servers = self.write("servers_w", "s1 server_weight=2\ns2\n")
+        la = launch.Launch(self.parse(["-n", "2", "-s", "4", "-H", self.write("w", "w1\n"),
+                                       "--server-hostfile", servers, "prog"]))
+        self.assertEqual(la.make_specs("10.0.0.1", 9000)[0].env["PS_SERVER_WEIGHTS"],
+                         "2,1,2,1")
+        c = self.parse(["-n", "2", "-H", hosts, "--server-hostfile", servers, "prog"])
+        self.assertIn("server_weight in the -H hostfile is ignored", c.warnings[-1])
+        # no weight in the hostfile: the variable is not set
+        la = launch.Launch(self.parse(["-n", "2", "-H", self.write("plain", "h0\nh1\n"),
+                                       "prog"]))
+        self.assertNotIn("PS_SERVER_WEIGHTS", la.make_specs("10.0.0.1", 9000)[0].env)
+        with self.assertRaises(launch.UsageError) as cm:
+            self.parse(["-n", "4", "-H", hosts, "--env", "PS_SERVER_WEIGHTS=1,1,1,1", "prog"])
+        self.assertIn("give the weights one way", str(cm.exception))
 
     def test_failure_report_names_the_lost_host(self):
         hosts = self.write("hosts", "h1\nh2\nh3\n")

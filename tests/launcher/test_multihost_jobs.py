@@ -6,6 +6,7 @@ each host's sshd, each advertising its own 198.18.x address.
 - ps-kvstore-check, 4 workers and 4 servers, servers beside workers: exact results, every
   node registered from its own host, every host's link carried traffic;
 - the BytePS layout (--server-hostfile): workers on h0 h1, servers on h2 h3, exact results;
+  with h3 at server_weight=0.25, h3's link carries a quarter of h2's;
 - a host whose processes are killed: the job ends with an error naming that host, well within
   the heartbeat timeout; a host whose link is cut: the heartbeat timeout finds it, and the
   launcher names it;
@@ -129,6 +130,31 @@ class BedJobs(BedJobTest):
                  60, "4 workers to pause")
         self.assertIsNone(proc.poll(), self.launcher_output(proc))
         return proc
+
+    @unittest.skipIf(KV, KV)
+    def test_server_weight_sets_each_servers_share(self):
+        """A hostfile's server_weight reaches every process as PS_SERVER_WEIGHTS over ssh, and
+        the servers' links carry their shares: h3's server at 0.25 holds 2 of every key's 10
+        pieces, h2's 8."""
+        workers = self.bed.write_hostfile(os.path.join(self.tmp, "workers"), ["h0", "h1"])
+        servers = os.path.join(self.tmp, "weighted-servers")
+        with open(servers, "w") as f:
+            f.write(f"{self.bed.addr('h2')}\n{self.bed.addr('h3')} server_weight=0.25\n")
+        before = self.bed.port_counters()
+        r = self.run_launcher(["-n", "2", "--server-hostfile", servers]
+                              + self.bed_args(workers)
+                              + ["--env", "MXNET_KVSTORE_BIGARRAY_BOUND=1000",  # all sliced
+                                 # no copies between the two servers: each link carries its
+                                 # server's share alone
+                                 "--env", "PS_REPLICATION=0",
+                                 binary("ps-kvstore-check"), "--rounds", "20", "--size", "20000"],
+                              env=self.real_env(), timeout=90)
+        self.assert_kvstore_ok(r, 2, 20)
+        after = self.bed.port_counters()
+        moved = {n: sum(after[n]) - sum(before[n]) for n in ("h2", "h3")}
+        self.assertGreater(moved["h3"], 0.15 * moved["h2"], moved)
+        self.assertLess(moved["h3"], 0.35 * moved["h2"], moved)
+        self.assert_nothing_left_here()
 
     @unittest.skipIf(KV, KV)
     def test_host_whose_processes_are_killed_is_named(self):

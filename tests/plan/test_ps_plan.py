@@ -207,12 +207,38 @@ class ParameterServer(unittest.TestCase):
         self.assertAlmostEqual(bw[3], 5.36870912, places=5)
 
     def test_async_straggler_beside_slows_everyone(self):
-        # server 3 sits on the slow host: its link (C/4) carries, per iteration of each worker,
-        # the three remote pushes into server 3 (4 MiB each) and worker 3's pulls (3 x 4 MiB):
-        # 24 MiB x x <= C/4, so every worker runs at 96 MiB / C = 8.05306368 s
+        # server 3 sits on the slow host: six flows cross its link (C/4) inwards, the three
+        # remote pushes into server 3 (4 MiB per iteration each) and worker 3's pulls from the
+        # three other servers (4 MiB each), and each gets C/24: a worker's 4 MiB takes
+        # 96 MiB / C = 8.05306368 s
         p = job(layers=[M16], worker_hosts=4, layout="beside", chunk=64 * 1024, mode="async",
                 slow={3: 0.25}).predict()
         self.assertAlmostEqual(p["ps"]["bandwidth_s"], 8.05306368, places=5)
+
+    def test_server_weights_place_the_model(self):
+        # PS_SERVER_WEIGHTS 1,1,1,0.25 scales to 1000,1000,1000,250: shares of 3250
+        j = job(layers=[M16], worker_hosts=4, layout="beside", server_weights=[1, 1, 1, 0.25])
+        for got, weight in zip(j.server_bytes(), (1000, 1000, 1000, 250)):
+            self.assertAlmostEqual(got, M16 * weight / 3250)
+        # alike weights: the layout without them
+        self.assertEqual(job(layers=[M16], worker_hosts=4, server_weights=[2] * 4).server_bytes(),
+                         [4 * MiB] * 4)
+        # the last message: a piece of the key cut into 2 x 3250 / 250 = 26 pieces at least
+        j = job(layers=[M16], worker_hosts=4, layout="beside", chunk=4 * MiB,
+                server_weights=[1, 1, 1, 0.25])
+        self.assertAlmostEqual(j.placement()[1][3], M16 / 26)
+
+    def test_async_flows_share_a_link_equally(self):
+        # beside, 2 hosts, host 1 at C/4, weights 1,0.25: server 0 holds 0.8 M, server 1
+        # 0.2 M. Host 1's link carries one flow of each worker each way (worker 0's with 0.2 M
+        # per iteration, worker 1's with 0.8 M); each gets C/8, as TCP shares it, so worker 0
+        # takes 1.6 M / C and worker 1 6.4 M / C (sharing iterations alike would give both
+        # 4 M / C). Host 0's link (C) carries C/4 in all.
+        times = job(layers=[M16], worker_hosts=2, layout="beside", chunk=64 * 1024,
+                    mode="async", slow={1: 0.25},
+                    server_weights=[1, 0.25]).ps_bandwidth_times()
+        self.assertAlmostEqual(times[0], 1.6 * M16 / C, places=5)
+        self.assertAlmostEqual(times[1], 6.4 * M16 / C, places=5)
 
     def test_share_only_where_every_link_is_busy(self):
         self.assertTrue(job(layers=[M16], worker_hosts=4, layout="own").balanced())

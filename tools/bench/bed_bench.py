@@ -211,10 +211,13 @@ class Bed:
     def exec_argv(self, name, argv):
         return ["ip", "netns", "exec", self.host(name)["ns"]] + list(argv)
 
-    def write_hostfile(self, path, names):
+    def write_hostfile(self, path, names, server_weights=None):
+        """server_weights: {host name: the hostfile's server_weight} (launch.py's field)."""
         with open(path, "w") as f:
             for n in names:
-                f.write(self.host(n)["addr"] + "\n")
+                weight = (server_weights or {}).get(n)
+                f.write(self.host(n)["addr"]
+                        + (f" server_weight={weight:g}" if weight is not None else "") + "\n")
         return path
 
     def ssh_opts(self):
@@ -562,9 +565,11 @@ class Bench:
         return {h["name"]: float(h["rate_bit"]) for h in self.bed.hosts}
 
     def ps_case(self, label, size, layout, mode, iterations, timeout, extra=None,
-                compression=("none", "none")):
+                compression=("none", "none"), server_weights=None):
+        """server_weights: {host: weight} for the servers beside the workers (hostfile
+        server_weight=, hence PS_SERVER_WEIGHTS)."""
         hf_workers = self.bed.write_hostfile(os.path.join(self.out, "workers.hosts"),
-                                             self.worker_hosts)
+                                             self.worker_hosts, server_weights)
         argv = [sys.executable, LAUNCH, "-n", str(self.W), "-H", hf_workers,
                 "--ssh-opts", self.bed.ssh_opts(), "--env", "OMP_NUM_THREADS=1"]
         if layout == "own":
@@ -636,6 +641,9 @@ class Bench:
                 "tcp_rcvbuf": self.args.tcp_rcvbuf or None}
         if compression != ("none", "none"):
             case["compression"] = {"push": compression[0], "pull": compression[1]}
+        if server_weights:
+            # by server rank: beside the workers, server i runs on worker host i
+            case["server_weights"] = [server_weights.get(h, 1.0) for h in self.worker_hosts]
         return case
 
     def mpi_case(self, label, size, algorithm, iterations, timeout):
@@ -824,6 +832,18 @@ class Bench:
                                         layout, mode, n, self.timeout_for(size, kind, n, slow=f))
                     case["straggler"] = {"host": slow_host, "factor": f}
                     self.record(case)
+            if "beside" in a.layouts and a.straggler_server_weight > 0:
+                # the slow host's server holds less of the model (hostfile server_weight=)
+                w = a.straggler_server_weight
+                n = self.iterations_for(size, "ps_beside")
+                say(f"ps_beside dist_async {size_name(size)} with the straggler, its server at "
+                    f"weight {w:g}: {n} iterations ...")
+                case = self.ps_case(f"straggler_ps_beside_weighted_async_{size_name(size)}",
+                                    size, "beside", "dist_async", n,
+                                    self.timeout_for(size, "ps_beside", n, slow=f),
+                                    server_weights={slow_host: w})
+                case["straggler"] = {"host": slow_host, "factor": f}
+                self.record(case)
             if a.mpi != "off":
                 for alg in a.mpi_algorithms:
                     n = self.iterations_for(size, "mpi", slow=f)
@@ -903,11 +923,12 @@ def ratios(cases, workers):
                 out.append({"id": f"util_{c['label']}",
                             "what": f"busiest link's utilisation, {c['label']}",
                             "value": u, "target": ">= 0.9", "met": u >= 0.9})
-    for layout in ("own", "beside"):
+    for layout in ("own", "beside", "beside_weighted"):
         for c in cases:
             if not (c.get("straggler") and c["label"].startswith(f"straggler_ps_{layout}_async")):
                 continue
-            base = find(cases, f"ps_{layout}_async_{size_name(c['size'])}")
+            # against the same layout on equal links, without weights
+            base = find(cases, f"ps_{layout.split('_')[0]}_async_{size_name(c['size'])}")
             if not base:
                 continue
             slow_rank_host = c["straggler"]["host"]
@@ -918,8 +939,11 @@ def ratios(cases, workers):
             thr = sum(w["bytes_per_s"] for w in fast) / len(fast)
             thr_base = sum(w["bytes_per_s"] for w in fast_base) / len(fast_base)
             drop = 1 - thr / thr_base
+            weighted = (f", the slow host's server at weight {min(c['server_weights']):g}"
+                        if c.get("server_weights") else "")
             out.append({"id": f"straggler_async_drop_{layout}",
-                        "what": f"dist_async, servers {layout}: drop of the other workers' "
+                        "what": f"dist_async, servers {layout.split('_')[0]}{weighted}: drop "
+                                "of the other workers' "
                                 f"throughput with one host at 1/{c['straggler']['factor']:g} "
                                 "of the rate",
                         "value": drop, "target": "<= 0.1", "met": drop <= 0.1})
@@ -1112,6 +1136,10 @@ def build_parser():
                    help="the slow host's link runs at rate / F (default 4)")
     p.add_argument("--straggler-size", type=parse_size, default=parse_size("16MB"),
                    help="model size of the straggler case (default 16MB)")
+    p.add_argument("--straggler-server-weight", type=float, default=0.05,
+                   help="also run the straggler's dist_async case with servers beside the "
+                        "workers and the slow host's server at this weight (its hostfile "
+                        "server_weight=; default 0.05; 0: not)")
     p.add_argument("--seconds", type=float, default=12.0,
                    help="timed seconds to aim for per case (iterations: 2..30)")
     p.add_argument("--iterations", type=int, default=0,

@@ -4,6 +4,7 @@
 // down. Nothing below the edge reads the environment.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -38,6 +39,10 @@ struct ClusterConfig {
   std::size_t big_array_bound = 1000000;
   // PS_CHUNK_BYTES: the largest slice of a big key in one message (pipelining granularity).
   std::size_t chunk_bytes = std::size_t{4} << 20;
+  // PS_SERVER_WEIGHTS: each server rank's share of the keys, relative to the others (a server
+  // on a host with a slower link or CPU takes less), scaled so the largest is 1000; empty when
+  // all are equal (the default).
+  std::vector<std::uint32_t> server_weights;
   // PS_RANK: the rank this node asks for within its role (-1: none). Ranks are assigned by
   // sorting on (requested rank, host, port), so requests order nodes without gaps.
   int rank_hint = -1;
