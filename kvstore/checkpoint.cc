@@ -348,6 +348,18 @@ void Index::Add(Contents contents) {
   }
 }
 
+bool Index::Covers(Key key, std::uint64_t offset, std::uint64_t length) const {
+  const auto it = by_key_.find(key);
+  if (it == by_key_.end()) return false;
+  std::uint64_t next = offset;               // the first element not yet found
+  for (const Record& record : it->second) {  // sorted by offset
+    if (record.offset <= next && next < record.offset + record.length()) {
+      next = record.offset + record.length();
+    }
+  }
+  return next >= offset + length;
+}
+
 Index::Slice Index::Assemble(Key key, std::uint64_t offset, std::uint64_t length,
                              std::uint64_t total, DType dtype) const {
   const std::string where = "key " + std::to_string(key) + ": ";

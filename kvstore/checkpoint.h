@@ -96,6 +96,8 @@ class Index {
   // or the saved records do not cover the range.
   Slice Assemble(Key key, std::uint64_t offset, std::uint64_t length, std::uint64_t total,
                  DType dtype) const;
+  // Whether the records hold every element of [offset, offset + length) of `key`.
+  bool Covers(Key key, std::uint64_t offset, std::uint64_t length) const;
 
  private:
   std::optional<OptimizerConfig> optimizer_;

@@ -55,6 +55,7 @@ import sys
 PROG = "ps-plan.py"
 
 MiB = 1 << 20
+MAX_PIECES_PER_SERVER = 64  # the runtime's bound on the pieces server weights ask for
 ASYNC_FIXPOINT_ROUNDS = 400  # dist_async's fair rates converge in tens of rounds
 DEFAULT_CHUNK = 4 * MiB          # PS_CHUNK_BYTES
 BIGARRAY_BOUND = 1_000_000       # MXNET_KVSTORE_BIGARRAY_BOUND, elements
@@ -303,7 +304,8 @@ class Job:
         last = [0.0] * S
         for size in self.layers:
             big = size // 4 >= self.bigarray_bound
-            pieces = max(math.ceil(2 * total / min(weights)), math.ceil(size / self.chunk))
+            least = min(math.ceil(2 * total / min(weights)), MAX_PIECES_PER_SERVER * S)
+            pieces = max(least, math.ceil(size / self.chunk))
             for j in range(S):
                 per[j] += size * weights[j] / total
                 last[j] = min(self.chunk, size / pieces) if big else size
@@ -385,8 +387,10 @@ class Job:
         # From an equal split of every link, each worker's rate moves halfway towards what
         # its flows could get if they wanted more, the other flows wanting what they get now
         # (max-min fairness is where no flow can get more that way).
-        rate = [min(self.capacity(link[0]) / len(on_link[link]) / b
-                    for w2, s, b, links in self.flows() if w2 == w for link in links)
+        # (a worker whose servers are all on its own host uses no link: no bound)
+        rate = [min((self.capacity(link[0]) / len(on_link[link]) / b
+                     for w2, s, b, links in self.flows() if w2 == w for link in links),
+                    default=math.inf)
                 for w in range(N)]
         for _ in range(ASYNC_FIXPOINT_ROUNDS):
             bound = [math.inf] * N
@@ -400,7 +404,7 @@ class Job:
             rate = [(x + y) / 2 for x, y in zip(rate, bound)]
             if done:
                 break
-        return [1.0 / r for r in rate]
+        return [1.0 / r if r < math.inf else 0.0 for r in rate]
 
     def flows(self):
         """(worker, server, bytes per iteration, [(host, way) crossed]) of every connection

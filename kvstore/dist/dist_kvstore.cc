@@ -84,7 +84,7 @@ DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
       replicated_(runtime_->config().replicated()),
       layout_(runtime_->num_servers(), runtime_->config().big_array_bound,
               runtime_->config().chunk_bytes, runtime_->config().server_weights),
-      ring_(runtime_->num_servers(), replicated_) {
+      ring_(runtime_->num_servers(), replicated_, runtime_->config().server_weights) {
   for (int s = 0; s < runtime_->num_servers(); ++s) {
     shm_servers_.push_back(runtime_->config().use_shm && runtime_->SameHost(runtime_->ServerId(s)));
   }

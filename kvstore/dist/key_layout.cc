@@ -59,11 +59,13 @@ std::vector<KeySlice> KeyLayout::Slices(Key key, std::size_t length,
   const auto servers = static_cast<std::size_t>(num_servers_);
   const std::size_t chunk_elements = std::max<std::size_t>(1, chunk_bytes_ / element_bytes);
   // With weights, enough pieces (of one element at least) that the lightest server's share
-  // is about two of them.
+  // is about two of them, but at most 64 per server: a server whose share is smaller than
+  // one of those may hold nothing of the key.
+  constexpr std::size_t kMaxPiecesPerServer = 64;
   const std::size_t least_pieces =
-      weights_.empty()
-          ? servers
-          : std::min<std::size_t>(length, (2 * total_weight_ + least_weight_ - 1) / least_weight_);
+      weights_.empty() ? servers
+                       : std::min({length, (2 * total_weight_ + least_weight_ - 1) / least_weight_,
+                                   kMaxPiecesPerServer * servers});
   const std::size_t pieces = std::max(least_pieces, (length + chunk_elements - 1) / chunk_elements);
   // Smooth weighted round-robin (nginx's): each piece goes to the server with the most credit,
   // which then pays the total. Alike weights give plain round-robin. Servers are visited from

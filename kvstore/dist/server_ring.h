@@ -3,7 +3,10 @@
 // (PS_REPLICATION). Every range has a home, the server rank the key layout (key_layout.h) puts
 // it on, and an owner, its primary: at first its home. A range's replica is the next live
 // server after its owner in rank order (wrapping around), so when an owner dies its ranges move
-// to that next live server, which already holds their copies.
+// to that next live server, which already holds their copies. With server weights
+// (PS_SERVER_WEIGHTS) it is the next live server of a weight at least its owner's, if any: a
+// light server (a host with a slow link) keeps no copies of a heavier one's ranges, and never
+// inherits them while a heavier server lives.
 //
 // A server started later takes a dead server's rank (it "rejoins" it): it becomes live again
 // in the ring, so the live server before it now sends its copies to it, but it owns nothing
@@ -11,24 +14,29 @@
 // the server before it dies. Workers and servers apply the same deaths and joins in the order
 // the scheduler reported them, so they agree on every owner and replica.
 #include <cstddef>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace ps {
 
 class ServerRing {
  public:
-  // `replicated`: ranges have a replica (ClusterConfig::replicated()).
-  ServerRing(int num_servers, bool replicated)
+  // `replicated`: ranges have a replica (ClusterConfig::replicated()). `weights`: empty, or
+  // one per rank (ClusterConfig::server_weights).
+  ServerRing(int num_servers, bool replicated, std::vector<std::uint32_t> weights = {})
       : dead_(static_cast<std::size_t>(num_servers), false),
         rejoined_(static_cast<std::size_t>(num_servers), false),
+        weights_(std::move(weights)),
         replicated_(replicated) {
     for (int rank = 0; rank < num_servers; ++rank) owner_.push_back(rank);
+    if (weights_.size() != dead_.size()) weights_.clear();
   }
 
   void MarkDead(int rank) {
     if (!InRange(rank) || dead(rank)) return;
+    const int heir = NextHolder(rank);  // its replica, which holds the copies; -1: none left
     dead_[static_cast<std::size_t>(rank)] = true;
-    const int heir = FirstLiveFrom((rank + 1) % num_servers());  // -1: none left
     for (int& owner : owner_) {
       if (owner == rank) owner = heir;
     }
@@ -50,25 +58,33 @@ class ServerRing {
   // the only live server.
   int ReplicaOf(int primary) const {
     if (!replicated_ || primary < 0) return -1;
-    const int next = FirstLiveFrom((primary + 1) % num_servers());
-    return next == primary ? -1 : next;
+    return NextHolder(primary);
   }
   int Replica(int home) const { return ReplicaOf(Primary(home)); }
 
  private:
   bool InRange(int rank) const { return rank >= 0 && rank < num_servers(); }
-  int FirstLiveFrom(int rank) const {
+  // The live server after `rank` (wrapping around, never `rank` itself) of a weight at least
+  // its, else the first live one after it; -1 when none lives.
+  int NextHolder(int rank) const {
     const int n = num_servers();
-    for (int step = 0; step < n; ++step) {
+    int first_live = -1;
+    for (int step = 1; step < n; ++step) {
       const int r = (rank + step) % n;
-      if (!dead_[static_cast<std::size_t>(r)]) return r;
+      if (dead(r)) continue;
+      if (first_live < 0) first_live = r;
+      if (weights_.empty() ||
+          weights_[static_cast<std::size_t>(r)] >= weights_[static_cast<std::size_t>(rank)]) {
+        return r;
+      }
     }
-    return -1;
+    return first_live;
   }
 
-  std::vector<bool> dead_;      // per server rank
-  std::vector<bool> rejoined_;  // per server rank
-  std::vector<int> owner_;      // per home rank: its primary (-1: none left)
+  std::vector<bool> dead_;              // per server rank
+  std::vector<bool> rejoined_;          // per server rank
+  std::vector<std::uint32_t> weights_;  // per server rank; empty: alike
+  std::vector<int> owner_;              // per home rank: its primary (-1: none left)
   bool replicated_;
 };
 

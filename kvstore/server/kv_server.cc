@@ -66,7 +66,7 @@ std::string OutOfMemory(Key key, std::size_t bytes, const std::string& what) {
 KVServerStore::KVServerStore(Runtime& runtime)
     : runtime_(runtime),
       num_workers_(runtime.num_workers()),
-      ring_(runtime.num_servers(), runtime.config().replicated()) {
+      ring_(runtime.num_servers(), runtime.config().replicated(), runtime.config().server_weights) {
   const int replica = ring_.ReplicaOf(runtime.rank());
   if (replica >= 0) replica_node_ = runtime.ServerId(replica);
 }
@@ -443,14 +443,21 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     const auto manifest = checkpoint::Manifest::Parse(request.manifest, request.path + "/MANIFEST");
     checkpoint::Index index;
     const int servers = runtime_.num_servers();
-    // Same layout without replication: this server's own file has its slices. Otherwise they
-    // are spread over the files (a replica's copies are in its primary's; after a server died,
-    // the survivors' files have the layout of the job that wrote them, not of their count).
+    // Same servers without replication: this server's own file has its slices, unless the
+    // key layout changed (other server weights, bound or chunk). Otherwise they are spread
+    // over the files (a replica's copies are in its primary's; after a server died, the
+    // survivors' files have the layout of the job that wrote them, not of their count).
     const auto rank = static_cast<std::size_t>(runtime_.rank());
-    if (manifest.servers == servers && !runtime_.config().replicated() &&
-        manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers)) {
+    bool own_file = manifest.servers == servers && !runtime_.config().replicated() &&
+                    manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers);
+    if (own_file) {
       index.Add(checkpoint::ReadDataFile(request.path, manifest.files[rank]));
-    } else {
+      own_file = std::all_of(slices_.begin(), slices_.end(), [&](const auto& entry) {
+        return index.Covers(entry.first.first, entry.first.second, entry.second.length);
+      });
+    }
+    if (!own_file) {
+      index = checkpoint::Index();
       for (const auto& file : manifest.files)
         index.Add(checkpoint::ReadDataFile(request.path, file));
     }

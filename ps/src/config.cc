@@ -47,42 +47,6 @@ int ReadInt(const SettingLookup& lookup, std::string_view name, long long min, l
   return static_cast<int>(*value);
 }
 
-// PS_SERVER_WEIGHTS: one positive number per server rank, comma-separated; scaled to integers
-// (the largest 1000, none below 1) so every node deals key slices with the same arithmetic.
-std::vector<std::uint32_t> ReadServerWeights(const SettingLookup& lookup, int num_servers) {
-  const auto raw = lookup("PS_SERVER_WEIGHTS");
-  if (!raw || raw->empty()) return {};
-  std::vector<double> weights;
-  std::string_view rest = *raw;
-  while (true) {
-    const std::string_view item = rest.substr(0, rest.find(','));
-    double weight = 0;
-    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), weight);
-    if (error != std::errc() || end != item.data() + item.size() || item.empty() ||
-        !std::isfinite(weight) || weight <= 0) {
-      Invalid("PS_SERVER_WEIGHTS", *raw,
-              "expected one positive number per server rank, comma-separated (e.g. 1,1,1,0.25)");
-    }
-    weights.push_back(weight);
-    if (item.size() == rest.size()) break;
-    rest.remove_prefix(item.size() + 1);
-  }
-  if (weights.size() != static_cast<std::size_t>(num_servers)) {
-    Invalid("PS_SERVER_WEIGHTS", *raw,
-            "it has " + std::to_string(weights.size()) + " weights for " +
-                std::to_string(num_servers) + " servers (DMLC_NUM_SERVER): give one per rank");
-  }
-  const double largest = *std::max_element(weights.begin(), weights.end());
-  std::vector<std::uint32_t> scaled;
-  for (const double weight : weights) {
-    scaled.push_back(std::max<std::uint32_t>(
-        1, static_cast<std::uint32_t>(std::lround(kServerWeightScale * weight / largest))));
-  }
-  if (std::all_of(scaled.begin(), scaled.end(), [&](auto w) { return w == scaled.front(); }))
-    return {};
-  return scaled;
-}
-
 std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_view name,
                                       double min_seconds, std::chrono::milliseconds fallback) {
   const auto raw = lookup(name);
@@ -182,7 +146,8 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES");
   config.chunk_bytes =
       static_cast<std::size_t>(ReadInt(lookup, "PS_CHUNK_BYTES", 4096, 2147483647, 4 << 20));
-  config.server_weights = ReadServerWeights(lookup, config.num_servers);
+  config.server_weights =
+      ParseServerWeights(lookup("PS_SERVER_WEIGHTS").value_or(""), config.num_servers);
   config.tcp_receive_buffer = ReadInt(lookup, "PS_TCP_RCVBUF", 0, 1 << 30, 0);
   if (config.tcp_receive_buffer > 0 && config.tcp_receive_buffer < kMinTcpReceiveBuffer) {
     Invalid("PS_TCP_RCVBUF", std::to_string(config.tcp_receive_buffer),
@@ -256,6 +221,39 @@ std::string ServerWeightsText(const std::vector<std::uint32_t>& weights) {
 }
 
 }  // namespace
+
+std::vector<std::uint32_t> ParseServerWeights(const std::string& text, int num_servers) {
+  if (text.empty()) return {};
+  std::vector<double> weights;
+  std::string_view rest = text;
+  while (true) {
+    const std::string_view item = rest.substr(0, rest.find(','));
+    double weight = 0;
+    const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), weight);
+    if (error != std::errc() || end != item.data() + item.size() || item.empty() ||
+        !std::isfinite(weight) || weight <= 0) {
+      Invalid("PS_SERVER_WEIGHTS", text,
+              "expected one positive number per server rank, comma-separated (e.g. 1,1,1,0.25)");
+    }
+    weights.push_back(weight);
+    if (item.size() == rest.size()) break;
+    rest.remove_prefix(item.size() + 1);
+  }
+  if (weights.size() != static_cast<std::size_t>(num_servers)) {
+    Invalid("PS_SERVER_WEIGHTS", text,
+            "it has " + std::to_string(weights.size()) + " weights for " +
+                std::to_string(num_servers) + " servers (DMLC_NUM_SERVER): give one per rank");
+  }
+  const double largest = *std::max_element(weights.begin(), weights.end());
+  std::vector<std::uint32_t> scaled;
+  for (const double weight : weights) {
+    scaled.push_back(std::max<std::uint32_t>(
+        1, static_cast<std::uint32_t>(std::lround(kServerWeightScale * weight / largest))));
+  }
+  if (std::all_of(scaled.begin(), scaled.end(), [&](auto w) { return w == scaled.front(); }))
+    return {};
+  return scaled;
+}
 
 std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const {
   return {

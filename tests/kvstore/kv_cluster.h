@@ -73,6 +73,12 @@ class KVCluster {
     if (const auto it = env_.find("PS_USE_IPC"); it != env_.end()) {
       config.use_ipc = it->second == "1";
     }
+    if (const auto it = env_.find("PS_REPLICATION"); it != env_.end()) {
+      config.replication = it->second == "1";
+    }
+    if (const auto it = env_.find("PS_SERVER_WEIGHTS"); it != env_.end()) {
+      config.server_weights = ParseServerWeights(it->second, servers_);
+    }
     return config;
   }
 

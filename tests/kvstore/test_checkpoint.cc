@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvstore/local_kvstore.h"
@@ -89,9 +90,16 @@ TEST_CASE("checkpoint: dist_sync resumes bit for bit, also with another number o
   }
   CHECK(std::filesystem::exists(dir.path() + "/MANIFEST"));
   CHECK(std::filesystem::exists(dir.path() + "/server-1-of-2.psckpt"));
-  for (const int servers : {2, 3, 1}) {
-    INFO(servers << " servers");
-    KVCluster cluster(servers, 2, SlicedEnv());
+  // The last: another key layout on as many servers, without replication (where each server
+  // would read only its own file): server weights move the big key's slices between them.
+  ps::test::Env weighted = SlicedEnv();
+  weighted["PS_SERVER_WEIGHTS"] = "1,0.25";
+  weighted["PS_REPLICATION"] = "0";
+  const std::vector<std::pair<int, ps::test::Env>> jobs = {
+      {2, SlicedEnv()}, {3, SlicedEnv()}, {1, SlicedEnv()}, {2, weighted}};
+  for (const auto& [servers, env] : jobs) {
+    INFO(servers << " servers" << (env.contains("PS_SERVER_WEIGHTS") ? ", weighted" : ""));
+    KVCluster cluster(servers, 2, env);
     const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
       InitKeys(kv);
       kv.LoadCheckpoint(dir.path());

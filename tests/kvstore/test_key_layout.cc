@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -106,6 +107,13 @@ TEST_CASE("layout: server weights set each server's share of big and small keys"
       CHECK(a[i].offset == b[i].offset);
     }
   }
+  // A tiny weight asks for thousands of pieces: at most 64 per server, and the tiny server
+  // then holds none of this key.
+  const ps::KeyLayout tiny(4, 1000, 4 << 20, {1000, 1000, 1000, 1});
+  const auto pieces = tiny.Slices(5, 1 << 20, 4);
+  CHECK(pieces.size() == 256);
+  CHECK(std::none_of(pieces.begin(), pieces.end(),
+                     [](const ps::KeySlice& slice) { return slice.server_rank == 3; }));
   CHECK_THROWS(ps::KeyLayout(2, 1000, 4000, {1, 0}));
   CHECK_THROWS(ps::KeyLayout(2, 1000, 4000, {1, 2, 3}));
 }
@@ -168,6 +176,31 @@ TEST_CASE("server ring: a dead server's ranges go to the server holding their co
   CHECK(off.Replica(0) == -1);
   off.MarkDead(0);
   CHECK(off.Primary(0) == 1);
+}
+
+TEST_CASE("server ring: with weights a light server keeps no copies of heavier ones' ranges",
+          "[layout]") {
+  // Rank 2 on a slow host (PS_SERVER_WEIGHTS 1,1,0.05,1 scales to 1000,1000,50,1000).
+  ps::ServerRing ring(4, /*replicated=*/true, {1000, 1000, 50, 1000});
+  CHECK(ring.Replica(0) == 1);
+  CHECK(ring.Replica(1) == 3);  // not the light rank 2
+  CHECK(ring.Replica(2) == 3);  // its own ranges: the next live server
+  CHECK(ring.Replica(3) == 0);
+  // A heavy server's ranges go to its replica, never to the light one.
+  ring.MarkDead(1);
+  CHECK(ring.Primary(1) == 3);
+  CHECK(ring.Replica(1) == 0);
+  CHECK(ring.Replica(0) == 3);
+  ring.MarkDead(3);
+  CHECK(ring.Primary(1) == 0);
+  CHECK(ring.Primary(3) == 0);
+  CHECK(ring.Primary(2) == 2);
+  // Only the light server left beside server 0: it is the replica all the same.
+  CHECK(ring.Replica(0) == 2);
+  ring.MarkDead(0);
+  CHECK(ring.Primary(0) == 2);
+  CHECK(ring.Primary(1) == 2);
+  CHECK(ring.Replica(2) == -1);
 }
 
 TEST_CASE("server ring: a server that takes a dead one's rank mirrors the one before it",

@@ -240,6 +240,13 @@ class ParameterServer(unittest.TestCase):
         self.assertAlmostEqual(times[0], 1.6 * M16 / C, places=5)
         self.assertAlmostEqual(times[1], 6.4 * M16 / C, places=5)
 
+    def test_async_worker_without_remote_servers(self):
+        # one small key, whole on server 0: worker 0 pushes to its own host only
+        p = job(layers=[MiB], worker_hosts=2, layout="beside", mode="async").predict()
+        self.assertEqual(p["ps"]["bandwidth_s"], MiB / C)  # worker 1's push and pull
+        self.assertEqual(job(layers=[MiB], worker_hosts=2, layout="beside",
+                             mode="async").ps_bandwidth_times()[0], 0.0)
+
     def test_share_only_where_every_link_is_busy(self):
         self.assertTrue(job(layers=[M16], worker_hosts=4, layout="own").balanced())
         self.assertTrue(job(layers=[M16], worker_hosts=4, layout="beside").balanced())

@@ -102,6 +102,11 @@ struct ClusterConfig {
   std::vector<SharedSetting> SharedSettings() const;
 };
 
+// PS_SERVER_WEIGHTS's text ("" or one positive number per server rank, comma-separated) as
+// ClusterConfig::server_weights: scaled to integers (the largest 1000, none below 1) so every
+// node deals key slices with the same arithmetic; empty when all are alike. Throws ps::Error.
+std::vector<std::uint32_t> ParseServerWeights(const std::string& text, int num_servers);
+
 // SharedSettings() as text, a "NAME=VALUE" line each, and back. Parse returns nullopt on text
 // that is not made of such lines.
 std::string EncodeSharedSettings(const std::vector<ClusterConfig::SharedSetting>& settings);
