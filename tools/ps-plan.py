@@ -563,6 +563,14 @@ def check_rows(doc, ps_share=None, efficiency=None, tolerance=0.15):
             continue
         row = {"label": case["label"], "size": case["size"], "system": case["system"],
                "rate": float(meta["rate_bit"]), "straggler": bool(case.get("straggler"))}
+        if case["system"] == "ps" and meta.get("replication") == "1":
+            means = [w["mean_s"] for w in case.get("per_worker") or []]
+            measured = case["iteration_s"] or (sum(means) / len(means) if means else 0.0)
+            row.update(measured=measured, predicted=None,
+                       note="not modelled: replication (PS_REPLICATION=1 forwards every "
+                            "update to a second server)")
+            rows.append(row)
+            continue
         if case.get("compression"):
             row.update(measured=case["iteration_s"], predicted=None,
                        note="not modelled: compressed pushes or pulls (bed_bench.py's "

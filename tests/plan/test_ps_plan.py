@@ -331,6 +331,14 @@ class Check(unittest.TestCase):
         self.assertTrue(by["mpi_ring_16MB"]["within"])
         self.assertIsNone(by["mpi_default_16MB"]["predicted"])
 
+    def test_replication_is_not_modelled(self):
+        doc = self.doc()
+        doc["meta"]["replication"] = "1"
+        by = {r["label"]: r for r in plan.check_rows(doc, ps_share=1.0)}
+        self.assertIsNone(by["ps_own_sync_16MB"]["predicted"])
+        self.assertIn("replication", by["ps_own_sync_16MB"]["note"])
+        self.assertIsNotNone(by["mpi_ring_16MB"]["predicted"])  # MPI keeps no copies
+
     def test_link_delay_is_latency(self):
         # the bed's --delay: one way between two hosts crosses both links' delay
         doc = self.doc()

@@ -873,6 +873,7 @@ class Bench:
                 "cores": os.cpu_count(), "mpi": mpi_version,
                 "command": " ".join(shlex.quote(x) for x in sys.argv),
                 "rate_bit": self.args.rate, "delay_us": self.args.delay_us,
+                "replication": self.args.replication,
                 "delay_method": self.bed.state.get("delay_method"),
                 "workers": self.W, "server_hosts": self.S,
                 "chunk_bytes": self.args.chunk_bytes or None,
