@@ -29,9 +29,10 @@ of one host, a worker and a server on one host) is free.
   overlapping the pulls of another, the links need T_bw = max over link directions of
   bytes / C (dist_sync: all workers' bytes, one round; dist_async: each worker at the rate
   its connections get when those across a link share it equally, as TCP does, max-min fair).
-  Server weights (PS_SERVER_WEIGHTS) give each server that share of every key. What cannot overlap: the last message's round
-  closes only when every push is in, and its replies (one per remote worker, `chunk` bytes
-  each) leave its server afterwards: T_drain = remote workers x chunk / C. So
+  Server weights (PS_SERVER_WEIGHTS) give each server that share of every key. What cannot
+  overlap: the last message's round closes only when every push is in, and its replies (one
+  per remote worker, `chunk` bytes each) leave its server afterwards:
+  T_drain = remote workers x chunk / C. So
       T_ps = T_bw / share + T_drain + 2 latency
   where `share` (<= 1) is the fraction of the links that dist_sync's many TCP flows (every
   worker to every server) achieve when every link is equally busy: a round waits for its
@@ -300,11 +301,11 @@ class Job:
 
     def weighted_placement(self, weights):
         S, total = self.server_hosts, sum(weights)
+        least = min(math.ceil(2 * total / min(weights)), MAX_PIECES_PER_SERVER * S)
         per = [0.0] * S
         last = [0.0] * S
         for size in self.layers:
             big = size // 4 >= self.bigarray_bound
-            least = min(math.ceil(2 * total / min(weights)), MAX_PIECES_PER_SERVER * S)
             pieces = max(least, math.ceil(size / self.chunk))
             for j in range(S):
                 per[j] += size * weights[j] / total
@@ -321,24 +322,10 @@ class Job:
     def link_bytes(self):
         """{(host, 'out'|'in'): [bytes per iteration of worker w, for each w]}: push and pull
         of one iteration of each worker, hosts named ('w', i) and ('s', j)."""
-        N, S = self.worker_hosts, self.server_hosts
-        per_server = self.server_bytes()
         links = {}
-
-        def add(host, way, w, b):
-            links.setdefault((host, way), [0.0] * N)[w] += b
-
-        for w in range(N):
-            for s in range(S):
-                if self.layout == "beside" and s == w:
-                    continue  # same host: shared memory, no link
-                push = per_server[s] * self.push_ratio
-                pull = per_server[s] * self.pull_ratio
-                shost = ("w", s) if self.layout == "beside" else ("s", s)
-                add(("w", w), "out", w, push)
-                add(shost, "in", w, push)
-                add(shost, "out", w, pull)
-                add(("w", w), "in", w, pull)
+        for w, _, b, crossed in self.flows():
+            for link in crossed:
+                links.setdefault(link, [0.0] * self.worker_hosts)[w] += b
         return links
 
     def capacity(self, host):
@@ -386,12 +373,13 @@ class Job:
             return [0.0] * N
         # From an equal split of every link, each worker's rate moves halfway towards what
         # its flows could get if they wanted more, the other flows wanting what they get now
-        # (max-min fairness is where no flow can get more that way).
-        # (a worker whose servers are all on its own host uses no link: no bound)
-        rate = [min((self.capacity(link[0]) / len(on_link[link]) / b
-                     for w2, s, b, links in self.flows() if w2 == w for link in links),
-                    default=math.inf)
-                for w in range(N)]
+        # (max-min fairness is where no flow can get more that way). A worker whose servers
+        # are all on its own host uses no link: no bound.
+        rate = [math.inf] * N
+        for link, flows in on_link.items():
+            share = self.capacity(link[0]) / len(flows)
+            for w, b in flows:
+                rate[w] = min(rate[w], share / b)
         for _ in range(ASYNC_FIXPOINT_ROUNDS):
             bound = [math.inf] * N
             for link, flows in on_link.items():

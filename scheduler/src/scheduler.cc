@@ -527,14 +527,9 @@ std::vector<int> Scheduler::GroupMembers(int group) const {
 void Scheduler::OnBarrier(const Meta& meta) {
   const int group = meta.barrier_group & (kServerGroup | kWorkerGroup);
   if (group == 0 || !(RoleBit(nodes_[meta.sender].role) & group)) {
-    Message reply;
-    reply.meta.control = Control::kBarrierRelease;
-    reply.meta.recipient = meta.sender;
-    reply.meta.barrier_group = meta.barrier_group;
-    reply.meta.timestamp = meta.timestamp;
-    reply.meta.error = "barrier group " + std::to_string(meta.barrier_group) +
-                       " does not include " + nodes_[meta.sender].Describe();
-    Send(std::move(reply));
+    SendBarrierRelease(meta.barrier_group, meta.sender,
+                       {meta.timestamp, "barrier group " + std::to_string(meta.barrier_group) +
+                                            " does not include " + nodes_[meta.sender].Describe()});
     return;
   }
   // A request sent again after a reset: for a barrier that ended, the release again; for

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 #include <zmq.hpp>
 
 #include "ps.pb.h"
@@ -79,6 +82,18 @@ class NodeThreads {
   std::vector<std::string> outcomes_;
   std::vector<std::thread> threads_;
 };
+
+// One node of each config joins `scheduler`'s job, as threads started in this order; returns
+// the scheduler's status and what each node's registration ended in.
+std::pair<int, std::vector<std::string>> RegisterPair(ps::Scheduler& scheduler,
+                                                      const ps::ClusterConfig& first,
+                                                      const ps::ClusterConfig& second) {
+  const auto registered = [](ps::Runtime&, int) { return std::string("registered"); };
+  NodeThreads first_node(first, 1, registered);
+  NodeThreads second_node(second, 1, registered);
+  const int status = scheduler.Run();
+  return {status, {first_node.Join()[0], second_node.Join()[0]}};
+}
 
 std::string ServeUntilTerminated(ps::Runtime& runtime, int) { return runtime.WaitForTermination(); }
 
@@ -169,6 +184,28 @@ TEST_CASE(
     CHECK(server_ranks == std::vector<int>{0, 1});
   }
   CHECK(ps::test::ThreadCount() == baseline_threads);
+}
+
+TEST_CASE("cluster: a barrier of a group without the caller fails naming it, the job goes on",
+          "[cluster][fault]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 1));
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1,
+                     [&](ps::Runtime& runtime, int) { return runtime.WaitForTermination(); });
+  NodeThreads worker(scheduler.NodeConfig(ps::Role::kWorker), 1,
+                     [&](ps::Runtime& runtime, int) -> std::string {
+                       std::string error;
+                       try {
+                         runtime.Barrier(ps::kServerGroup);
+                       } catch (const ps::Error& e) {
+                         error = e.what();
+                       }
+                       runtime.Barrier(ps::kWorkerGroup);  // the next barrier is not confused
+                       runtime.FinishWorker();
+                       return error;
+                     });
+  CHECK(scheduler.Run() == 0);
+  CHECK_THAT(worker.Join()[0], Catch::Contains("barrier group 1 does not include worker 0"));
+  CHECK(server.Join()[0] == "");
 }
 
 TEST_CASE("cluster: a server started after one died takes its rank and every node hears of it",
@@ -655,11 +692,10 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
   ps::Scheduler second_job(job);
   ps::ClusterConfig sliced = second_job.NodeConfig(ps::Role::kWorker);
   sliced.big_array_bound = 1000;
-  NodeThreads plain(second_job.NodeConfig(ps::Role::kWorker), 1,
-                    [&](ps::Runtime&, int) { return std::string("registered"); });
-  NodeThreads odd_layout(sliced, 1, [&](ps::Runtime&, int) { return std::string("registered"); });
-  CHECK(second_job.Run() == 1);
-  for (const std::string& outcome : {plain.Join()[0], odd_layout.Join()[0]}) {
+  const auto [sliced_status, sliced_outcomes] =
+      RegisterPair(second_job, second_job.NodeConfig(ps::Role::kWorker), sliced);
+  CHECK(sliced_status == 1);
+  for (const std::string& outcome : sliced_outcomes) {
     CHECK_THAT(outcome, Catch::Matches(".*BOUND=1000[,:] .*") &&
                             Catch::Contains("MXNET_KVSTORE_BIGARRAY_BOUND=1000000") &&
                             Catch::Contains("the first node"));
@@ -671,11 +707,10 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
   ps::Scheduler third_job(one_worker);
   ps::ClusterConfig small_chunks = third_job.NodeConfig(ps::Role::kServer);
   small_chunks.chunk_bytes = 8192;
-  NodeThreads server(small_chunks, 1, [&](ps::Runtime&, int) { return std::string("registered"); });
-  NodeThreads worker(third_job.NodeConfig(ps::Role::kWorker), 1,
-                     [&](ps::Runtime&, int) { return std::string("registered"); });
-  CHECK(third_job.Run() == 1);
-  for (const std::string& outcome : {server.Join()[0], worker.Join()[0]}) {
+  const auto [chunk_status, chunk_outcomes] =
+      RegisterPair(third_job, small_chunks, third_job.NodeConfig(ps::Role::kWorker));
+  CHECK(chunk_status == 1);
+  for (const std::string& outcome : chunk_outcomes) {
     CHECK_THAT(outcome, Catch::Contains("PS_CHUNK_BYTES=8192") &&
                             Catch::Contains("PS_CHUNK_BYTES=" + std::to_string(4 << 20)) &&
                             Catch::Contains("servers and workers must slice keys alike"));
@@ -685,11 +720,10 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
   ps::Scheduler fourth_job(job);
   ps::ClusterConfig weighted = fourth_job.NodeConfig(ps::Role::kWorker);
   weighted.server_weights = {1000, 500};
-  NodeThreads even(fourth_job.NodeConfig(ps::Role::kWorker), 1,
-                   [&](ps::Runtime&, int) { return std::string("registered"); });
-  NodeThreads uneven(weighted, 1, [&](ps::Runtime&, int) { return std::string("registered"); });
-  CHECK(fourth_job.Run() == 1);
-  for (const std::string& outcome : {even.Join()[0], uneven.Join()[0]}) {
+  const auto [weights_status, weights_outcomes] =
+      RegisterPair(fourth_job, fourth_job.NodeConfig(ps::Role::kWorker), weighted);
+  CHECK(weights_status == 1);
+  for (const std::string& outcome : weights_outcomes) {
     CHECK_THAT(outcome, Catch::Contains("PS_SERVER_WEIGHTS=1000,500") &&
                             Catch::Contains("PS_SERVER_WEIGHTS=equal"));
   }
