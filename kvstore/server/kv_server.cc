@@ -646,7 +646,7 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
       if (pushes > slice.completed) {
         slice.waiters.push_back({pushes - 1, waiter});
       } else {
-        Resolve(waiter, slice);
+        ResolveCurrent(slice, waiter);
       }
       continue;
     }
@@ -654,7 +654,7 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
     if (request.sync && last != slice.last_round.end() && last->second >= slice.completed) {
       slice.waiters.push_back({last->second, waiter});  // after the puller's own push
     } else {
-      Resolve(waiter, slice);
+      ResolveCurrent(slice, waiter);
     }
   }
 }
@@ -735,12 +735,27 @@ void KVServerStore::CloseRound(Slice& slice) {
                                                              : kv::ReplicaKind::kRound;
   round.seq = slice.completed;
   if (round.kind == kv::ReplicaKind::kRound) round.gradient = slice.first;
+  // Only behind nothing else on its way: a request waiting on an earlier update (a push sent
+  // again after a failover, waiting on the copy) is answered with the value before this round.
+  const bool apply_ahead = round.kind == kv::ReplicaKind::kRound &&
+                           slice.replicated_to != kNoNode && slice.forwards.empty();
   StartForward(slice, std::move(round));  // CommitRound, now or when the replica answers
+  if (!apply_ahead) return;
+  // The sum is on its way to the replica (at the back of the queue: a failed send never
+  // answers on this thread): applied here meanwhile, so the two updates overlap rather than
+  // follow each other. Out of memory, it is applied when the replica answers, as the rest.
+  Forward& sent = slice.forwards.back();
+  ApplyUpdate(slice, sent.gradient);
+  sent.applied = failed_update_ != &slice;
+  failed_update_ = nullptr;
 }
 
-void KVServerStore::CommitRound(Slice& slice, const Gradient& sum) {
+void KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
+                                const std::vector<Waiter>& replicated) {
   if (slice.failed_rounds.erase(slice.completed) == 0 && sum.values.data() != nullptr) {
     ApplyUpdate(slice, sum);
+  } else {
+    failed_update_ = nullptr;  // nothing applied now: an earlier update's error is not this one's
   }
   slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
   slice.pushed.clear();
@@ -753,6 +768,8 @@ void KVServerStore::CommitRound(Slice& slice, const Gradient& sum) {
     Resolve(entry.waiter, slice);
     return true;
   });
+  // Before the next round can change the value (CloseRound applies it ahead of the replica).
+  for (const Waiter& waiter : replicated) Resolve(waiter, slice);
   // Pushes that arrived early join the round that just opened.
   std::erase_if(slice.deferred, [&](const DeferredPush& push) {
     if (push.round != slice.completed) return false;
@@ -822,6 +839,18 @@ void KVServerStore::ResolveWhenReplicated(Slice& slice, const Waiter& waiter) {
     Resolve(waiter, slice);
   } else {
     slice.forwards.back().waiters.push_back(waiter);  // answered once that one is applied
+  }
+}
+
+void KVServerStore::ResolveCurrent(Slice& slice, const Waiter& waiter) {
+  // At most one round is on its way at a time (CloseRound waits for the one before), and no
+  // update applies here before it is answered: its waiters see exactly what the replica holds.
+  const auto ahead = std::find_if(slice.forwards.begin(), slice.forwards.end(),
+                                  [](const Forward& forward) { return forward.applied; });
+  if (ahead == slice.forwards.end()) {
+    Resolve(waiter, slice);
+  } else {
+    ahead->waiters.push_back(waiter);
   }
 }
 

@@ -15,8 +15,10 @@
 // Replication (PS_REPLICATION, two or more servers; kv_server_replication.cc): each slice
 // lives on its primary and on the primary's replica (server_ring.h). The primary sends every
 // update it makes (a dist_sync round's sum, a dist_async push, a new slice) to the replica and
-// applies it itself, answering the requests it releases, only once the replica answered: no
-// acknowledged update exists in one place only, and what a pull sees the replica holds too.
+// answers the requests it releases only once the replica answered: no acknowledged update
+// exists in one place only, and what a pull sees the replica holds too. A dist_sync round's sum
+// is applied here as soon as it is sent, while the replica applies it too (a pull that would
+// see it waits for the replica's answer); the rest is applied here once the replica answered.
 // Pushes carry their sender's push number, so a push sent again after a server died is
 // recognized and never applied twice. When a server dies its replica becomes the primary of
 // its ranges, and every range whose copy was lost is copied in full to its new replica.
@@ -121,7 +123,8 @@ class KVServerStore {
     bool Contains(std::uint64_t seq) const { return seq < next || ahead.contains(seq); }
     void Add(std::uint64_t seq);
   };
-  // An update sent to the replica and applied here when the replica answers, in order.
+  // An update sent to the replica and applied here when the replica answers, in order (or,
+  // `applied`, already: a dist_sync round whose answers wait for the replica's).
   struct Forward {
     std::uint64_t serial = 0;  // unique on this server: matches the replica's answer
     kv::ReplicaKind kind = kv::ReplicaKind::kRound;
@@ -130,6 +133,9 @@ class KVServerStore {
     Gradient gradient;            // what is applied (a round's sum, a push); kept until then
     std::vector<Waiter> waiters;  // answered once it is applied (pushes, Init)
     ShmSlot* slot = nullptr;      // the replica slot it travels through, held until answered
+    // A round's sum applied to the value when it was sent (CloseRound): a full copy sent
+    // since holds it, so what follows the copy only counts the round (CopyToReplica).
+    bool applied = false;
     // Whether it changes the slice (a round, a push) rather than copying or dropping it.
     bool updates() const {
       return kind != kv::ReplicaKind::kState && kind != kv::ReplicaKind::kForget;
@@ -237,11 +243,13 @@ class KVServerStore {
   // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.
   void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter);
   // Closes the open round once every worker pushed into it (and no earlier round is still
-  // on its way to the replica): its update goes to the replica, then CommitRound.
+  // on its way to the replica): its update goes to the replica and, when no other update is
+  // on its way, is applied here meanwhile; then CommitRound once the replica answered.
   void CloseRound(Slice& slice);
-  // Applies a closed round's sum (unless the round failed), answers its waiters and opens the
-  // next round, merging the pushes that waited for it.
-  void CommitRound(Slice& slice, const Gradient& sum);
+  // Applies a closed round's sum (unless the round failed or `sum` is empty: applied already),
+  // answers its waiters, then `replicated` (waiters on the replica's answer), and opens the next
+  // round, merging the pushes that waited for it.
+  void CommitRound(Slice& slice, const Gradient& sum, const std::vector<Waiter>& replicated = {});
   // dist_sync: the round a push of `sender` joins (its push number, with replication).
   std::uint64_t RoundOf(const Slice& slice, int sender, const kv::Request& request,
                         std::size_t index) const;
@@ -301,6 +309,9 @@ class KVServerStore {
   // the last update or copy on its way there (a copy after a failover) is applied. For what
   // was applied before and is asked for again after a server died.
   void ResolveWhenReplicated(Slice& slice, const Waiter& waiter);
+  // Resolves `waiter` with the value the replica holds too: now, or once the replica answered
+  // the round applied here ahead of it. For pulls served from the current value.
+  void ResolveCurrent(Slice& slice, const Waiter& waiter);
   void Answer(Pending& pending);
   void FailWaiters(Slice& slice, const std::string& why);
   // The value's bytes, made this slice's alone first (copy-on-write).

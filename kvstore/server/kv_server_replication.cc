@@ -239,8 +239,10 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
   switch (forward.kind) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kSkippedRound:
-      CommitRound(slice, forward.gradient);  // answers the round's pushes (slice.waiters)
-      break;
+      // Answers the round's pushes (slice.waiters) and this update's waiters, in that order,
+      // before the next round starts.
+      CommitRound(slice, forward.applied ? Gradient() : forward.gradient, forward.waiters);
+      return;
     case kv::ReplicaKind::kAsyncPush:
       ApplyUpdate(slice, forward.gradient);
       slice.seen[forward.worker].Add(forward.seq);
@@ -249,7 +251,9 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
     case kv::ReplicaKind::kForget:
       break;
   }
-  for (const Waiter& waiter : forward.waiters) Resolve(waiter, slice);
+  // A round applied ahead is never queued behind another update (CloseRound), but a copy may
+  // go in front of it (CopyToReplica): what waits on the copy then waits for the round too.
+  for (const Waiter& waiter : forward.waiters) ResolveCurrent(slice, waiter);
 }
 
 void KVServerStore::CopyToReplica(Slice& slice, int to) {
@@ -270,8 +274,12 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
     return;
   }
   // The copy goes first, with the value as this server applied it; the updates not yet
-  // applied follow in order, answered as they would have been. The copy is queued like them,
-  // so that what waits for the replica to hold the slice (an Init sent again) waits for it.
+  // answered follow in order, answered as they would have been. The copy is queued like them,
+  // so that what waits for the replica to hold the slice (an Init sent again) waits for it. A
+  // round applied here already is in the copy: the replica only counts it.
+  for (Forward& forward : slice.forwards) {
+    if (forward.applied) forward.kind = kv::ReplicaKind::kSkippedRound;
+  }
   Forward copy;
   copy.kind = kv::ReplicaKind::kState;
   copy.serial = next_forward_++;
