@@ -474,16 +474,15 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
 
 void Runtime::OnNodeJoined(const NodeInfo& node) {
   bool is_new = false;
+  std::optional<NodeInfo> predecessor;
   {
     MutexLock lock(mu_);
     const std::size_t count = node_count_.load();
     const bool fits = node.role == Role::kServer && node.rank >= 0 &&
                       node.rank < config_.num_servers && node.id > 0;
-    if (fits && static_cast<std::size_t>(node.id) == count && count < nodes_.size()) {
-      nodes_[count] = node;
-      node_count_.store(count + 1, std::memory_order_release);
-      is_new = true;
-    } else if (!fits || static_cast<std::size_t>(node.id) >= count || nodes_[node.id] != node) {
+    is_new = fits && static_cast<std::size_t>(node.id) == count && count < nodes_.size();
+    if (!is_new &&
+        (!fits || static_cast<std::size_t>(node.id) >= count || nodes_[node.id] != node)) {
       // Not the next id, or a known id with other details: not what this scheduler sends.
       if (const auto dropped = ++dropped_; LogOccurrence(dropped)) {
         PS_LOG(WARNING) << "dropped a report (#" << dropped << ") of a joined node that does "
@@ -496,6 +495,22 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
           return event.joined && event.node_id == node.id;
         }))
       return;
+    predecessor = LiveHolderBefore(node);
+  }
+  if (predecessor) {
+    // The scheduler admits a server only in the place of a dead one: that one died, and its
+    // death notice was lost with a reset connection (it comes again, and is ignored then).
+    // Counted now, so that this node hears the death before the join, as every node does.
+    PS_LOG(WARNING) << node.Describe() << " joined in the place of " << predecessor->Describe()
+                    << " before this node heard of its death";
+    OnNodeDead(*predecessor);
+  }
+  {
+    MutexLock lock(mu_);
+    if (is_new) {
+      nodes_[node.id] = node;
+      node_count_.store(static_cast<std::size_t>(node.id) + 1, std::memory_order_release);
+    }
     server_events_.push_back(ServerEvent{node.rank, node.id, true});
     server_event_count_.store(server_events_.size());
   }
@@ -518,6 +533,17 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
     held.swap(held_until_joined_);
   }
   for (Message& early : held) OnMessage(std::move(early));
+}
+
+std::optional<NodeInfo> Runtime::LiveHolderBefore(const NodeInfo& node) const {
+  // The latest server of the rank before `node` (ids grow with every join).
+  for (int id = node.id - 1; id > 0; --id) {
+    const NodeInfo& other = nodes_[static_cast<std::size_t>(id)];
+    if (other.role != Role::kServer || other.rank != node.rank) continue;
+    if (dead_.contains(id)) return std::nullopt;
+    return other;
+  }
+  return std::nullopt;
 }
 
 void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {

@@ -182,6 +182,8 @@ class Runtime {
   void OnRegisterReply(const Meta& meta) PS_EXCLUDES(mu_);   // receive thread: Register's answer
   void OnNodeDead(const NodeInfo& dead) PS_EXCLUDES(mu_);    // receive thread
   void OnNodeJoined(const NodeInfo& node) PS_EXCLUDES(mu_);  // receive thread
+  // The server that held `node`'s rank before it, if this node does not count it dead yet.
+  std::optional<NodeInfo> LiveHolderBefore(const NodeInfo& node) const PS_REQUIRES(mu_);
   // Connects the send socket for `node`: its ipc endpoint when on this host, else TCP.
   void ConnectTo(const NodeInfo& node);
   // The node with id `node_id`, or nullptr: reads the published part of nodes_.

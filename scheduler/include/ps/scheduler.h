@@ -63,6 +63,8 @@ class Scheduler {
   std::uint64_t refused_registrations() const;
 
  private:
+  // Tests: sends a notice of their making to a node, as the scheduler's own (test_cluster.cc).
+  friend struct SchedulerTestAccess;
   using Clock = std::chrono::steady_clock;
   void OnMessage(Message&& msg);  // receive thread
   // Validates a register message (RegistrationRefusal), then refuses or admits its node.
