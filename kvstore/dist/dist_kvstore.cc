@@ -840,7 +840,7 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
 
 void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   if (!result.ok() && result.lost_peer != kNoNode && inflight.reroutable) {
-    Reroute(inflight);  // completes the request when the new servers answered
+    Reroute(inflight, result.peer_reset);  // completes it when the new servers answered
     return;
   }
   std::string error = result.error;
@@ -973,7 +973,7 @@ std::vector<int> DistKVStore::LiveServerRanks() const {
   return live;
 }
 
-void DistKVStore::Reroute(Inflight& inflight) {
+void DistKVStore::Reroute(Inflight& inflight, bool reset) {
   // Every message of the request goes again, not only the dead server's: the tracker stopped
   // listening for the others' answers. A live server recognizes the pushes it already has.
   auto state = std::make_shared<Rerouted>();
@@ -987,6 +987,7 @@ void DistKVStore::Reroute(Inflight& inflight) {
     part.destinations = inflight.destinations[m];
     part.origins = inflight.origins[m];
     part.node = inflight.nodes[m];
+    part.resets = reset ? 1 : 0;
     parts.push_back(std::move(part));
   }
   for (auto& frames : inflight.frames) frames.clear();
@@ -1034,6 +1035,7 @@ void DistKVStore::SplitRerouted(const ReroutedPart& part, std::map<int, Rerouted
     const int node = runtime_->ServerId(owner);
     ReroutedPart& piece = pieces[owner];
     piece.node = node;
+    piece.resets = part.resets;
     kv::Request& out = piece.request;
     out.command = request.command;
     out.sync = request.sync;
@@ -1076,18 +1078,26 @@ void DistKVStore::SplitRerouted(const ReroutedPart& part, std::map<int, Rerouted
 
 void DistKVStore::OnReroutedReply(const std::shared_ptr<Rerouted>& state, const ReroutedPart& part,
                                   const RequestResult& result) {
+  std::string error = result.error;
   if (!result.ok() && result.lost_peer != kNoNode) {
-    // Its new server died too: on to the next, as long as a live one serves the slices.
+    // Its new server died too, or the connection was reset again: on to the server that
+    // serves the slices now, as long as a live one does (and not past kMaxResetRetries resets).
     bool served = true;
     for (const int home : part.request.homes) {
       served = served && !runtime_->IsDead(runtime_->ServerId(OwnerRank(home)));
     }
-    if (served) {
-      SendRerouted(state, part);  // the pieces take this part's place in the count
+    ReroutedPart again = part;
+    if (result.peer_reset) ++again.resets;
+    if (served && again.resets <= kMaxResetRetries) {
+      SendRerouted(state, std::move(again));  // the pieces take this part's place in the count
       return;
     }
+    if (served) {
+      error += "; sent " + std::to_string(again.resets) +
+               " times, its connection reset every time (a server that cannot take the "
+               "request, without the memory for its frames, drops the connection)";
+    }
   }
-  std::string error = result.error;
   if (error.empty() && !result.responses.empty()) {
     error = CopyReply(result.responses[0], part.destinations);
   }

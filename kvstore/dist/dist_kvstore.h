@@ -221,6 +221,10 @@ class DistKVStore final : public KVStore {
     std::vector<Destination> destinations;
     std::vector<SliceOrigin> origins;
     int node = kNoNode;  // the server it goes to
+    // Times it went again after a reset of its connection: at most kMaxResetRetries, so that
+    // a server that resets the connection at every try (no memory for the request's frames)
+    // fails the call instead of taking it forever.
+    int resets = 0;
   };
   // A request being sent again: done when every part was answered or failed.
   struct Rerouted {
@@ -255,9 +259,10 @@ class DistKVStore final : public KVStore {
   // Sends `request` to every live server as one tracked request (the collectives' settings and
   // loads).
   void SendToLiveServers(const kv::Request& request);
-  // Sends the messages of a request whose server died again, split by the servers that now
-  // serve their slices; completes the request when all are answered.
-  void Reroute(Inflight& inflight);
+  // Sends the messages of a request whose server died (or whose connection was reset: `reset`)
+  // again, split by the servers that now serve their slices; completes the request when all
+  // are answered.
+  void Reroute(Inflight& inflight, bool reset);
   // Splits `part` by its slices' owners now, adds the pieces to `state` and sends them.
   void SendRerouted(const std::shared_ptr<Rerouted>& state, ReroutedPart part);
   // `part` split by the servers that serve its slices now (throws when a GPU value cannot be

@@ -623,7 +623,8 @@ void Runtime::OnConnectionReset(int node_id) {
   tracker_.FailReset(node_id, "the connection between " + self_.Describe() + " and " +
                                   peer->Describe() +
                                   " was reset while this request was in flight, so it or its "
-                                  "answer may be lost (the network, a firewall or NAT reset it)");
+                                  "answer may be lost (the network, a firewall or NAT reset it, "
+                                  "or the peer had no memory for its frames)");
   NotifyPeer(*peer, PeerEvent::kReset);
 }
 
