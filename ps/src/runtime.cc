@@ -456,6 +456,15 @@ void Runtime::OnRegisterReply(const Meta& meta) {
 void Runtime::OnNodeDead(const NodeInfo& dead) {
   {
     MutexLock lock(mu_);
+    if (dead.id <= 0 || static_cast<std::size_t>(dead.id) >= node_count_.load()) {
+      // Not in this node's table: a server whose join was lost with a reset of the scheduler's
+      // connection. The scheduler sends the join and the death again, in order (catch-up).
+      if (const auto dropped = ++dropped_; LogOccurrence(dropped)) {
+        PS_LOG(WARNING) << "dropped a report (#" << dropped << ") of the death of a node this "
+                        << "node has not heard join: " << dead.Describe();
+      }
+      return;
+    }
     if (!dead_.insert(dead.id).second) return;
     dead_count_.fetch_add(1);
     if (dead.role == Role::kServer) {
