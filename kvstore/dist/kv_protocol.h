@@ -75,7 +75,7 @@ struct PullState {
 enum class ReplicaKind : std::uint32_t {
   kState = 1,         // a full copy: the frame is the value, `state` the rest; seq: its rounds
   kRound = 2,         // dist_sync round `seq` closed: the frame is its sum, to apply
-  kSkippedRound = 3,  // dist_sync round `seq` failed, or a copy before it holds it: only counted
+  kSkippedRound = 3,  // dist_sync round `seq` failed: nothing to apply, the round is over
   kAsyncPush = 4,     // dist_async: `worker`'s push `seq`, to apply
   kForget = 5,        // the slice is dropped (an Init undone); empty frame
 };

@@ -133,9 +133,11 @@ class KVServerStore {
     Gradient gradient;            // what is applied (a round's sum, a push); kept until then
     std::vector<Waiter> waiters;  // answered once it is applied (pushes, Init)
     ShmSlot* slot = nullptr;      // the replica slot it travels through, held until answered
-    // A round's sum applied to the value when it was sent (CloseRound): a full copy sent
-    // since holds it, so what follows the copy only counts the round (CopyToReplica).
+    // A round's sum applied to the value when it was sent (CloseRound).
     bool applied = false;
+    // An applied round that a full copy sent since holds (CopyToReplica): never sent again,
+    // done when the copy before it is answered (the copy counts the round too).
+    bool in_copy = false;
     // Whether it changes the slice (a round, a push) rather than copying or dropping it.
     bool updates() const {
       return kind != kv::ReplicaKind::kState && kind != kv::ReplicaKind::kForget;
@@ -175,6 +177,9 @@ class KVServerStore {
     // the replica maps (null: updates travel as frames).
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
+    // Resets of the replica's connection with updates on their way since it last answered one
+    // (OnServerReset): at most kMaxReplicaResets, then the job ends.
+    int replica_resets = 0;
     bool round_in_flight = false;
     // A copy this server kept for a primary whose replica is now a server that joined: updates
     // from the primary still apply, but it may miss later ones, so it is never served (it is
@@ -288,6 +293,7 @@ class KVServerStore {
   // A connection between this server and `peer` was reset: the slices `peer` replicates
   // whose updates were on their way are copied to it again.
   void OnServerReset(const NodeInfo& peer);
+  static constexpr int kMaxReplicaResets = 8;
   // A server took the rank of a dead one: it may be this server's replica now.
   void OnServerJoined(const NodeInfo& peer);
   // After a death or join: makes the ring's replica of this server its replica, giving every

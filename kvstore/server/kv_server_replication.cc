@@ -143,7 +143,11 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   Blob frame(nullptr, nullptr, 0, slice.dtype);
   switch (forward.kind) {
     case kv::ReplicaKind::kState:
-      op.seq = slice.completed;
+      // The rounds closed here, the one applied ahead included (it rides on this copy).
+      op.seq = slice.completed + (std::any_of(slice.forwards.begin(), slice.forwards.end(),
+                                              std::mem_fn(&Forward::applied))
+                                      ? 1
+                                      : 0);
       op.state = EncodeState(slice);
       frame = slice.value;
       break;
@@ -231,8 +235,15 @@ void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int 
   }
   Forward forward = std::move(slice.forwards.front());
   slice.forwards.pop_front();
+  slice.replica_resets = 0;
   if (forward.slot != nullptr) forward.slot->Release();  // the replica has read it
   ApplyForward(slice, forward);
+  // A round that rode on a copy is done with it.
+  while (!slice.forwards.empty() && slice.forwards.front().in_copy) {
+    Forward counted = std::move(slice.forwards.front());
+    slice.forwards.pop_front();
+    ApplyForward(slice, counted);
+  }
 }
 
 void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
@@ -276,15 +287,16 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
   // The copy goes first, with the value as this server applied it; the updates not yet
   // answered follow in order, answered as they would have been. The copy is queued like them,
   // so that what waits for the replica to hold the slice (an Init sent again) waits for it. A
-  // round applied here already is in the copy: the replica only counts it.
-  for (Forward& forward : slice.forwards) {
-    if (forward.applied) forward.kind = kv::ReplicaKind::kSkippedRound;
-  }
+  // round applied here already is in the copy, which counts it: it is not sent again (were it
+  // sent on its own, a reset could lose the copy and deliver it), and it is done with the copy.
+  for (Forward& forward : slice.forwards) forward.in_copy = forward.applied;
   Forward copy;
   copy.kind = kv::ReplicaKind::kState;
   copy.serial = next_forward_++;
   slice.forwards.push_front(std::move(copy));
-  for (Forward& forward : slice.forwards) SendForward(slice, forward);
+  for (Forward& forward : slice.forwards) {
+    if (!forward.in_copy) SendForward(slice, forward);
+  }
 }
 
 std::size_t KVServerStore::CopySlicesTo(int to,
@@ -317,7 +329,18 @@ void KVServerStore::OnServerReset(const NodeInfo& peer) {
   if (!runtime_.config().replicated()) return;
   // An update on its way to the replica, or the replica's answer, may be lost: the replica
   // gets the slice again as this server holds it, then the updates not yet applied, in order
-  // (what it applied twice meanwhile the copy undoes).
+  // (what it applied twice meanwhile the copy undoes). Not for ever: a replica that resets the
+  // connection at every try (no memory for the frames) ends the job instead of stalling it.
+  for (auto& [id, slice] : slices_) {
+    if (slice.replicated_to != peer.id || slice.forwards.empty()) continue;
+    if (++slice.replica_resets <= kMaxReplicaResets) continue;
+    runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": the connection to its replica " +
+                  peer.Describe() + " was reset " + std::to_string(kMaxReplicaResets + 1) +
+                  " times while an update of key " + std::to_string(id.first) +
+                  " was on its way (a replica without the memory for its frames drops the "
+                  "connection; give the servers more memory, or set PS_REPLICATION=0)");
+    return;
+  }
   const std::size_t copied = CopySlicesTo(peer.id, [&](const Slice& slice) {
     return slice.replicated_to == peer.id && !slice.forwards.empty();
   });

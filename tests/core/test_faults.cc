@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <future>
@@ -20,9 +21,11 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "kvstore/dist/key_layout.h"
 #include "ps/error.h"
 #include "ps/kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
@@ -436,4 +439,55 @@ TEST_CASE("faults: a push whose frame a server cannot allocate fails, never loop
   CHECK(out[0] == 1.0f);  // no optimizer: the value is the round's sum, one worker's push
   kv.reset();
   CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("faults: a replica that cannot allocate its primary's update fails it, never loops",
+          "[faults]") {
+  // Only key 7's replica is capped: the push reaches the primary, whose update for the replica
+  // ZeroMQ cannot allocate there. The primary sends it again after each reset, a bounded
+  // number of times, then fails naming the replica and the fix; the replica takes its keys
+  // over, cannot take the push either, and the worker's call fails, bounded too.
+  constexpr std::size_t kElements = std::size_t{64} << 20;  // 256 MiB of float32
+  constexpr std::size_t kBound = 300000000;
+  ps::test::KVCluster cluster(2, 1,
+                              {{"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(kBound)},
+                               {"PS_USE_SHM", "0"},
+                               {"PS_VERBOSE", "1"}});
+  auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig());
+  std::vector<float> big(kElements, 2.0f);
+  kv->Init(7, ps::Tensor(big.data(), big.size()));
+  kv->WaitAll();
+  // Ranks follow the port order on one host; the replica of a 2-server job is the other one.
+  auto& servers = cluster.servers();
+  const bool first_is_rank0 = ListeningPort(*servers[0]) < ListeningPort(*servers[1]);
+  const int replica_rank = 1 - ps::KeyLayout(2, kBound).ServerOf(7);
+  const std::size_t replica_index = (replica_rank == 0) == first_is_rank0 ? 0 : 1;
+  ChildProcess& replica = *servers[replica_index];
+  ChildProcess& primary = *servers[1 - replica_index];
+  // The replica copied the value out of the Init's frame and frees that frame after its
+  // answer: the cap is set once both servers map about the same (the value each), not before.
+  const auto settled = [&] {
+    return std::abs(StatusKb(servers[0]->pid(), "VmSize") - StatusKb(servers[1]->pid(), "VmSize")) <
+           (64 << 10);
+  };
+  for (int polls = 0; polls < 100 && !settled(); ++polls) std::this_thread::sleep_for(100ms);
+  REQUIRE(settled());
+  CapAddressSpace(replica.pid(), 128 << 10);
+  auto push = ErrorOf([&] {
+    kv->Push(7, ps::Tensor(big.data(), big.size()));
+    kv->WaitAll();
+  });
+  if (push.wait_for(60s) != std::future_status::ready) {
+    for (auto& server : servers) server->Kill(SIGKILL);
+    push.wait();
+    FAIL("the push got no answer within 60 s");
+  }
+  const std::string error = push.get();
+  CHECK_THAT(error, Catch::Contains("and server " + std::to_string(replica_rank)) &&
+                        Catch::Contains("no memory for its frames") &&
+                        Catch::Contains("sent 9 times"));
+  CHECK(primary.WaitForOutput("update of key 7 was on its way", 20s));
+  CHECK_THAT(primary.Output(),
+             Catch::Contains("its replica server " + std::to_string(replica_rank)) &&
+                 Catch::Contains("was reset 9 times") && Catch::Contains("PS_REPLICATION=0"));
 }
