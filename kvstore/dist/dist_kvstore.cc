@@ -840,7 +840,7 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
 
 void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   if (!result.ok() && result.lost_peer != kNoNode && inflight.reroutable) {
-    Reroute(inflight, result.peer_reset);  // completes it when the new servers answered
+    Reroute(inflight, result);  // completes it when the new servers answered
     return;
   }
   std::string error = result.error;
@@ -973,7 +973,7 @@ std::vector<int> DistKVStore::LiveServerRanks() const {
   return live;
 }
 
-void DistKVStore::Reroute(Inflight& inflight, bool reset) {
+void DistKVStore::Reroute(Inflight& inflight, const RequestResult& result) {
   // Every message of the request goes again, not only the dead server's: the tracker stopped
   // listening for the others' answers. A live server recognizes the pushes it already has.
   auto state = std::make_shared<Rerouted>();
@@ -987,7 +987,8 @@ void DistKVStore::Reroute(Inflight& inflight, bool reset) {
     part.destinations = inflight.destinations[m];
     part.origins = inflight.origins[m];
     part.node = inflight.nodes[m];
-    part.resets = reset ? 1 : 0;
+    // Only the messages to the peer whose connection was reset went through it.
+    part.resets = result.peer_reset && part.node == result.lost_peer ? 1 : 0;
     parts.push_back(std::move(part));
   }
   for (auto& frames : inflight.frames) frames.clear();

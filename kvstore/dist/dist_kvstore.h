@@ -259,10 +259,10 @@ class DistKVStore final : public KVStore {
   // Sends `request` to every live server as one tracked request (the collectives' settings and
   // loads).
   void SendToLiveServers(const kv::Request& request);
-  // Sends the messages of a request whose server died (or whose connection was reset: `reset`)
-  // again, split by the servers that now serve their slices; completes the request when all
-  // are answered.
-  void Reroute(Inflight& inflight, bool reset);
+  // Sends the messages of a request whose server died, or whose connection was reset
+  // (`result`), again, split by the servers that now serve their slices; completes the request
+  // when all are answered.
+  void Reroute(Inflight& inflight, const RequestResult& result);
   // Splits `part` by its slices' owners now, adds the pieces to `state` and sends them.
   void SendRerouted(const std::shared_ptr<Rerouted>& state, ReroutedPart part);
   // `part` split by the servers that serve its slices now (throws when a GPU value cannot be
