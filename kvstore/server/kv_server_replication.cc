@@ -331,9 +331,11 @@ void KVServerStore::OnServerReset(const NodeInfo& peer) {
   // gets the slice again as this server holds it, then the updates not yet applied, in order
   // (what it applied twice meanwhile the copy undoes). Not for ever: a replica that resets the
   // connection at every try (no memory for the frames) ends the job instead of stalling it.
+  const auto updates_on_their_way = [&](const Slice& slice) {
+    return slice.replicated_to == peer.id && !slice.forwards.empty();
+  };
   for (auto& [id, slice] : slices_) {
-    if (slice.replicated_to != peer.id || slice.forwards.empty()) continue;
-    if (++slice.replica_resets <= kMaxReplicaResets) continue;
+    if (!updates_on_their_way(slice) || ++slice.replica_resets <= kMaxReplicaResets) continue;
     runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": the connection to its replica " +
                   peer.Describe() + " was reset " + std::to_string(kMaxReplicaResets + 1) +
                   " times while an update of key " + std::to_string(id.first) +
@@ -341,9 +343,7 @@ void KVServerStore::OnServerReset(const NodeInfo& peer) {
                   "connection; give the servers more memory, or set PS_REPLICATION=0)");
     return;
   }
-  const std::size_t copied = CopySlicesTo(peer.id, [&](const Slice& slice) {
-    return slice.replicated_to == peer.id && !slice.forwards.empty();
-  });
+  const std::size_t copied = CopySlicesTo(peer.id, updates_on_their_way);
   if (copied != 0) {
     LOG(WARNING) << "server " << runtime_.rank() << ": the connection to its replica "
                  << peer.Describe() << " was reset; " << copied

@@ -89,9 +89,12 @@ void CapAddressSpace(pid_t pid, long headroom_kb) {
   REQUIRE(prlimit(pid, RLIMIT_AS, &cap, nullptr) == 0);
 }
 
-// `call` on a thread of its own: its ps::Error's text, or "" when it returned.
-std::future<std::string> ErrorOf(std::function<void()> call) {
-  return std::async(std::launch::async, [call = std::move(call)]() -> std::string {
+// `call` on a thread of its own: its ps::Error's text, or "" when it returned. A call with no
+// answer within 60 s fails the test naming `what`, once `cluster`'s servers were killed (the
+// call then fails and returns).
+std::string ErrorOf(ps::test::KVCluster& cluster, const std::string& what,
+                    std::function<void()> call) {
+  auto error = std::async(std::launch::async, [call = std::move(call)]() -> std::string {
     try {
       call();
     } catch (const ps::Error& e) {
@@ -99,6 +102,12 @@ std::future<std::string> ErrorOf(std::function<void()> call) {
     }
     return "";
   });
+  if (error.wait_for(60s) != std::future_status::ready) {
+    for (auto& server : cluster.servers()) server->Kill(SIGKILL);
+    error.wait();
+    FAIL(what << " got no answer within 60 s");
+  }
+  return error.get();
 }
 
 // A socket the test holds open until it goes.
@@ -351,16 +360,10 @@ TEST_CASE("faults: a server out of memory answers the request with an error nami
   CapAddressSpace(cluster.servers()[0]->pid(), kHeadroomKb);
 
   std::vector<float> big(kBigElements, 2.0f);
-  auto init = ErrorOf([&] {
+  const std::string error = ErrorOf(cluster, "the big Init", [&] {
     kv->Init(7, ps::Tensor(big.data(), big.size()));
     kv->WaitAll();
   });
-  if (init.wait_for(60s) != std::future_status::ready) {
-    cluster.servers()[0]->Kill(SIGKILL);  // the Init then fails (its server died) and returns
-    init.wait();
-    FAIL("the big Init got no answer within 60 s");
-  }
-  const std::string error = init.get();
   big = std::vector<float>();
   CHECK_THAT(error, Catch::Contains("key 7") && Catch::Contains("out of memory") &&
                         Catch::Contains(std::to_string(kBigElements * sizeof(float)) + " bytes"));
@@ -418,16 +421,10 @@ TEST_CASE("faults: a push whose frame a server cannot allocate fails, never loop
   kv->Init(1, ps::Tensor(small.data(), small.size()));
   kv->WaitAll();
   for (auto& server : cluster.servers()) CapAddressSpace(server->pid(), kHeadroomKb);
-  auto push = ErrorOf([&] {
+  const std::string error = ErrorOf(cluster, "the push", [&] {
     kv->Push(7, ps::Tensor(big.data(), big.size()));
     kv->WaitAll();
   });
-  if (push.wait_for(60s) != std::future_status::ready) {
-    for (auto& server : cluster.servers()) server->Kill(SIGKILL);  // the push fails then
-    push.wait();
-    FAIL("the push got no answer within 60 s");
-  }
-  const std::string error = push.get();
   big = std::vector<float>();
   CHECK_THAT(error, Catch::Contains("and server") && Catch::Contains("was reset") &&
                         Catch::Contains("no memory for its frames"));
@@ -473,16 +470,10 @@ TEST_CASE("faults: a replica that cannot allocate its primary's update fails it,
   for (int polls = 0; polls < 100 && !settled(); ++polls) std::this_thread::sleep_for(100ms);
   REQUIRE(settled());
   CapAddressSpace(replica.pid(), 128 << 10);
-  auto push = ErrorOf([&] {
+  const std::string error = ErrorOf(cluster, "the push", [&] {
     kv->Push(7, ps::Tensor(big.data(), big.size()));
     kv->WaitAll();
   });
-  if (push.wait_for(60s) != std::future_status::ready) {
-    for (auto& server : servers) server->Kill(SIGKILL);
-    push.wait();
-    FAIL("the push got no answer within 60 s");
-  }
-  const std::string error = push.get();
   CHECK_THAT(error, Catch::Contains("and server " + std::to_string(replica_rank)) &&
                         Catch::Contains("no memory for its frames") &&
                         Catch::Contains("sent 9 times"));
