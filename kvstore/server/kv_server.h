@@ -177,9 +177,13 @@ class KVServerStore {
     // the replica maps (null: updates travel as frames).
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
-    // Resets of the replica's connection with updates on their way since it last answered one
-    // (OnServerReset): at most kMaxReplicaResets, then the job ends.
+    // Resets of the replica's connection with updates on their way, and answers that it lacked
+    // the state for one, since it last applied one (OnServerReset, OnReplicaLacks): at most
+    // kMaxReplicaResets, then the job ends.
     int replica_resets = 0;
+    // Full copies sent to the replica so far (CopyToReplica): an answer to an update sent
+    // before the latest copy is about a state that copy replaces.
+    std::uint64_t copies = 0;
     bool round_in_flight = false;
     // A copy this server kept for a primary whose replica is now a server that joined: updates
     // from the primary still apply, but it may miss later ones, so it is never served (it is
@@ -274,15 +278,31 @@ class KVServerStore {
   // Gives the slices `ids` (replicated to the same-host node `to`) slots in a new segment that
   // `to` maps, once it answered (updates go as frames until then).
   void AttachReplicaSlots(const std::vector<SliceId>& ids, int to);
-  void OnForwardReply(const SliceId& id, std::uint64_t serial, int to, const RequestResult& result);
+  // An update as SendForward sent it, for its answer.
+  struct SentForward {
+    SliceId id;
+    std::uint64_t serial = 0;  // Forward::serial
+    std::uint64_t copies = 0;  // Slice::copies when it was sent
+    int to = kNoNode;          // the replica
+  };
+  void OnForwardReply(const SentForward& sent, const RequestResult& result);
+  // The replica applied nothing of `sent`: it lacks the slice or the round before (`why`). It
+  // gets the slice in full again, a bounded number of times (kMaxReplicaResets).
+  void OnReplicaLacks(const SentForward& sent, const std::string& why);
   void ApplyForward(Slice& slice, Forward& forward);
   // A full copy of `slice` to the node `to`, then the updates still on their way.
   void CopyToReplica(Slice& slice, int to);
   void HandleReplicate(const Meta& meta, const kv::Request& request, std::vector<Blob>& data,
                        const std::vector<ShmTarget>& shm);
+  // What a replica made of one op: applied (`why` empty), not applied for want of the state
+  // it builds on (`lacks_state`: answered so, and the primary sends a full copy), or refused.
+  struct ReplicaVerdict {
+    std::string why;
+    bool lacks_state = false;
+  };
   // `in_shared_memory`: the frame is a view of the primary's segment.
-  std::string ApplyReplicaOp(int sender, const kv::SliceRef& ref, const kv::ReplicaOp& op,
-                             const Blob& frame, bool in_shared_memory);
+  ReplicaVerdict ApplyReplicaOp(int sender, const kv::SliceRef& ref, const kv::ReplicaOp& op,
+                                const Blob& frame, bool in_shared_memory);
   // The state of a slice besides its value and rounds, as a kState op carries it.
   std::string EncodeState(const Slice& slice) const;
   std::string DecodeState(Slice& slice, const std::string& state);
@@ -365,6 +385,8 @@ class KVServerStore {
   // and every request.
   const Slice* failed_update_ = nullptr;
   std::string failed_update_error_;
+  // Replicate ops a replica lacked the state for, on either side: which get a log line.
+  std::uint64_t replica_lacks_ = 0;
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

@@ -185,28 +185,28 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   request.membership = membership_;
   Message msg = kv::RequestMessage(request, slice.replicated_to);
   msg.data.push_back(std::move(frame));
-  const SliceId id{slice.key, slice.offset};
-  const int to = slice.replicated_to;
-  runtime_.Request(
-      std::span<Message>(&msg, 1), [this, id, serial = forward.serial, to](RequestResult&& result) {
-        try {
-          OnForwardReply(id, serial, to, result);
-        } catch (const std::exception& e) {  // not from the receive loop
-          runtime_.Fail("server " + std::to_string(runtime_.rank()) + " failed: " + e.what());
-        }
-      });
+  const SentForward sent{
+      {slice.key, slice.offset}, forward.serial, slice.copies, slice.replicated_to};
+  runtime_.Request(std::span<Message>(&msg, 1), [this, sent](RequestResult&& result) {
+    try {
+      OnForwardReply(sent, result);
+    } catch (const std::exception& e) {  // not from the receive loop
+      runtime_.Fail("server " + std::to_string(runtime_.rank()) + " failed: " + e.what());
+    }
+  });
 }
 
-void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int to,
-                                   const RequestResult& result) {
+void KVServerStore::OnForwardReply(const SentForward& sent, const RequestResult& result) {
+  const SliceId& id = sent.id;
+  const int to = sent.to;
   if (!result.ok() && result.lost_peer == kNoNode && !runtime_.terminated() &&
       runtime_.failure().empty()) {
     // An answer on the receive thread: from a replica that was replaced since (a server took
     // a dead one's rank), its refusal is stale too.
     const auto it = slices_.find(id);
     if (it != slices_.end() && it->second.replicated_to != to) return;
-    // A refusal of an update that came after one lost with the old connection: the reset
-    // (OnServerReset) sends the slice and its updates again.
+    // A refusal that may be about a frame lost with the old connection (a replica without the
+    // memory for it): the reset (OnServerReset) sends the slice and its updates again.
     if (runtime_.ConnectionResetPending(to)) return;
   }
   if (!result.ok()) {
@@ -224,26 +224,60 @@ void KVServerStore::OnForwardReply(const SliceId& id, std::uint64_t serial, int 
                   ": " + result.error);
     return;
   }
+  if (!result.responses.empty() && !result.responses.front().meta.body.empty()) {
+    OnReplicaLacks(sent, result.responses.front().meta.body);
+    return;
+  }
   failed_update_ = nullptr;
   const auto it = slices_.find(id);
   if (it == slices_.end()) return;  // dropped since (an Init undone)
   Slice& slice = it->second;
   // Answers from a replica that was replaced, or to updates sent again since, are stale.
   if (slice.replicated_to != to || slice.forwards.empty() ||
-      slice.forwards.front().serial != serial) {
+      slice.forwards.front().serial != sent.serial) {
     return;
   }
   Forward forward = std::move(slice.forwards.front());
   slice.forwards.pop_front();
-  slice.replica_resets = 0;
+  // The replica applied an update: what came before held. A copy alone says nothing of that.
+  if (forward.updates()) slice.replica_resets = 0;
   if (forward.slot != nullptr) forward.slot->Release();  // the replica has read it
   ApplyForward(slice, forward);
   // A round that rode on a copy is done with it.
   while (!slice.forwards.empty() && slice.forwards.front().in_copy) {
     Forward counted = std::move(slice.forwards.front());
     slice.forwards.pop_front();
+    slice.replica_resets = 0;
     ApplyForward(slice, counted);
   }
+}
+
+void KVServerStore::OnReplicaLacks(const SentForward& sent, const std::string& why) {
+  const auto it = slices_.find(sent.id);
+  if (it == slices_.end()) return;  // dropped since (an Init undone)
+  Slice& slice = it->second;
+  // About a replica replaced since, or a state that a copy sent since replaces: stale. A reset
+  // not yet acted on (the likely cause) sends a copy of its own (OnServerReset).
+  if (slice.replicated_to != sent.to || slice.copies != sent.copies ||
+      runtime_.ConnectionResetPending(sent.to)) {
+    return;
+  }
+  const std::string replica = "its replica " + runtime_.Describe(sent.to);
+  if (++slice.replica_resets > kMaxReplicaResets) {
+    runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": " + replica +
+                  " lacked what came before an update of key " + std::to_string(sent.id.first) +
+                  " " + std::to_string(kMaxReplicaResets + 1) +
+                  " times in a row, each time after a full copy (last: " + why +
+                  "); the copies do not reach it intact: check the network between the two, "
+                  "or set PS_REPLICATION=0");
+    return;
+  }
+  if (LogOccurrence(++replica_lacks_)) {
+    LOG(WARNING) << "server " << runtime_.rank() << ": " << replica << " lacks what came before "
+                 << "an update (" << why << "); the slice is copied to it again";
+  }
+  CopyToReplica(slice, sent.to);
+  AttachReplicaSlots({sent.id}, sent.to);
 }
 
 void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
@@ -269,6 +303,7 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
 
 void KVServerStore::CopyToReplica(Slice& slice, int to) {
   slice.replicated_to = to;
+  ++slice.copies;
   // Slots of the old replica: never used again (a stopped one might still read them).
   slice.replica_slot = nullptr;
   for (Forward& forward : slice.forwards) {
@@ -452,29 +487,38 @@ void KVServerStore::HandleReplicate(const Meta& meta, const kv::Request& request
       LOG(INFO) << server << ": reads the updates " << runtime_.Describe(meta.sender)
                 << " forwards from the slots of " << runtime_.Describe(shm[i].ref.owner);
     }
-    const std::string error =
+    const ReplicaVerdict verdict =
         ApplyReplicaOp(meta.sender, request.slices[i], request.replica_ops[i], data[i], in_shm);
-    if (!error.empty()) {
-      LOG(ERROR) << server << ": " << error;
-      runtime_.ReplyError(meta, server + ": " + error);
+    if (verdict.why.empty()) continue;
+    if (verdict.lacks_state) {  // kv_protocol.h: answered with why, the primary copies again
+      if (LogOccurrence(++replica_lacks_)) {
+        LOG(WARNING) << server << ": " << verdict.why << "; asks for a full copy";
+      }
+      Message answer;
+      answer.meta.body = server + ": " + verdict.why;
+      runtime_.Reply(meta, std::move(answer));
       return;
     }
+    LOG(ERROR) << server << ": " << verdict.why;
+    runtime_.ReplyError(meta, server + ": " + verdict.why);
+    return;
   }
   runtime_.Reply(meta, Message{});
 }
 
-std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
-                                          const kv::ReplicaOp& op, const Blob& frame,
-                                          bool in_shared_memory) {
+KVServerStore::ReplicaVerdict KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
+                                                            const kv::ReplicaOp& op,
+                                                            const Blob& frame,
+                                                            bool in_shared_memory) {
   const SliceId id{ref.key, ref.offset};
   if (op.kind == kv::ReplicaKind::kForget) {
     slices_.erase(id);
-    return "";
+    return {};
   }
   if (op.kind == kv::ReplicaKind::kState) {
     if (!IsSummableDType(frame.dtype()) || frame.count() == 0 ||
         frame.count() > ref.total - ref.offset) {
-      return SliceText(ref) + ": a malformed copy from " + runtime_.Describe(sender);
+      return {SliceText(ref) + ": a malformed copy from " + runtime_.Describe(sender)};
     }
     auto [it, added] = slices_.try_emplace(id);
     Slice& slice = it->second;
@@ -488,30 +532,32 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
     slice.value = Blob::Copy(frame.data(), frame.bytes(), frame.dtype());
     if (std::string why = DecodeState(slice, op.state); !why.empty()) {
       slices_.erase(it);
-      return SliceText(ref) + ": " + why;
+      return {SliceText(ref) + ": " + why};
     }
     // Kept up to date from now on only if this server is its primary's replica as far as it
     // knows (a copy from a primary that has not heard of a join may come too late).
     slice.stale = ring_.Replica(slice.home) != runtime_.rank();
-    return "";
+    return {};
   }
   const auto it = slices_.find(id);
   if (it == slices_.end()) {
-    return SliceText(ref) + ": an update from " + runtime_.Describe(sender) +
-           " for a slice this replica does not hold";
+    return {SliceText(ref) + ": an update from " + runtime_.Describe(sender) +
+                " for a slice this replica does not hold",
+            true};
   }
   Slice& slice = it->second;
   switch (op.kind) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kSkippedRound:
       if (op.seq != slice.completed) {
-        return SliceText(ref) + ": round " + std::to_string(op.seq) + " from " +
-               runtime_.Describe(sender) + ", this replica expects round " +
-               std::to_string(slice.completed);
+        return {SliceText(ref) + ": round " + std::to_string(op.seq) + " from " +
+                    runtime_.Describe(sender) + ", this replica expects round " +
+                    std::to_string(slice.completed),
+                true};
       }
       if (op.kind == kv::ReplicaKind::kRound) {
         if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
-          return SliceText(ref) + ": a round's sum of the wrong size";
+          return {SliceText(ref) + ": a round's sum of the wrong size"};
         }
         ApplyUpdate(slice, Gradient{frame, in_shared_memory, kv::ShmRef{}});
       }
@@ -519,7 +565,7 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
       break;
     case kv::ReplicaKind::kAsyncPush:
       if (frame.bytes() != slice.value.bytes() || frame.dtype() != slice.dtype) {
-        return SliceText(ref) + ": a push of the wrong size";
+        return {SliceText(ref) + ": a push of the wrong size"};
       }
       ApplyUpdate(slice, Gradient{frame, in_shared_memory, kv::ShmRef{}});
       slice.seen[op.worker].Add(op.seq);
@@ -528,8 +574,8 @@ std::string KVServerStore::ApplyReplicaOp(int sender, const kv::SliceRef& ref,
     case kv::ReplicaKind::kForget:
       break;
   }
-  if (failed_update_ == &slice) return failed_update_error_;
-  return "";
+  if (failed_update_ == &slice) return {failed_update_error_};
+  return {};
 }
 
 std::string KVServerStore::EncodeState(const Slice& slice) const {

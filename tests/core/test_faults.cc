@@ -1,6 +1,7 @@
 // The fault suite (docs/errors.md, "Fault suite"): the real binaries on 127.0.0.1 against
-// descriptor exhaustion, oversized frames, a server killed with SIGKILL and a server out of
-// memory. Every process is started and stopped by the test, by pid; every wait is bounded.
+// descriptor exhaustion, oversized frames, a server killed with SIGKILL, a server out of
+// memory and a replica that lacks what an update builds on. Every process is started and
+// stopped by the test, by pid; every wait is bounded.
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
@@ -14,10 +15,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <future>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -26,8 +30,10 @@
 #include <vector>
 
 #include "kvstore/dist/key_layout.h"
+#include "kvstore/dist/kv_protocol.h"
 #include "ps/error.h"
 #include "ps/kvstore.h"
+#include "ps/runtime.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/util/child_process.h"
 
@@ -187,6 +193,79 @@ rlim_t RaiseOwnDescriptorLimit() {
   setrlimit(RLIMIT_NOFILE, &limit);
   getrlimit(RLIMIT_NOFILE, &limit);
   return limit.rlim_cur;
+}
+
+// A job's second server, in the test's process: the real server's replica, which records the
+// updates it gets and answers each as the test's `lacks` says, applied or lacking the state
+// before it (kv_protocol.h), without holding anything. It serves no worker, but takes the
+// job's optimizer as every server does.
+class ScriptedReplica {
+ public:
+  struct Update {
+    ps::kv::ReplicaKind kind;
+    std::uint64_t seq;
+    float first;  // the frame's first value (NaN: no frame)
+    bool lacked;
+  };
+  using Script = std::function<bool(const ps::kv::ReplicaOp&)>;
+
+  explicit ScriptedReplica(Script lacks) : lacks_(std::move(lacks)) {}
+  // Registers (blocks until the whole job has) and starts answering.
+  void Start(const ps::ClusterConfig& config) {
+    runtime_ = ps::Runtime::Start(config);
+    runtime_->SetRequestHandler([this](ps::Message&& msg) { OnRequest(msg); });
+  }
+  int rank() const { return runtime_->rank(); }
+  std::vector<Update> updates() const {
+    std::lock_guard lock(mu_);
+    return updates_;
+  }
+
+ private:
+  void OnRequest(const ps::Message& msg) {
+    std::string error;
+    const auto request = ps::kv::DecodeRequest(msg, &error);
+    if (request && request->command == ps::kv::kSetOptimizer) {
+      runtime_->Reply(msg.meta, ps::Message{});
+      return;
+    }
+    if (!request || request->command != ps::kv::kReplicate || request->replica_ops.size() != 1) {
+      runtime_->ReplyError(msg.meta, "a scripted replica takes one Replicate op at a time");
+      return;
+    }
+    const ps::kv::ReplicaOp& op = request->replica_ops.front();
+    const bool lacked = lacks_(op);
+    float first = std::numeric_limits<float>::quiet_NaN();
+    if (!msg.data.empty() && msg.data.front().bytes() >= sizeof(float)) {
+      std::memcpy(&first, msg.data.front().data(), sizeof(float));
+    }
+    {
+      std::lock_guard lock(mu_);
+      updates_.push_back({op.kind, op.seq, first, lacked});
+    }
+    ps::Message answer;
+    if (lacked) answer.meta.body = "scripted: lacks the state before it";
+    runtime_->Reply(msg.meta, std::move(answer));
+  }
+
+  const Script lacks_;
+  mutable std::mutex mu_;
+  std::vector<Update> updates_;           // guarded by mu_
+  std::unique_ptr<ps::Runtime> runtime_;  // last: its receive thread uses the members above
+};
+
+ps::ClusterConfig JobConfig(ps::Role role, int port) {
+  ps::ClusterConfig config;
+  config.role = role;
+  config.root_uri = "127.0.0.1";
+  config.root_port = port;
+  config.num_servers = 2;
+  config.num_workers = 1;
+  config.heartbeat_interval = 500ms;
+  config.heartbeat_timeout = 20s;
+  config.register_timeout = 30s;
+  config.use_shm = false;  // updates travel as frames the scripted replica reads
+  return config;
 }
 
 }  // namespace
@@ -481,4 +560,157 @@ TEST_CASE("faults: a replica that cannot allocate its primary's update fails it,
   CHECK_THAT(primary.Output(),
              Catch::Contains("its replica server " + std::to_string(replica_rank)) &&
                  Catch::Contains("was reset 9 times") && Catch::Contains("PS_REPLICATION=0"));
+}
+
+TEST_CASE("faults: a replica that lacks what came before an update gets the slice again",
+          "[faults]") {
+  // A replica lacks the state an update builds on when the full copy before it was lost with
+  // a reset connection, a race a real network wins now and then. Here the replica is scripted
+  // (it says so for the first update) and the primary is a real ps-server: it sends the slice
+  // in full again, and the job goes on with every value exact. One that lacks it every time
+  // ends the job after a bounded number of copies, naming the replica.
+  const bool sync = GENERATE(true, false);
+  const bool every_time = GENERATE(false, true);
+  if (sync && every_time) return;  // a sync round rides on the copy: nothing is sent twice
+  INFO((sync ? "dist_sync" : "dist_async") << (every_time ? ", lacks every time" : ""));
+  using ps::kv::ReplicaKind;
+  Env env = JobEnv(2, 1, 0);
+  env["PS_USE_SHM"] = "0";
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  bool lacked_once = false;  // the replica's receive thread alone touches it
+  ScriptedReplica replica([&](const ps::kv::ReplicaOp& op) {
+    if (op.kind == ReplicaKind::kState) return false;
+    return every_time || !std::exchange(lacked_once, true);
+  });
+  auto registered =
+      std::async(std::launch::async, [&] { replica.Start(JobConfig(ps::Role::kServer, port)); });
+  auto kv =
+      ps::KVStore::Create(sync ? "dist_sync" : "dist_async", JobConfig(ps::Role::kWorker, port));
+  registered.get();
+  ps::OptimizerConfig sgd;  // dist_async needs one; exact in float: 1 - 5 = -4, -4 - 7 = -11
+  sgd.learning_rate = 1.0f;
+  kv->SetOptimizer(sgd);
+  // A key the real server serves (its replica: the scripted one).
+  const ps::KeyLayout layout(2, ps::ClusterConfig{}.big_array_bound);
+  ps::Key key = 0;
+  while (layout.ServerOf(key) == replica.rank()) ++key;
+  std::vector<float> value(1000, 1.0f);
+  kv->Init(key, ps::Tensor(value.data(), value.size()));
+  kv->WaitAll();
+
+  std::vector<float> grad(value.size(), 5.0f);
+  const std::string error = [&]() -> std::string {
+    auto done = std::async(std::launch::async, [&]() -> std::string {
+      try {
+        kv->Push(key, ps::Tensor(grad.data(), grad.size()));
+        kv->WaitAll();  // dist_async: a pull sent beside the push may come first
+        kv->Pull(key, ps::Tensor(value.data(), value.size()));
+        kv->WaitAll();
+      } catch (const ps::Error& e) {
+        return e.what();
+      }
+      return "";
+    });
+    if (done.wait_for(60s) != std::future_status::ready) {
+      server->Kill(SIGKILL);
+      done.wait();
+      FAIL("the push got no answer within 60 s");
+    }
+    return done.get();
+  }();
+  const auto updates = replica.updates();
+  if (every_time) {
+    // The primary gives up and exits, as after too many resets; its replica (the scripted one)
+    // takes its keys over and refuses the push sent again: the call fails, bounded.
+    CHECK(server->Wait(30s) != 0);
+    CHECK_THAT(server->Output(),
+               Catch::Contains("lacked what came before an update of key " + std::to_string(key)) &&
+                   Catch::Contains("9 times in a row") && Catch::Contains("scripted: lacks"));
+    CHECK_FALSE(error.empty());
+    // The Init's copy, then 9 times a push lacked, each followed by a copy but the last.
+    CHECK(updates.size() == 1 + 9 + 8);
+    return;
+  }
+  REQUIRE(error.empty());
+  CHECK(value[0] == -4.0f);
+  // The Init's copy, the push lacked, the slice again, then (dist_async) the push again: a
+  // dist_sync round was applied on the primary as it went, and its copy counts it (seq 1).
+  REQUIRE(updates.size() == (sync ? 3u : 4u));
+  CHECK((updates[0].kind == ReplicaKind::kState && updates[0].first == 1.0f));
+  CHECK((updates[1].kind == (sync ? ReplicaKind::kRound : ReplicaKind::kAsyncPush) &&
+         updates[1].lacked && updates[1].first == 5.0f));
+  CHECK(updates[2].kind == ReplicaKind::kState);
+  CHECK(updates[2].seq == (sync ? 1u : 0u));
+  CHECK(updates[2].first == (sync ? -4.0f : 1.0f));
+  if (!sync) {
+    CHECK((updates[3].kind == ReplicaKind::kAsyncPush && updates[3].seq == updates[1].seq &&
+           !updates[3].lacked));
+  }
+  CHECK(server->WaitForOutput("lacks what came before an update", 10s));
+  // The job goes on: another update, applied at once.
+  std::fill(grad.begin(), grad.end(), 7.0f);
+  kv->Push(key, ps::Tensor(grad.data(), grad.size()));
+  kv->WaitAll();
+  kv->Pull(key, ps::Tensor(value.data(), value.size()));
+  kv->WaitAll();
+  CHECK(value[0] == -11.0f);
+  CHECK(replica.updates().size() == updates.size() + 1);
+  kv.reset();
+  CHECK(server->Wait(30s) == 0);
+  CHECK(scheduler->Wait(30s) == 0);
+}
+
+TEST_CASE("faults: a replica asks for a copy of a slice it lacks the state for, refuses junk",
+          "[faults]") {
+  // The replica's side of the case above, with a real ps-server as the replica and the test
+  // as its primary: an update for a slice it does not hold, or for a round it holds already,
+  // is answered with why (the primary then copies the slice again), never applied; a round
+  // of the wrong size is refused with an error.
+  using ps::kv::ReplicaKind;
+  Env env = JobEnv(2, 1, 0);
+  env["PS_USE_SHM"] = "0";
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  auto worker = std::async(std::launch::async, [port] {
+    return ps::Runtime::Start(JobConfig(ps::Role::kWorker, port));
+  });
+  auto primary = ps::Runtime::Start(JobConfig(ps::Role::kServer, port));
+  const int replica = primary->ServerId(1 - primary->rank());
+  const auto replicate = [&](ReplicaKind kind, std::uint64_t seq, std::vector<float> frame) {
+    ps::kv::Request request;
+    request.command = ps::kv::kReplicate;
+    request.slices.push_back({42, 0, 4});
+    ps::kv::ReplicaOp op{kind, seq, 0, {}};
+    if (kind == ReplicaKind::kState) {
+      // A copy homed here, without optimizer or compression settings, state or pushes seen.
+      const std::uint64_t fields[] = {static_cast<std::uint64_t>(primary->rank()), 0, 0, 0, 0, 0};
+      op.state.assign(reinterpret_cast<const char*>(fields), sizeof(fields));
+    }
+    request.replica_ops.push_back(op);
+    ps::Message msg = ps::kv::RequestMessage(request, replica);
+    msg.data.push_back(
+        ps::Blob::Copy(frame.data(), frame.size() * sizeof(float), ps::DType::kFloat32));
+    return primary->RequestAndWait(std::move(msg), std::chrono::steady_clock::now() + 20s);
+  };
+  const auto answer = [](const ps::RequestResult& result) {
+    REQUIRE(result.ok());
+    REQUIRE(result.responses.size() == 1);
+    return result.responses.front().meta.body;
+  };
+  CHECK_THAT(answer(replicate(ReplicaKind::kRound, 0, {1, 1, 1, 1})),
+             Catch::Contains("key 42") && Catch::Contains("does not hold"));
+  CHECK(answer(replicate(ReplicaKind::kState, 0, {1, 1, 1, 1})).empty());
+  CHECK(answer(replicate(ReplicaKind::kRound, 0, {2, 2, 2, 2})).empty());
+  CHECK_THAT(answer(replicate(ReplicaKind::kRound, 0, {2, 2, 2, 2})),
+             Catch::Contains("round 0") && Catch::Contains("expects round 1"));
+  const ps::RequestResult junk = replicate(ReplicaKind::kRound, 1, {3, 3, 3});
+  CHECK_THAT(junk.error, Catch::Contains("a round's sum of the wrong size"));
+  CHECK(answer(replicate(ReplicaKind::kRound, 1, {3, 3, 3, 3})).empty());
+  CHECK(server->WaitForOutput("asks for a full copy", 10s));
+  worker.get()->FinishWorker();
+  CHECK(server->Wait(30s) == 0);
+  CHECK(scheduler->Wait(30s) == 0);
 }
