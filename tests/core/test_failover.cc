@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tests/util/child_process.h"
+#include "tests/util/sanitizer.h"
 #include "tests/util/temp_dir.h"
 
 namespace {
@@ -29,17 +30,7 @@ using Env = std::map<std::string, std::string>;
 // ThreadSanitizer runs every process about ten times slower: fewer rounds keep each job within
 // its bounds (and the test case within ctest's timeout), still long enough that every fault
 // lands mid-job.
-#if defined(__SANITIZE_THREAD__)
-constexpr int kRoundsDivisor = 5;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr int kRoundsDivisor = 5;
-#else
-constexpr int kRoundsDivisor = 1;
-#endif
-#else
-constexpr int kRoundsDivisor = 1;
-#endif
+constexpr int kRoundsDivisor = ps::test::kThreadSanitizer ? 5 : 1;
 
 Env JobEnv(int port) {
   return {{"DMLC_PS_ROOT_URI", "127.0.0.1"},

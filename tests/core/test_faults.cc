@@ -36,6 +36,7 @@
 #include "ps/runtime.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/util/child_process.h"
+#include "tests/util/sanitizer.h"
 
 namespace {
 
@@ -84,6 +85,15 @@ long StatusKb(pid_t pid, const std::string& field) {
     if (line.starts_with(field + ":")) return std::stol(line.substr(field.size() + 1));
   }
   return -1;
+}
+
+// Whether the test may cap a process's address space; else it says why it is skipped.
+bool CanCapAddressSpace() {
+  if (!ps::test::kSanitizer) return true;
+  WARN(
+      "skipped: a sanitizer's shadow memory leaves RLIMIT_AS nothing to cap (a build without "
+      "PS_SANITIZE runs it)");
+  return false;
 }
 
 // Lets process `pid` map what it maps now plus `headroom_kb` (RLIMIT_AS), no more.
@@ -426,6 +436,7 @@ TEST_CASE("faults: a server killed with SIGKILL ends the job within 3 s, naming 
 
 TEST_CASE("faults: a server out of memory answers the request with an error naming the size",
           "[faults]") {
+  if (!CanCapAddressSpace()) return;
   // The server may map its own memory plus 768 MiB: a 512 MiB frame it receives, not also the
   // 512 MiB value it would copy it into. The Init fails, the server stays up.
   constexpr std::size_t kBigElements = std::size_t{128} << 20;  // 512 MiB of float32
@@ -483,6 +494,7 @@ TEST_CASE("faults: a server out of memory answers the request with an error nami
 
 TEST_CASE("faults: a push whose frame a server cannot allocate fails, never loops or hangs",
           "[faults]") {
+  if (!CanCapAddressSpace()) return;
   // Each server may map its own memory plus 128 MiB: not a 256 MiB frame. ZeroMQ cannot
   // allocate it and drops the connection, request and all; the worker sees a reset. Without
   // replication the call fails at once; with it the push goes again a bounded number of
@@ -519,6 +531,7 @@ TEST_CASE("faults: a push whose frame a server cannot allocate fails, never loop
 
 TEST_CASE("faults: a replica that cannot allocate its primary's update fails it, never loops",
           "[faults]") {
+  if (!CanCapAddressSpace()) return;
   // Only key 7's replica is capped: the push reaches the primary, whose update for the replica
   // ZeroMQ cannot allocate there. The primary sends it again after each reset, a bounded
   // number of times, then fails naming the replica and the fix; the replica takes its keys
