@@ -82,9 +82,9 @@ enum class ReplicaKind : std::uint32_t {
 constexpr std::uint32_t kLastReplicaKind = 5;
 
 // A replica's answer to a kReplicate is empty when it applied the request. One with a body
-// applied nothing from the first op it lacks the state for on: the slice, or the round before
-// (a full copy lost with a reset connection, or a round it holds already). The body says
-// which; the primary sends the slice in full again rather than end the job.
+// applied the ops before the first one it lacks the state for (the slice, or the round before:
+// a full copy lost with a reset connection, or a round it holds already), and none from that
+// one on. The body says why; the primary sends the slice in full again rather than end the job.
 struct ReplicaOp {
   ReplicaKind kind = ReplicaKind::kState;
   std::uint64_t seq = 0;

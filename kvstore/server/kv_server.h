@@ -177,12 +177,16 @@ class KVServerStore {
     // the replica maps (null: updates travel as frames).
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
-    // Resets of the replica's connection with updates on their way, and answers that it lacked
-    // the state for one, since it last applied one (OnServerReset, OnReplicaLacks): at most
-    // kMaxReplicaResets, then the job ends.
+    // Resets of the replica's connection with updates on their way since it last answered one
+    // (OnServerReset): at most kMaxReplicaResets, then the job ends.
     int replica_resets = 0;
-    // Full copies sent to the replica so far (CopyToReplica): an answer to an update sent
-    // before the latest copy is about a state that copy replaces.
+    // The replica's answers that it lacked the state for an update, since it last applied one
+    // (OnReplicaLacks; a round a copy carried does not count as applied): at most
+    // kMaxReplicaLacks, then the job ends.
+    int replica_lacks = 0;
+    // Full copies CopyToReplica sent so far: an answer to an update sent before the latest one
+    // is about a state that copy replaces. (The first copy, from Init or Load, is not counted:
+    // no update is on its way then.)
     std::uint64_t copies = 0;
     bool round_in_flight = false;
     // A copy this server kept for a primary whose replica is now a server that joined: updates
@@ -287,7 +291,7 @@ class KVServerStore {
   };
   void OnForwardReply(const SentForward& sent, const RequestResult& result);
   // The replica applied nothing of `sent`: it lacks the slice or the round before (`why`). It
-  // gets the slice in full again, a bounded number of times (kMaxReplicaResets).
+  // gets the slice in full again, a bounded number of times (kMaxReplicaLacks).
   void OnReplicaLacks(const SentForward& sent, const std::string& why);
   void ApplyForward(Slice& slice, Forward& forward);
   // A full copy of `slice` to the node `to`, then the updates still on their way.
@@ -314,6 +318,7 @@ class KVServerStore {
   // whose updates were on their way are copied to it again.
   void OnServerReset(const NodeInfo& peer);
   static constexpr int kMaxReplicaResets = 8;
+  static constexpr int kMaxReplicaLacks = 8;
   // A server took the rank of a dead one: it may be this server's replica now.
   void OnServerJoined(const NodeInfo& peer);
   // After a death or join: makes the ring's replica of this server its replica, giving every

@@ -202,12 +202,19 @@ void KVServerStore::OnForwardReply(const SentForward& sent, const RequestResult&
   if (!result.ok() && result.lost_peer == kNoNode && !runtime_.terminated() &&
       runtime_.failure().empty()) {
     // An answer on the receive thread: from a replica that was replaced since (a server took
-    // a dead one's rank), its refusal is stale too.
+    // a dead one's rank), or to an update sent before the latest copy (which sends it again),
+    // its refusal is stale too.
     const auto it = slices_.find(id);
-    if (it != slices_.end() && it->second.replicated_to != to) return;
+    if (it != slices_.end() &&
+        (it->second.replicated_to != to || it->second.copies != sent.copies)) {
+      return;
+    }
     // A refusal that may be about a frame lost with the old connection (a replica without the
-    // memory for it): the reset (OnServerReset) sends the slice and its updates again.
-    if (runtime_.ConnectionResetPending(to)) return;
+    // memory for it): the slice and its updates go again, as after a lack (bounded).
+    if (runtime_.ConnectionResetPending(to)) {
+      OnReplicaLacks(sent, result.error);
+      return;
+    }
   }
   if (!result.ok()) {
     // A replica that died is replaced by OnServerDead, which sends the updates again; one
@@ -239,15 +246,15 @@ void KVServerStore::OnForwardReply(const SentForward& sent, const RequestResult&
   }
   Forward forward = std::move(slice.forwards.front());
   slice.forwards.pop_front();
+  slice.replica_resets = 0;
   // The replica applied an update: what came before held. A copy alone says nothing of that.
-  if (forward.updates()) slice.replica_resets = 0;
+  if (forward.updates()) slice.replica_lacks = 0;
   if (forward.slot != nullptr) forward.slot->Release();  // the replica has read it
   ApplyForward(slice, forward);
   // A round that rode on a copy is done with it.
   while (!slice.forwards.empty() && slice.forwards.front().in_copy) {
     Forward counted = std::move(slice.forwards.front());
     slice.forwards.pop_front();
-    slice.replica_resets = 0;
     ApplyForward(slice, counted);
   }
 }
@@ -256,18 +263,17 @@ void KVServerStore::OnReplicaLacks(const SentForward& sent, const std::string& w
   const auto it = slices_.find(sent.id);
   if (it == slices_.end()) return;  // dropped since (an Init undone)
   Slice& slice = it->second;
-  // About a replica replaced since, or a state that a copy sent since replaces: stale. A reset
-  // not yet acted on (the likely cause) sends a copy of its own (OnServerReset).
-  if (slice.replicated_to != sent.to || slice.copies != sent.copies ||
-      runtime_.ConnectionResetPending(sent.to)) {
-    return;
-  }
+  // About a replica replaced since, or a state that a copy sent since replaces: stale. (A reset
+  // not yet acted on, the likely cause, sends a copy of its own too: that one makes the
+  // answers to this copy stale. Waiting for it instead would wait for ever were its notice
+  // lost.)
+  if (slice.replicated_to != sent.to || slice.copies != sent.copies) return;
   const std::string replica = "its replica " + runtime_.Describe(sent.to);
-  if (++slice.replica_resets > kMaxReplicaResets) {
+  if (++slice.replica_lacks > kMaxReplicaLacks) {
     runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": " + replica +
                   " lacked what came before an update of key " + std::to_string(sent.id.first) +
-                  " " + std::to_string(kMaxReplicaResets + 1) +
-                  " times in a row, each time after a full copy (last: " + why +
+                  " " + std::to_string(kMaxReplicaLacks + 1) +
+                  " times in a row, a full copy sent after each (last: " + why +
                   "); the copies do not reach it intact: check the network between the two, "
                   "or set PS_REPLICATION=0");
     return;

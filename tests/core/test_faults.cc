@@ -26,6 +26,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -106,9 +107,9 @@ void CapAddressSpace(pid_t pid, long headroom_kb) {
 }
 
 // `call` on a thread of its own: its ps::Error's text, or "" when it returned. A call with no
-// answer within 60 s fails the test naming `what`, once `cluster`'s servers were killed (the
-// call then fails and returns).
-std::string ErrorOf(ps::test::KVCluster& cluster, const std::string& what,
+// answer within 60 s fails the test naming `what`, once `servers` were killed (the call then
+// fails and returns).
+std::string ErrorOf(const std::vector<ChildProcess*>& servers, const std::string& what,
                     std::function<void()> call) {
   auto error = std::async(std::launch::async, [call = std::move(call)]() -> std::string {
     try {
@@ -119,11 +120,18 @@ std::string ErrorOf(ps::test::KVCluster& cluster, const std::string& what,
     return "";
   });
   if (error.wait_for(60s) != std::future_status::ready) {
-    for (auto& server : cluster.servers()) server->Kill(SIGKILL);
+    for (ChildProcess* server : servers) server->Kill(SIGKILL);
     error.wait();
     FAIL(what << " got no answer within 60 s");
   }
   return error.get();
+}
+
+std::string ErrorOf(ps::test::KVCluster& cluster, const std::string& what,
+                    std::function<void()> call) {
+  std::vector<ChildProcess*> servers;
+  for (auto& server : cluster.servers()) servers.push_back(server.get());
+  return ErrorOf(servers, what, std::move(call));
 }
 
 // A socket the test holds open until it goes.
@@ -575,81 +583,90 @@ TEST_CASE("faults: a replica that cannot allocate its primary's update fails it,
                  Catch::Contains("was reset 9 times") && Catch::Contains("PS_REPLICATION=0"));
 }
 
+// A replica lacks the state an update builds on when the full copy before it was lost with a
+// reset connection, a race a real network wins now and then. In these jobs the replica is
+// scripted (ScriptedReplica) and the primary of `key` is a real ps-server, with SGD at rate 1:
+// exact in float (1 - 5 = -4).
+enum class LackScript { kFirstUpdate, kUntilCopied, kEveryUpdate };
+struct LackingReplicaJob {
+  explicit LackingReplicaJob(bool sync, LackScript script)
+      : replica([this, script](const ps::kv::ReplicaOp& op) { return Lacks(script, op); }) {
+    Env env = JobEnv(2, 1, 0);
+    env["PS_USE_SHM"] = "0";
+    std::tie(scheduler, port) = StartScheduler(env);
+    env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+    server = Start("ps-server", env);
+    auto registered =
+        std::async(std::launch::async, [&] { replica.Start(JobConfig(ps::Role::kServer, port)); });
+    kv = ps::KVStore::Create(sync ? "dist_sync" : "dist_async", JobConfig(ps::Role::kWorker, port));
+    registered.get();
+    ps::OptimizerConfig sgd;  // dist_async needs one
+    sgd.learning_rate = 1.0f;
+    kv->SetOptimizer(sgd);
+    const ps::KeyLayout layout(2, ps::ClusterConfig{}.big_array_bound);
+    while (layout.ServerOf(key) == replica.rank()) ++key;  // served by the real server
+    kv->Init(key, ps::Tensor(value.data(), value.size()));
+    kv->WaitAll();
+  }
+
+  // Pushes `grad` `pushes` times (each answered before the next, or all at once), then pulls:
+  // the error, "" when none.
+  std::string PushThenPull(int pushes, bool one_at_a_time) {
+    return ErrorOf({server.get()}, "the pushes", [&] {
+      for (int p = 0; p < pushes; ++p) {
+        kv->Push(key, ps::Tensor(grad.data(), grad.size()));
+        if (one_at_a_time) kv->WaitAll();
+      }
+      kv->WaitAll();  // dist_async: a pull sent beside the pushes may come first
+      kv->Pull(key, ps::Tensor(value.data(), value.size()));
+      kv->WaitAll();
+    });
+  }
+
+  long Count(ps::kv::ReplicaKind kind, bool was_lacked) const {
+    const auto updates = replica.updates();
+    return std::count_if(updates.begin(), updates.end(), [&](const auto& update) {
+      return update.kind == kind && update.lacked == was_lacked;
+    });
+  }
+
+  std::unique_ptr<ChildProcess> scheduler;
+  int port = 0;
+  std::unique_ptr<ChildProcess> server;
+  // The script's state, on the replica's receive thread alone (so declared before it).
+  bool lacked = false;
+  bool copied = false;
+  ScriptedReplica replica;
+  std::unique_ptr<ps::KVStore> kv;
+  ps::Key key = 0;
+  std::vector<float> value = std::vector<float>(1000, 1.0f);
+  std::vector<float> grad = std::vector<float>(1000, 5.0f);
+
+ private:
+  bool Lacks(LackScript script, const ps::kv::ReplicaOp& op) {
+    if (op.kind == ps::kv::ReplicaKind::kState) {
+      copied = lacked;
+      return false;
+    }
+    const bool lacks = script == LackScript::kEveryUpdate ||
+                       (script == LackScript::kFirstUpdate ? !lacked : !copied);
+    lacked = lacked || lacks;
+    return lacks;
+  }
+};
+
 TEST_CASE("faults: a replica that lacks what came before an update gets the slice again",
           "[faults]") {
-  // A replica lacks the state an update builds on when the full copy before it was lost with
-  // a reset connection, a race a real network wins now and then. Here the replica is scripted
-  // (it says so for the first update) and the primary is a real ps-server: it sends the slice
-  // in full again, and the job goes on with every value exact. One that lacks it every time
-  // ends the job after a bounded number of copies, naming the replica.
-  const bool sync = GENERATE(true, false);
-  const bool every_time = GENERATE(false, true);
-  if (sync && every_time) return;  // a sync round rides on the copy: nothing is sent twice
-  INFO((sync ? "dist_sync" : "dist_async") << (every_time ? ", lacks every time" : ""));
+  // The primary sends the slice in full again, and the job goes on with every value exact.
   using ps::kv::ReplicaKind;
-  Env env = JobEnv(2, 1, 0);
-  env["PS_USE_SHM"] = "0";
-  auto [scheduler, port] = StartScheduler(env);
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  auto server = Start("ps-server", env);
-  bool lacked_once = false;  // the replica's receive thread alone touches it
-  ScriptedReplica replica([&](const ps::kv::ReplicaOp& op) {
-    if (op.kind == ReplicaKind::kState) return false;
-    return every_time || !std::exchange(lacked_once, true);
-  });
-  auto registered =
-      std::async(std::launch::async, [&] { replica.Start(JobConfig(ps::Role::kServer, port)); });
-  auto kv =
-      ps::KVStore::Create(sync ? "dist_sync" : "dist_async", JobConfig(ps::Role::kWorker, port));
-  registered.get();
-  ps::OptimizerConfig sgd;  // dist_async needs one; exact in float: 1 - 5 = -4, -4 - 7 = -11
-  sgd.learning_rate = 1.0f;
-  kv->SetOptimizer(sgd);
-  // A key the real server serves (its replica: the scripted one).
-  const ps::KeyLayout layout(2, ps::ClusterConfig{}.big_array_bound);
-  ps::Key key = 0;
-  while (layout.ServerOf(key) == replica.rank()) ++key;
-  std::vector<float> value(1000, 1.0f);
-  kv->Init(key, ps::Tensor(value.data(), value.size()));
-  kv->WaitAll();
-
-  std::vector<float> grad(value.size(), 5.0f);
-  const std::string error = [&]() -> std::string {
-    auto done = std::async(std::launch::async, [&]() -> std::string {
-      try {
-        kv->Push(key, ps::Tensor(grad.data(), grad.size()));
-        kv->WaitAll();  // dist_async: a pull sent beside the push may come first
-        kv->Pull(key, ps::Tensor(value.data(), value.size()));
-        kv->WaitAll();
-      } catch (const ps::Error& e) {
-        return e.what();
-      }
-      return "";
-    });
-    if (done.wait_for(60s) != std::future_status::ready) {
-      server->Kill(SIGKILL);
-      done.wait();
-      FAIL("the push got no answer within 60 s");
-    }
-    return done.get();
-  }();
-  const auto updates = replica.updates();
-  if (every_time) {
-    // The primary gives up and exits, as after too many resets; its replica (the scripted one)
-    // takes its keys over and refuses the push sent again: the call fails, bounded.
-    CHECK(server->Wait(30s) != 0);
-    CHECK_THAT(server->Output(),
-               Catch::Contains("lacked what came before an update of key " + std::to_string(key)) &&
-                   Catch::Contains("9 times in a row") && Catch::Contains("scripted: lacks"));
-    CHECK_FALSE(error.empty());
-    // The Init's copy, then 9 times a push lacked, each followed by a copy but the last.
-    CHECK(updates.size() == 1 + 9 + 8);
-    return;
-  }
-  REQUIRE(error.empty());
-  CHECK(value[0] == -4.0f);
+  const bool sync = GENERATE(true, false);
+  INFO((sync ? "dist_sync" : "dist_async"));
+  LackingReplicaJob job(sync, LackScript::kFirstUpdate);
+  REQUIRE(job.PushThenPull(1, true).empty());
+  CHECK(job.value[0] == -4.0f);
   // The Init's copy, the push lacked, the slice again, then (dist_async) the push again: a
   // dist_sync round was applied on the primary as it went, and its copy counts it (seq 1).
+  const auto updates = job.replica.updates();
   REQUIRE(updates.size() == (sync ? 3u : 4u));
   CHECK((updates[0].kind == ReplicaKind::kState && updates[0].first == 1.0f));
   CHECK((updates[1].kind == (sync ? ReplicaKind::kRound : ReplicaKind::kAsyncPush) &&
@@ -661,18 +678,48 @@ TEST_CASE("faults: a replica that lacks what came before an update gets the slic
     CHECK((updates[3].kind == ReplicaKind::kAsyncPush && updates[3].seq == updates[1].seq &&
            !updates[3].lacked));
   }
-  CHECK(server->WaitForOutput("lacks what came before an update", 10s));
-  // The job goes on: another update, applied at once.
-  std::fill(grad.begin(), grad.end(), 7.0f);
-  kv->Push(key, ps::Tensor(grad.data(), grad.size()));
-  kv->WaitAll();
-  kv->Pull(key, ps::Tensor(value.data(), value.size()));
-  kv->WaitAll();
-  CHECK(value[0] == -11.0f);
-  CHECK(replica.updates().size() == updates.size() + 1);
-  kv.reset();
-  CHECK(server->Wait(30s) == 0);
-  CHECK(scheduler->Wait(30s) == 0);
+  CHECK(job.server->WaitForOutput("lacks what came before an update", 10s));
+  // The job goes on: another update, applied at once (-4 - 7 = -11).
+  std::fill(job.grad.begin(), job.grad.end(), 7.0f);
+  REQUIRE(job.PushThenPull(1, true).empty());
+  CHECK(job.value[0] == -11.0f);
+  CHECK(job.replica.updates().size() == updates.size() + 1);
+  job.kv.reset();
+  CHECK(job.server->Wait(30s) == 0);
+  CHECK(job.scheduler->Wait(30s) == 0);
+}
+
+TEST_CASE("faults: a replica that lacked several pushes in flight gets one copy", "[faults]") {
+  // dist_async: 3 pushes on their way at once, each lacked until a copy comes. Answers about
+  // the state that copy replaces are stale: one copy, then the 3 pushes again.
+  using ps::kv::ReplicaKind;
+  LackingReplicaJob job(false, LackScript::kUntilCopied);
+  REQUIRE(job.PushThenPull(3, false).empty());
+  CHECK(job.value[0] == 1.0f - 3 * 5.0f);
+  INFO(job.Count(ReplicaKind::kAsyncPush, true) << " pushes lacked");
+  CHECK(job.Count(ReplicaKind::kAsyncPush, true) >= 1);
+  CHECK(job.Count(ReplicaKind::kState, false) == 2);  // the Init's, and one after the lacks
+  CHECK(job.Count(ReplicaKind::kAsyncPush, false) == 3);
+}
+
+TEST_CASE("faults: a replica that lacks every update ends the job, bounded", "[faults]") {
+  // The primary gives up after 9 in a row and exits, as after too many resets; its replica
+  // (the scripted one) takes its keys over and refuses the push sent again: the call fails.
+  // In dist_sync each round went on after its copy (which carries it) until the 9th.
+  using ps::kv::ReplicaKind;
+  const bool sync = GENERATE(true, false);
+  INFO((sync ? "dist_sync" : "dist_async"));
+  LackingReplicaJob job(sync, LackScript::kEveryUpdate);
+  CHECK_FALSE(job.PushThenPull(12, true).empty());
+  CHECK(job.server->Wait(30s) != 0);
+  CHECK_THAT(
+      job.server->Output(),
+      Catch::Contains("lacked what came before an update of key " + std::to_string(job.key)) &&
+          Catch::Contains("9 times in a row") && Catch::Contains("scripted: lacks"));
+  // The Init's copy, then 9 updates lacked, each followed by a copy but the last.
+  CHECK(job.Count(sync ? ReplicaKind::kRound : ReplicaKind::kAsyncPush, true) == 9);
+  CHECK(job.Count(ReplicaKind::kState, false) == 1 + 8);
+  CHECK(job.replica.updates().size() == 1 + 9 + 8);
 }
 
 TEST_CASE("faults: a replica asks for a copy of a slice it lacks the state for, refuses junk",
@@ -714,6 +761,8 @@ TEST_CASE("faults: a replica asks for a copy of a slice it lacks the state for, 
     return result.responses.front().meta.body;
   };
   CHECK_THAT(answer(replicate(ReplicaKind::kRound, 0, {1, 1, 1, 1})),
+             Catch::Contains("key 42") && Catch::Contains("does not hold"));
+  CHECK_THAT(answer(replicate(ReplicaKind::kAsyncPush, 0, {1, 1, 1, 1})),
              Catch::Contains("key 42") && Catch::Contains("does not hold"));
   CHECK(answer(replicate(ReplicaKind::kState, 0, {1, 1, 1, 1})).empty());
   CHECK(answer(replicate(ReplicaKind::kRound, 0, {2, 2, 2, 2})).empty());
