@@ -289,6 +289,11 @@ class KVServerStore {
     std::uint64_t copies = 0;  // Slice::copies when it was sent
     int to = kNoNode;          // the replica
   };
+  // Whether an answer to `sent` is about the slice as it is replicated now: the same replica,
+  // and no full copy sent since (which sends the update again).
+  static bool AboutCurrentCopy(const Slice& slice, const SentForward& sent) {
+    return slice.replicated_to == sent.to && slice.copies == sent.copies;
+  }
   void OnForwardReply(const SentForward& sent, const RequestResult& result);
   // The replica applied nothing of `sent`: it lacks the slice or the round before (`why`). It
   // gets the slice in full again, a bounded number of times (kMaxReplicaLacks).

@@ -205,10 +205,7 @@ void KVServerStore::OnForwardReply(const SentForward& sent, const RequestResult&
     // a dead one's rank), or to an update sent before the latest copy (which sends it again),
     // its refusal is stale too.
     const auto it = slices_.find(id);
-    if (it != slices_.end() &&
-        (it->second.replicated_to != to || it->second.copies != sent.copies)) {
-      return;
-    }
+    if (it != slices_.end() && !AboutCurrentCopy(it->second, sent)) return;
     // A refusal that may be about a frame lost with the old connection (a replica without the
     // memory for it): the slice and its updates go again, as after a lack (bounded).
     if (runtime_.ConnectionResetPending(to)) {
@@ -267,7 +264,7 @@ void KVServerStore::OnReplicaLacks(const SentForward& sent, const std::string& w
   // not yet acted on, the likely cause, sends a copy of its own too: that one makes the
   // answers to this copy stale. Waiting for it instead would wait for ever were its notice
   // lost.)
-  if (slice.replicated_to != sent.to || slice.copies != sent.copies) return;
+  if (!AboutCurrentCopy(slice, sent)) return;
   const std::string replica = "its replica " + runtime_.Describe(sent.to);
   if (++slice.replica_lacks > kMaxReplicaLacks) {
     runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": " + replica +
