@@ -8,17 +8,14 @@
 
 #include "ps/config.h"
 #include "ps/error.h"
+#include "tests/util/settings_config.h"
 
 namespace {
 
 using Settings = std::map<std::string, std::string>;
 
 ps::ClusterConfig ParseSettings(const Settings& settings) {
-  return ps::ClusterConfig::Parse([&](std::string_view name) -> std::optional<std::string> {
-    const auto it = settings.find(std::string(name));
-    if (it == settings.end()) return std::nullopt;
-    return it->second;
-  });
+  return ps::test::ConfigFromSettings(settings);
 }
 
 Settings Valid() {

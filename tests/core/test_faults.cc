@@ -38,6 +38,7 @@
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/util/child_process.h"
 #include "tests/util/sanitizer.h"
+#include "tests/util/settings_config.h"
 
 namespace {
 
@@ -272,18 +273,10 @@ class ScriptedReplica {
   std::unique_ptr<ps::Runtime> runtime_;  // last: its receive thread uses the members above
 };
 
-ps::ClusterConfig JobConfig(ps::Role role, int port) {
-  ps::ClusterConfig config;
-  config.role = role;
-  config.root_uri = "127.0.0.1";
-  config.root_port = port;
-  config.num_servers = 2;
-  config.num_workers = 1;
-  config.heartbeat_interval = 500ms;
-  config.heartbeat_timeout = 20s;
-  config.register_timeout = 30s;
-  config.use_shm = false;  // updates travel as frames the scripted replica reads
-  return config;
+// The config of an in-process node of the job that `env` describes, as `role`.
+ps::ClusterConfig JobConfig(Env env, const std::string& role) {
+  env["DMLC_ROLE"] = role;
+  return ps::test::ConfigFromSettings(env);
 }
 
 }  // namespace
@@ -592,13 +585,13 @@ struct LackingReplicaJob {
   explicit LackingReplicaJob(bool sync, LackScript script)
       : replica([this, script](const ps::kv::ReplicaOp& op) { return Lacks(script, op); }) {
     Env env = JobEnv(2, 1, 0);
-    env["PS_USE_SHM"] = "0";
+    env["PS_USE_SHM"] = "0";  // updates travel as frames the scripted replica reads
     std::tie(scheduler, port) = StartScheduler(env);
     env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
     server = Start("ps-server", env);
     auto registered =
-        std::async(std::launch::async, [&] { replica.Start(JobConfig(ps::Role::kServer, port)); });
-    kv = ps::KVStore::Create(sync ? "dist_sync" : "dist_async", JobConfig(ps::Role::kWorker, port));
+        std::async(std::launch::async, [&] { replica.Start(JobConfig(env, "server")); });
+    kv = ps::KVStore::Create(sync ? "dist_sync" : "dist_async", JobConfig(env, "worker"));
     registered.get();
     ps::OptimizerConfig sgd;  // dist_async needs one
     sgd.learning_rate = 1.0f;
@@ -734,10 +727,9 @@ TEST_CASE("faults: a replica asks for a copy of a slice it lacks the state for, 
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
   auto server = Start("ps-server", env);
-  auto worker = std::async(std::launch::async, [port] {
-    return ps::Runtime::Start(JobConfig(ps::Role::kWorker, port));
-  });
-  auto primary = ps::Runtime::Start(JobConfig(ps::Role::kServer, port));
+  auto worker = std::async(std::launch::async,
+                           [&env] { return ps::Runtime::Start(JobConfig(env, "worker")); });
+  auto primary = ps::Runtime::Start(JobConfig(env, "server"));
   const int replica = primary->ServerId(1 - primary->rank());
   const auto replicate = [&](ReplicaKind kind, std::uint64_t seq, std::vector<float> frame) {
     ps::kv::Request request;

@@ -12,6 +12,7 @@
 #include "ps/config.h"
 #include "ps/kvstore.h"
 #include "tests/util/child_process.h"
+#include "tests/util/settings_config.h"
 
 namespace ps::test {
 
@@ -51,35 +52,11 @@ class KVCluster {
   ChildProcess& scheduler() { return *scheduler_; }
   std::vector<std::unique_ptr<ChildProcess>>& servers() { return server_processes_; }
 
+  // A worker's config, read from the job's settings (env()) as ps-server reads its own.
   ClusterConfig WorkerConfig() const {
-    ClusterConfig config;
-    config.role = Role::kWorker;
-    config.root_uri = "127.0.0.1";
-    config.root_port = port_;
-    config.num_servers = servers_;
-    config.num_workers = workers_;
-    config.heartbeat_interval = std::chrono::milliseconds(200);
-    config.heartbeat_timeout = std::chrono::milliseconds(3000);
-    config.register_timeout = std::chrono::seconds(30);
-    if (const auto it = env_.find("MXNET_KVSTORE_BIGARRAY_BOUND"); it != env_.end()) {
-      config.big_array_bound = std::stoul(it->second);
-    }
-    if (const auto it = env_.find("PS_CHUNK_BYTES"); it != env_.end()) {
-      config.chunk_bytes = std::stoul(it->second);
-    }
-    if (const auto it = env_.find("PS_USE_SHM"); it != env_.end()) {
-      config.use_shm = it->second == "1";
-    }
-    if (const auto it = env_.find("PS_USE_IPC"); it != env_.end()) {
-      config.use_ipc = it->second == "1";
-    }
-    if (const auto it = env_.find("PS_REPLICATION"); it != env_.end()) {
-      config.replication = it->second == "1";
-    }
-    if (const auto it = env_.find("PS_SERVER_WEIGHTS"); it != env_.end()) {
-      config.server_weights = ParseServerWeights(it->second, servers_);
-    }
-    return config;
+    Env settings = env_;
+    settings["DMLC_ROLE"] = "worker";
+    return ConfigFromSettings(settings);
   }
 
   // Runs `body` as every worker on threads; returns each one's outcome ("" when it returned
