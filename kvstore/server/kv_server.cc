@@ -969,7 +969,10 @@ int RunServer(const ClusterConfig& config) {
   if (!why_failed.empty()) runtime->ReportFailure(why_failed);
   runtime.reset();  // joins the receive thread before the store goes
   if (!failure.empty()) {
-    LOG(ERROR) << "server " << rank << ": " << failure;
+    // The store's own failures name this server already; the runtime's do not.
+    const std::string self = "server " + std::to_string(rank);
+    const bool named = failure.starts_with(self + ":") || failure.starts_with(self + " ");
+    LOG(ERROR) << (named ? failure : self + ": " + failure);
     return 1;
   }
   return 0;

@@ -133,6 +133,10 @@ class KVServerStore {
     Gradient gradient;            // what is applied (a round's sum, a push); kept until then
     std::vector<Waiter> waiters;  // answered once it is applied (pushes, Init)
     ShmSlot* slot = nullptr;      // the replica slot it travels through, held until answered
+    // A copy to the replica the updates before it went to: their slots, which the replica may
+    // still read until it answers this copy (it handles a sender's messages in order). Held
+    // until then, and released with this copy's answer (CopyToReplica).
+    std::vector<ShmSlot*> held_slots;
     // A round's sum applied to the value when it was sent (CloseRound).
     bool applied = false;
     // An applied round that a full copy sent since holds (CopyToReplica): never sent again,

@@ -93,7 +93,8 @@ void KVServerStore::AttachReplicaSlots(const std::vector<SliceId>& ids, int to) 
   std::vector<std::size_t> sizes;
   for (const SliceId& id : ids) {
     const auto it = slices_.find(id);
-    if (it == slices_.end()) continue;
+    // A slice copied again to the replica that maps its slot already keeps that slot.
+    if (it == slices_.end() || it->second.replica_slot != nullptr) continue;
     const std::size_t bytes = it->second.value.bytes();
     if (bytes < kShmMinBytes) continue;
     wanted.push_back(id);
@@ -246,7 +247,9 @@ void KVServerStore::OnForwardReply(const SentForward& sent, const RequestResult&
   slice.replica_resets = 0;
   // The replica applied an update: what came before held. A copy alone says nothing of that.
   if (forward.updates()) slice.replica_lacks = 0;
-  if (forward.slot != nullptr) forward.slot->Release();  // the replica has read it
+  // The replica has read them.
+  if (forward.slot != nullptr) forward.slot->Release();
+  for (ShmSlot* slot : forward.held_slots) slot->Release();
   ApplyForward(slice, forward);
   // A round that rode on a copy is done with it.
   while (!slice.forwards.empty() && slice.forwards.front().in_copy) {
@@ -305,13 +308,23 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
 }
 
 void KVServerStore::CopyToReplica(Slice& slice, int to) {
+  // The same replica again (after a reset or a lack) keeps the slots it maps: those of the
+  // updates on their way are free again once it answers the copy, which it handles after them.
+  // Another replica's slots are never used again (a stopped one might still read them).
+  const bool same_replica = to != kNoNode && to == slice.replicated_to;
   slice.replicated_to = to;
   ++slice.copies;
-  // Slots of the old replica: never used again (a stopped one might still read them).
-  slice.replica_slot = nullptr;
+  std::vector<ShmSlot*> held;
   for (Forward& forward : slice.forwards) {
-    if (forward.slot != nullptr) forward.slot->Retire();
+    if (forward.slot != nullptr) held.push_back(forward.slot);
+    held.insert(held.end(), forward.held_slots.begin(), forward.held_slots.end());
     forward.slot = nullptr;
+    forward.held_slots.clear();
+  }
+  if (!same_replica) {
+    for (ShmSlot* slot : held) slot->Retire();
+    held.clear();
+    slice.replica_slot = nullptr;
   }
   if (to == kNoNode) {
     // The last server standing: what was on its way to a replica is applied here now.
@@ -331,6 +344,7 @@ void KVServerStore::CopyToReplica(Slice& slice, int to) {
   Forward copy;
   copy.kind = kv::ReplicaKind::kState;
   copy.serial = next_forward_++;
+  copy.held_slots = std::move(held);
   slice.forwards.push_front(std::move(copy));
   for (Forward& forward : slice.forwards) {
     if (!forward.in_copy) SendForward(slice, forward);

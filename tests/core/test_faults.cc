@@ -20,6 +20,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <regex>
@@ -32,6 +33,8 @@
 
 #include "kvstore/dist/key_layout.h"
 #include "kvstore/dist/kv_protocol.h"
+#include "kvstore/dist/shm_slots.h"
+#include "kvstore/shm/shared_segment.h"
 #include "ps/error.h"
 #include "ps/kvstore.h"
 #include "ps/runtime.h"
@@ -217,14 +220,16 @@ rlim_t RaiseOwnDescriptorLimit() {
 // A job's second server, in the test's process: the real server's replica, which records the
 // updates it gets and answers each as the test's `lacks` says, applied or lacking the state
 // before it (kv_protocol.h), without holding anything. It serves no worker, but takes the
-// job's optimizer as every server does.
+// job's optimizer as every server does, and maps the shared memory its primary offers (not
+// the workers': their updates reach it through the primary).
 class ScriptedReplica {
  public:
   struct Update {
     ps::kv::ReplicaKind kind;
     std::uint64_t seq;
-    float first;  // the frame's first value (NaN: no frame)
+    float first;  // the value's first element, from the frame or the slot (NaN: neither)
     bool lacked;
+    bool via_slot;  // read from a slot of the primary's shared memory
   };
   using Script = std::function<bool(const ps::kv::ReplicaOp&)>;
 
@@ -239,6 +244,11 @@ class ScriptedReplica {
     std::lock_guard lock(mu_);
     return updates_;
   }
+  // Shared-memory segments a server had this replica map so far.
+  int server_segments() const {
+    std::lock_guard lock(mu_);
+    return server_segments_;
+  }
 
  private:
   void OnRequest(const ps::Message& msg) {
@@ -248,6 +258,10 @@ class ScriptedReplica {
       runtime_->Reply(msg.meta, ps::Message{});
       return;
     }
+    if (request && request->command == ps::kv::kShmAttach) {
+      Attach(msg.meta, *request);
+      return;
+    }
     if (!request || request->command != ps::kv::kReplicate || request->replica_ops.size() != 1) {
       runtime_->ReplyError(msg.meta, "a scripted replica takes one Replicate op at a time");
       return;
@@ -255,21 +269,46 @@ class ScriptedReplica {
     const ps::kv::ReplicaOp& op = request->replica_ops.front();
     const bool lacked = lacks_(op);
     float first = std::numeric_limits<float>::quiet_NaN();
-    if (!msg.data.empty() && msg.data.front().bytes() >= sizeof(float)) {
-      std::memcpy(&first, msg.data.front().data(), sizeof(float));
+    const std::byte* value = nullptr;
+    if (!request->shm.empty()) {
+      const ps::kv::ShmRef& ref = request->shm.front();
+      value = segments_.at({msg.meta.sender, ref.segment})->data() + ref.offset;
+    } else if (!msg.data.empty() && msg.data.front().bytes() >= sizeof(float)) {
+      value = msg.data.front().data();
     }
+    if (value != nullptr) std::memcpy(&first, value, sizeof(float));
     {
       std::lock_guard lock(mu_);
-      updates_.push_back({op.kind, op.seq, first, lacked});
+      updates_.push_back({op.kind, op.seq, first, lacked, !request->shm.empty()});
     }
     ps::Message answer;
     if (lacked) answer.meta.body = "scripted: lacks the state before it";
     runtime_->Reply(msg.meta, std::move(answer));
   }
 
+  void Attach(const ps::Meta& meta, const ps::kv::Request& request) {
+    bool from_server = false;
+    for (int s = 0; s < runtime_->num_servers(); ++s) {
+      from_server = from_server || runtime_->ServerId(s) == meta.sender;
+    }
+    if (!from_server) {
+      runtime_->ReplyError(meta, "a scripted replica maps only its primary's slots");
+      return;
+    }
+    segments_[{meta.sender, request.segment_id}] = ps::SharedSegment::Attach(request.segment);
+    {
+      std::lock_guard lock(mu_);
+      ++server_segments_;
+    }
+    runtime_->Reply(meta, ps::Message{});
+  }
+
   const Script lacks_;
+  // (sender, segment id) -> its mapping; on the receive thread alone.
+  std::map<std::pair<int, std::uint32_t>, std::unique_ptr<ps::SharedSegment>> segments_;
   mutable std::mutex mu_;
   std::vector<Update> updates_;           // guarded by mu_
+  int server_segments_ = 0;               // guarded by mu_
   std::unique_ptr<ps::Runtime> runtime_;  // last: its receive thread uses the members above
 };
 
@@ -582,10 +621,16 @@ TEST_CASE("faults: a replica that cannot allocate its primary's update fails it,
 // exact in float (1 - 5 = -4).
 enum class LackScript { kFirstUpdate, kUntilCopied, kEveryUpdate };
 struct LackingReplicaJob {
-  explicit LackingReplicaJob(bool sync, LackScript script)
+  // `shm`: values big enough for shared memory, which the primary's forwards may go through;
+  // otherwise updates travel as frames.
+  explicit LackingReplicaJob(bool sync, LackScript script, bool shm = false)
       : replica([this, script](const ps::kv::ReplicaOp& op) { return Lacks(script, op); }) {
     Env env = JobEnv(2, 1, 0);
-    env["PS_USE_SHM"] = "0";  // updates travel as frames the scripted replica reads
+    env["PS_USE_SHM"] = shm ? "1" : "0";
+    if (shm) {
+      value.assign(ps::kShmMinBytes / sizeof(float) + 1000, 1.0f);
+      grad.assign(value.size(), 5.0f);
+    }
     std::tie(scheduler, port) = StartScheduler(env);
     env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
     server = Start("ps-server", env);
@@ -693,6 +738,31 @@ TEST_CASE("faults: a replica that lacked several pushes in flight gets one copy"
   CHECK(job.Count(ReplicaKind::kAsyncPush, true) >= 1);
   CHECK(job.Count(ReplicaKind::kState, false) == 2);  // the Init's, and one after the lacks
   CHECK(job.Count(ReplicaKind::kAsyncPush, false) == 3);
+}
+
+TEST_CASE("faults: a replica copied again keeps mapping the same slot, values exact", "[faults]") {
+  // The first update (through the primary's slot for the replica, as a rule) is lacked: the
+  // slot waits for the answer to the copy, which the replica handles after that update, and
+  // serves the updates after it. No new shared memory for each copy to the same replica.
+  const bool sync = GENERATE(true, false);
+  INFO((sync ? "dist_sync" : "dist_async"));
+  LackingReplicaJob job(sync, LackScript::kFirstUpdate, true);
+  REQUIRE(job.PushThenPull(1, true).empty());
+  CHECK(job.value[0] == -4.0f);
+  CHECK(job.value.back() == -4.0f);
+  std::fill(job.grad.begin(), job.grad.end(), 7.0f);
+  for (int round = 0; round < 3; ++round) {
+    REQUIRE(job.PushThenPull(1, true).empty());
+    CHECK(job.value.back() == -4.0f - 7.0f * static_cast<float>(round + 1));
+  }
+  const auto updates = job.replica.updates();
+  REQUIRE(updates.size() >= 4u);
+  INFO("the lacked update came through the slot: " << updates[1].via_slot);
+  CHECK(updates[1].lacked);
+  for (std::size_t u = updates.size() - 3; u < updates.size(); ++u) {
+    CHECK((updates[u].via_slot && updates[u].first == 7.0f && !updates[u].lacked));
+  }
+  CHECK(job.replica.server_segments() == 1);
 }
 
 TEST_CASE("faults: a replica that lacks every update ends the job, bounded", "[faults]") {
