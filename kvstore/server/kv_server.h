@@ -368,7 +368,9 @@ class KVServerStore {
   int replica_node_ = kNoNode;
   std::uint64_t next_forward_ = 1;
   std::vector<Message> held_;
-  ShmSlots replica_shm_;  // this server's segments for its same-host replicas
+  // This server's segments for its same-host replicas, by replica node id; on the receive
+  // thread. A dead replica's go with it (OnServerDead).
+  std::map<int, ShmSlots> replica_shm_;
   // Helper threads for big merges, copies and updates, started once with the store.
   ParallelPool pool_;
   const ParallelOptions parallel_{.pool = &pool_};

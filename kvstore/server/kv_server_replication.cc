@@ -103,7 +103,7 @@ void KVServerStore::AttachReplicaSlots(const std::vector<SliceId>& ids, int to) 
   if (wanted.empty()) return;
   ShmSlots::NewSegment segment;
   try {
-    segment = replica_shm_.Create(sizes);
+    segment = replica_shm_[to].Create(sizes);
   } catch (const Error& e) {
     LOG(WARNING) << "server " << runtime_.rank() << ": updates for " << runtime_.Describe(to)
                  << " travel over the socket, not shared memory: " << e.what();
@@ -120,13 +120,17 @@ void KVServerStore::AttachReplicaSlots(const std::vector<SliceId>& ids, int to) 
       // Only a refusal is answered on the receive thread; other failures leave the segment
       // as it is (this server is going, or the replica died).
       if (result.lost_peer == kNoNode && !runtime_.terminated() && runtime_.failure().empty()) {
-        replica_shm_.Abandon(segment);
+        if (const auto slots = replica_shm_.find(to); slots != replica_shm_.end()) {
+          slots->second.Abandon(segment);
+        }
         LOG(WARNING) << "server " << runtime_.rank() << ": updates for " << runtime_.Describe(to)
                      << " travel over the socket, not shared memory: " << result.error;
       }
       return;
     }
-    replica_shm_.Attached(segment);
+    const auto slots = replica_shm_.find(to);
+    if (slots == replica_shm_.end()) return;  // the replica died since
+    slots->second.Attached(segment);
     for (std::size_t n = 0; n < wanted.size(); ++n) {
       const auto it = slices_.find(wanted[n]);
       if (it != slices_.end() && it->second.replicated_to == to) {
@@ -375,6 +379,16 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   // that reference them are done.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   FollowRing(peer.Describe() + " died");
+  // This server's segments for it: FollowRing sent every slice that went to it to another
+  // replica (or none), which retired their slots, so nothing refers to them. Unmapped here,
+  // their memory goes back to the kernel (node ids are never reused).
+  if (const auto slots = replica_shm_.find(peer.id); slots != replica_shm_.end()) {
+    if (runtime_.config().verbose >= 1) {
+      LOG(INFO) << "server " << runtime_.rank() << ": unmaps the shared memory it kept for "
+                << peer.Describe();
+    }
+    replica_shm_.erase(slots);
+  }
 }
 
 void KVServerStore::OnServerReset(const NodeInfo& peer) {

@@ -765,6 +765,73 @@ TEST_CASE("faults: a replica copied again keeps mapping the same slot, values ex
   CHECK(job.replica.server_segments() == 1);
 }
 
+// Shared-memory segments `pid` maps (ps's memfds in /proc/PID/maps).
+int MappedSegments(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:ps-kvstore-values") != std::string::npos) ++count;
+  }
+  return count;
+}
+
+TEST_CASE("faults: a server unmaps the shared memory it kept for a replica that died", "[faults]") {
+  // Two servers on one host, each the other's replica through a segment of its own; a worker
+  // (this process) whose slots both map. The survivor drops the segment the dead one made for
+  // it and the one it made for the dead one, and serves every key on, exact.
+  Env env = JobEnv(2, 1, 0);
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  Env server_env = env;
+  server_env["PS_VERBOSE"] = "1";
+  auto victim = Start("ps-server", server_env);
+  auto survivor = Start("ps-server", server_env);
+  auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+  const ps::KeyLayout layout(2, ps::ClusterConfig{}.big_array_bound);
+  const std::size_t length = ps::kShmMinBytes / sizeof(float) + 1000;
+  std::vector<ps::Key> keys;  // one on each server
+  for (ps::Key key = 0; keys.size() < 2; ++key) {
+    if (layout.ServerOf(key) == static_cast<int>(keys.size())) keys.push_back(key);
+  }
+  std::vector<std::vector<float>> values(2, std::vector<float>(length, 1.0f));
+  std::vector<float> grad(length, 2.0f);
+  const auto push_then_pull = [&] {
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      kv->Push(keys[k], ps::Tensor(grad.data(), grad.size()));
+      kv->Pull(keys[k], ps::Tensor(values[k].data(), values[k].size()));
+    }
+    kv->WaitAll();
+  };
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    kv->Init(keys[k], ps::Tensor(values[k].data(), values[k].size()));
+  }
+  push_then_pull();  // no optimizer: the value is the round's sum
+  REQUIRE(values[1].back() == 2.0f);
+  REQUIRE(survivor->WaitForOutput("attached the shared memory of server", 10s));
+  // The worker's two segments, the victim's for its replica, the survivor's own for its replica.
+  const int before = MappedSegments(survivor->pid());
+  CHECK(before == 4);
+
+  victim->Kill(SIGKILL);
+  REQUIRE(victim->Wait(5s) == 128 + SIGKILL);
+  REQUIRE(survivor->WaitForOutput("no replica is left for this server's keys", 10s));
+  CHECK(survivor->WaitForOutput("unmaps the shared memory it kept for server", 10s));
+  int after = MappedSegments(survivor->pid());
+  for (const auto until = Clock::now() + 10s; after != before - 2 && Clock::now() < until;) {
+    std::this_thread::sleep_for(50ms);  // polls the survivor's maps, bounded
+    after = MappedSegments(survivor->pid());
+  }
+  CHECK(after == before - 2);
+
+  grad.assign(length, 3.0f);
+  REQUIRE_NOTHROW(push_then_pull());
+  CHECK(values[0].back() == 3.0f);
+  CHECK(values[1].back() == 3.0f);
+  kv.reset();
+  CHECK(survivor->Wait(30s) == 0);
+  CHECK(scheduler->Wait(30s) == 0);
+}
+
 TEST_CASE("faults: a replica that lacks every update ends the job, bounded", "[faults]") {
   // The primary gives up after 9 in a row and exits, as after too many resets; its replica
   // (the scripted one) takes its keys over and refuses the push sent again: the call fails.
