@@ -19,6 +19,7 @@ How processes are run and stopped (the part MXNet gets wrong):
 import argparse
 import collections
 import ipaddress
+import math
 import os
 import queue
 import re
@@ -357,9 +358,9 @@ def build_parser():
     p.add_argument("--ssh-opts", default="", metavar="OPTS",
                    help="extra ssh options, e.g. \"-i KEY -o StrictHostKeyChecking=no\"; "
                         "also used by rsync")
-    p.add_argument("--startup-timeout", type=float, default=60.0, metavar="SEC",
+    p.add_argument("--startup-timeout", type=positive_seconds, default=60.0, metavar="SEC",
                    help="how long to wait for the scheduler to listen (default 60)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SEC",
+    p.add_argument("--shutdown-timeout", type=positive_seconds, default=30.0, metavar="SEC",
                    help="after every worker succeeded, how long the scheduler and servers may "
                         "take to exit before they are stopped and the job fails (default 30)")
     p.add_argument("--server-restarts", type=int, default=0, metavar="N",
@@ -391,6 +392,17 @@ def find_binary(name, environ, launcher_dir):
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return os.path.abspath(path)
     return shutil.which(name, path=environ.get("PATH"))
+
+
+def positive_seconds(text):
+    """argparse type of a timeout: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}': want a number of seconds above 0")
+    return value
 
 
 # Options whose value often starts with '-' ("--ssh-opts '-i key'"), which argparse would take

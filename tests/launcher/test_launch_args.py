@@ -486,6 +486,18 @@ class CommandLine(LauncherTest):
         r = self.run_cmd(["prog"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("required: -n", r.stderr)
+        # A timeout that could never end (nan, inf) or never begin (0, -1): refused, nothing run.
+        for flag in ("--startup-timeout", "--shutdown-timeout"):
+            for value, want in [("nan", "want a number of seconds above 0"),
+                                ("inf", "want a number of seconds above 0"),
+                                ("0", "want a number of seconds above 0"),
+                                ("-1", "want a number of seconds above 0"),
+                                ("soon", "is not a number of seconds")]:
+                with self.subTest(flag=flag, value=value):
+                    r = self.run_cmd(["-n", "1", f"{flag}={value}", "prog"])
+                    self.assertEqual(r.returncode, 2)
+                    self.assertIn(f"argument {flag}: ", r.stderr)
+                    self.assertIn(want, r.stderr)
 
     def test_executable_with_shebang(self):
         self.assertTrue(os.access(LAUNCH, os.X_OK))
