@@ -36,7 +36,7 @@ void LogToStderrUnlessSetUp(const char* role_program) {
 }  // namespace
 
 std::unique_ptr<KVStore> CreateDistKVStore(const std::string& type, const ClusterConfig* given) {
-  const ClusterConfig config = given != nullptr ? *given : ClusterConfig::FromEnvironment();
+  ClusterConfig config = given != nullptr ? *given : ClusterConfig::FromEnvironment();
   switch (config.role) {
     case Role::kScheduler:
       LogToStderrUnlessSetUp("ps-scheduler");
@@ -47,6 +47,7 @@ std::unique_ptr<KVStore> CreateDistKVStore(const std::string& type, const Cluste
     case Role::kWorker:
       break;
   }
+  config.kvstore_type = type;  // the scheduler has every worker agree on it
   return std::make_unique<DistKVStore>(Runtime::Start(config), type == "dist_sync");
 }
 

@@ -262,9 +262,11 @@ std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const 
       {"PS_HEARTBEAT_INTERVAL", SecondsText(heartbeat_interval)},
       {"PS_HEARTBEAT_TIMEOUT", SecondsText(heartbeat_timeout)},
       {"PS_REPLICATION", replication ? "1" : "0"},
-      {"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(big_array_bound), true},
-      {"PS_CHUNK_BYTES", std::to_string(chunk_bytes), true},
-      {"PS_SERVER_WEIGHTS", ServerWeightsText(server_weights), true},
+      {"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(big_array_bound),
+       SharedSetting::Among::kDataNodes},
+      {"PS_CHUNK_BYTES", std::to_string(chunk_bytes), SharedSetting::Among::kDataNodes},
+      {"PS_SERVER_WEIGHTS", ServerWeightsText(server_weights), SharedSetting::Among::kDataNodes},
+      {kKVStoreTypeSetting, kvstore_type, SharedSetting::Among::kStoreWorkers},
   };
 }
 

@@ -229,7 +229,19 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
                          "whole job",
                      false};
     }
-    if (!mine.data_nodes_only) {
+    if (mine.among == ClusterConfig::SharedSetting::Among::kStoreWorkers) {
+      // A worker without a KVStore (a Runtime used on its own) sends "".
+      if (node.role != Role::kWorker || theirs->empty() || first_store_type_.empty() ||
+          *theirs == first_store_type_) {
+        continue;
+      }
+      return Refusal{who + " created a " + *theirs + " KVStore, the first worker (" +
+                         first_store_worker_ + ") a " + first_store_type_ +
+                         ": every worker of a job must create the same type (the type given "
+                         "to KVStore::Create; ps-train --kvstore)",
+                     true};
+    }
+    if (mine.among == ClusterConfig::SharedSetting::Among::kAllNodes) {
       if (*theirs == mine.value) continue;
       return Refusal{who + " was started with " + name + "=" + *theirs + ", the scheduler with " +
                          name + "=" + mine.value + ": start every node of the job with the same " +
@@ -410,6 +422,14 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
     for (auto& [name, value] : ParseSharedSettings(settings).value_or(
              std::vector<std::pair<std::string, std::string>>{})) {
       first_data_node_settings_.emplace(std::move(name), std::move(value));
+    }
+  }
+  if (node.role == Role::kWorker && first_store_type_.empty()) {
+    for (auto& [name, value] : ParseSharedSettings(settings).value_or(
+             std::vector<std::pair<std::string, std::string>>{})) {
+      if (name != ClusterConfig::kKVStoreTypeSetting || value.empty()) continue;
+      first_store_worker_ = "worker at " + node.host + ":" + std::to_string(node.port);
+      first_store_type_ = value;
     }
   }
   requested_rank_.push_back(node.rank);

@@ -805,6 +805,46 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
     CHECK_THAT(outcome, Catch::Contains("PS_SERVER_WEIGHTS=1000,500") &&
                             Catch::Contains("PS_SERVER_WEIGHTS=equal"));
   }
+
+  // The type of KVStore the workers created: a dist_sync worker would wait for rounds that a
+  // dist_async one never joins. Compared among the workers that created one.
+  ps::Scheduler fifth_job(job);
+  ps::ClusterConfig sync_worker = fifth_job.NodeConfig(ps::Role::kWorker);
+  sync_worker.kvstore_type = "dist_sync";
+  ps::ClusterConfig async_worker = sync_worker;
+  async_worker.kvstore_type = "dist_async";
+  const auto [type_status, type_outcomes] = RegisterPair(fifth_job, sync_worker, async_worker);
+  CHECK(type_status == 1);
+  for (const std::string& outcome : type_outcomes) {
+    CHECK_THAT(outcome,
+               Catch::Matches(".*created a dist_(sync|async) KVStore, the first worker \\(worker "
+                              "at .*\\) a dist_(sync|async): every worker of a job must create "
+                              "the same type.*"));
+  }
+}
+
+TEST_CASE("cluster: workers of one KVStore type, or without a KVStore, register together",
+          "[cluster]") {
+  ps::Scheduler scheduler(SchedulerConfig(1, 3));
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1, ServeUntilTerminated);
+  std::vector<std::thread> workers;
+  std::vector<std::string> outcomes(3);
+  for (const std::string type : {"dist_async", "", "dist_async"}) {
+    ps::ClusterConfig config = scheduler.NodeConfig(ps::Role::kWorker);
+    config.kvstore_type = type;
+    workers.emplace_back([config, &outcome = outcomes[workers.size()]] {
+      try {
+        ps::Runtime::Start(config)->FinishWorker();
+        outcome = "finished";
+      } catch (const ps::Error& e) {
+        outcome = e.what();
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  CHECK(scheduler.Run() == 0);
+  server.Join();
+  CHECK(outcomes == std::vector<std::string>(3, "finished"));
 }
 
 // A job of one server and one worker, attacked while it runs: the worker waits until the

@@ -765,6 +765,36 @@ TEST_CASE("faults: a replica copied again keeps mapping the same slot, values ex
   CHECK(job.replica.server_segments() == 1);
 }
 
+TEST_CASE("faults: workers that create different types of KVStore are refused, never hang",
+          "[faults]") {
+  // A dist_sync worker waits for rounds that a dist_async worker never joins: the scheduler
+  // compares the type KVStore::Create gives, and every node of the job says why it ended.
+  Env env = JobEnv(1, 2, 0);
+  env["PS_REGISTER_TIMEOUT"] = "10";
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> workers;
+  for (const std::string type : {"dist_sync", "dist_async"}) {
+    workers.emplace_back([&, type, &error = errors[workers.size()]] {
+      try {
+        ps::KVStore::Create(type, JobConfig(env, "worker"));
+      } catch (const ps::Error& e) {
+        error = e.what();
+      }
+    });
+  }
+  for (auto& worker : workers) worker.join();
+  for (const std::string& error : errors) {
+    CHECK_THAT(error, Catch::Contains("KVStore, the first worker") &&
+                          Catch::Contains("every worker of a job must create the same type"));
+  }
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK(server->Wait(30s) != 0);
+  CHECK_THAT(server->Output(), Catch::Contains("must create the same type"));
+}
+
 // Shared-memory segments `pid` maps (ps's memfds in /proc/PID/maps).
 int MappedSegments(pid_t pid) {
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");

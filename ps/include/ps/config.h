@@ -76,6 +76,11 @@ struct ClusterConfig {
   bool replication = true;
   // Whether this job replicates: PS_REPLICATION and at least two servers.
   bool replicated() const { return replication && num_servers >= 2; }
+  // The type of KVStore a worker's program created ("dist_sync" or "dist_async"): set by
+  // KVStore::Create, never read from the environment; "" for other nodes and for a Runtime used
+  // on its own. Every worker that created one must agree: a worker waiting for rounds and one
+  // that pushes without them would wait on each other for ever.
+  std::string kvstore_type;
 
   // Parses and validates every setting; throws ps::Error naming the variable and the accepted
   // values. `lookup` answers by environment-variable name; a main maps its flags onto those
@@ -94,12 +99,16 @@ struct ClusterConfig {
   struct SharedSetting {
     std::string_view name;
     std::string value;
-    // Only servers and workers must agree on it (how a key is sliced, hence the largest frame
-    // a server accepts): compared with the first of them to register, not with the
-    // scheduler's, which does not use it.
-    bool data_nodes_only = false;
+    // Who must agree on it. kAllNodes: compared with the scheduler's own. kDataNodes: servers
+    // and workers (how a key is sliced, hence the largest frame a server accepts), compared
+    // with the first of them to register. kStoreWorkers: the workers that created a KVStore
+    // (its type), compared with the first of them.
+    enum class Among { kAllNodes, kDataNodes, kStoreWorkers };
+    Among among = Among::kAllNodes;
   };
   std::vector<SharedSetting> SharedSettings() const;
+  // The name SharedSettings gives kvstore_type (not an environment variable).
+  static constexpr std::string_view kKVStoreTypeSetting = "KVSTORE_TYPE";
 };
 
 // PS_SERVER_WEIGHTS's text ("" or one positive number per server rank, comma-separated) as

@@ -143,9 +143,13 @@ class Scheduler {
   std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);  // index = id
   std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);           // index = id; -1: none
   // The first registered server or worker ("server at HOST:PORT") and its shared settings,
-  // which the later ones must match (ClusterConfig::SharedSetting::data_nodes_only).
+  // which the later ones must match (SharedSetting::Among::kDataNodes).
   std::string first_data_node_ PS_GUARDED_BY(mu_);
   std::map<std::string, std::string> first_data_node_settings_ PS_GUARDED_BY(mu_);
+  // The first registered worker that created a KVStore, and its type, which the later ones
+  // must match (SharedSetting::Among::kStoreWorkers).
+  std::string first_store_worker_ PS_GUARDED_BY(mu_);
+  std::string first_store_type_ PS_GUARDED_BY(mu_);
   std::string registration_failure_ PS_GUARDED_BY(mu_);  // why the job cannot start ("" if it can)
   int told_of_failure_ PS_GUARDED_BY(mu_) = 0;           // nodes told registration_failure_
   bool complete_ PS_GUARDED_BY(mu_) = false;             // the table was sent
