@@ -172,9 +172,14 @@ int main(int argc, char** argv) {
     // Flags first, so a typo fails fast on every role; then the store (servers and the
     // scheduler stay inside Create), then devices and data, which only workers need.
     // Settings the user did not give take the model's defaults (docs/training.md, "Defaults").
-    ps::worker::ApplyModelDefaults(config, [](std::string_view flag) {
+    const auto given = [](std::string_view flag) {
       return !gflags::GetCommandLineFlagInfoOrDie(std::string(flag).c_str()).is_default;
-    });
+    };
+    ps::worker::ApplyModelDefaults(config, given);
+    if (config.checkpoint_dir.empty() && given("checkpoint_every")) {
+      throw ps::worker::ConfigError(
+          "--checkpoint-every needs --checkpoint-dir, the directory to write checkpoints to");
+    }
     ps::worker::ValidateConfig(config);
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);
     try {

@@ -53,6 +53,12 @@ void ValidateConfig(const TrainConfig& c) {
   if (c.log_interval < 1) throw ConfigError("--log-interval must be >= 1");
   if (c.checkpoint_every < 1) throw ConfigError("--checkpoint-every must be >= 1");
   if (c.num_examples < 0) throw ConfigError("--num-examples must be >= 0 (0: the whole set)");
+  if (std::error_code error; !c.checkpoint_dir.empty() &&
+                             std::filesystem::exists(c.checkpoint_dir, error) &&
+                             !std::filesystem::is_directory(c.checkpoint_dir, error)) {
+    throw ConfigError("--checkpoint-dir " + c.checkpoint_dir +
+                      " is not a directory: name a directory (made if missing)");
+  }
   if (c.resume && c.checkpoint_dir.empty()) {
     throw ConfigError("--resume needs --checkpoint-dir, the directory to resume from");
   }
@@ -580,6 +586,12 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     log << "ps-train: resumed from " << EpochDir(config.checkpoint_dir, first_epoch) << " ("
         << first_epoch << " epoch(s) done)\n"
         << std::flush;
+    if (first_epoch >= config.epochs) {
+      log << "ps-train: nothing left to train: the checkpoint has " << first_epoch
+          << " epoch(s) done and --epochs is " << config.epochs
+          << " (raise --epochs to train on); the final accuracy is the checkpoint's\n"
+          << std::flush;
+    }
   }
   TrainSummary summary;
   double train_seconds = 0.0;
@@ -601,6 +613,10 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
             << std::flush;
       }
     }
+  }
+  // Resumed with nothing left to train: the loaded model is what the job ends with.
+  if (rank == 0 && first_epoch >= config.epochs) {
+    summary.test_accuracy = EvaluateDataset(*model, test).accuracy();
   }
   const int trained = std::max(config.epochs - first_epoch, 0);
   const double samples =

@@ -5,6 +5,7 @@ stopped. Runs tools/launch.py locally (2 workers, 2 servers) with the real binar
 byte. Skips, saying why, when ps-train is not built or the data set is not installed.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,26 @@ class TrainResume(unittest.TestCase):
             for name in want:  # plain comparison: a diff of megabytes would take minutes
                 self.assertTrue(want[name] == got[name], f"{name} differs")
 
+    def test_resume_with_nothing_left_to_train_reports_the_checkpoints_accuracy(self):
+        # Not 0.0000 with exit 0: the model of the checkpoint, evaluated, and why nothing ran.
+        with tempfile.TemporaryDirectory() as ckpt:
+            cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
+                   "--checkpoint-dir", ckpt, "--num-examples", "1000", "--epochs", "1",
+                   "--log-interval", "1000"]
+            env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
+            first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            trained = re.search(r"Epoch\[0\] test_accuracy=([0-9.]+)", first.stdout)
+            self.assertIsNotNone(trained, first.stdout)
+            again = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True,
+                                   timeout=120)
+            self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+            self.assertIn("nothing left to train: the checkpoint has 1 epoch(s) done and "
+                          "--epochs is 1", again.stdout)
+            self.assertNotIn("Epoch[", again.stdout)
+            self.assertIn(f"final test_accuracy={trained.group(1)} ", again.stdout)
+            self.assertGreater(float(trained.group(1)), 0.3)
+
     def test_resume_without_a_checkpoint_is_a_one_line_error(self):
         with tempfile.TemporaryDirectory() as empty:
             cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
@@ -73,6 +94,16 @@ class TrainResume(unittest.TestCase):
             result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
             self.assertIn(f"--resume: no checkpoint in {empty}", result.stderr)
+
+    def test_checkpoint_every_without_a_directory_is_a_one_line_error(self):
+        # Not silently ignored (no checkpoint would ever be written).
+        cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
+               "--checkpoint-every", "2", "--num-examples", "100"]
+        env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertEqual(result.stderr.strip(), "ps-train: error: --checkpoint-every needs "
+                         "--checkpoint-dir, the directory to write checkpoints to")
 
 
 if __name__ == "__main__":

@@ -389,6 +389,11 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
   c.batch_size = 0;
   CHECK_THROWS_AS(ValidateConfig(c), ConfigError);
   c = TrainConfig{};
+  c.checkpoint_dir = "/dev/null";  // there, but a file: found before any training
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--checkpoint-dir /dev/null is not a directory: name a "
+                    "directory (made if missing)");
+  c = TrainConfig{};
   c.data_dir = "/nonexistent";
   c.device = "cpu";
   FakeKVStore kv;
