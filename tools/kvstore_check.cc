@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "ps/cli/cli.h"
@@ -69,6 +70,19 @@ int main(int argc, char** argv) {
       "ps-kvstore-check: checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
       "(cluster from the DMLC_* environment)";
   if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "kvstore_check.cc")) return 0;
+  for (const auto& [flag, value, least] :
+       {std::tuple{"--rounds", FLAGS_rounds, 1}, std::tuple{"--keys", FLAGS_keys, 0},
+        std::tuple{"--size", FLAGS_size, 1}, std::tuple{"--big-size", FLAGS_big_size, 0},
+        std::tuple{"--report-every", FLAGS_report_every, 0},
+        std::tuple{"--collectives-every", FLAGS_collectives_every, 0}}) {
+    if (value < least) {
+      ps::cli::Die("ps-kvstore-check", std::string(flag) + " " + std::to_string(value) + ": want " +
+                                           std::to_string(least) + " or more");
+    }
+  }
+  if (FLAGS_keys == 0 && FLAGS_big_size == 0) {
+    ps::cli::Die("ps-kvstore-check", "--keys 0 without --big-size checks nothing: give a key");
+  }
   try {
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(FLAGS_type);
     const int rank = kv->Rank();

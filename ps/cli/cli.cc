@@ -135,30 +135,42 @@ bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
   return true;
 }
 
+namespace {
+
+std::string ProgramName(const char* argv0) {
+  const std::string path(argv0);
+  return path.substr(path.rfind('/') + 1);
+}
+
+// gflags has removed the flags: what is left is a mistake (a value without its --name=).
+void RejectArguments(int argc, char* const* argv) {
+  if (argc <= 1) return;
+  Die(ProgramName(argv[0]), "unexpected argument '" + std::string(argv[1]) +
+                                "': every setting is a flag (--name=value) or its environment "
+                                "variable; see --help");
+}
+
+}  // namespace
+
 bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file) {
   if (PrintHelpIfAsked(*argc, *argv, usage, flag_file, FlagSpelling::kDashes)) return true;
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(argc, argv, true);
+  RejectArguments(*argc, *argv);
   return false;
 }
 
 void Init(int* argc, char*** argv, const std::string& usage, Role role) {
-  const std::string path = std::string((*argv)[0]);
-  const std::string program = path.substr(path.rfind('/') + 1);
   if (std::any_of(*argv + 1, *argv + *argc, IsHelpFlag)) {
-    PrintClusterFlagHelp(std::cout, program + ": " + usage, role);
+    PrintClusterFlagHelp(std::cout, ProgramName((*argv)[0]) + ": " + usage, role);
     std::exit(0);
   }
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(argc, argv, true);
-  if (*argc > 1) {
-    Die(program, "unexpected argument '" + std::string((*argv)[1]) +
-                     "': every setting is a flag (--name=value) or its environment variable; "
-                     "see --help");
-  }
+  RejectArguments(*argc, *argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging((*argv)[0]);
 }

@@ -35,7 +35,7 @@ bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
                       std::string_view flag_file, FlagSpelling spelling);
 // A tool's command line (flags spelled with dashes): with a help flag, PrintHelpIfAsked and
 // true (the caller exits 0); otherwise gflags parses and removes the flags (--version prints
-// Version()), and false.
+// Version()), and false. An argument that is not a flag is a one-line error (exit 1).
 bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file);
 

@@ -104,13 +104,34 @@ TEST_CASE("processes: --help shows each role's flags with their real defaults", 
 }
 
 TEST_CASE("processes: an argument that is not a flag is a one-line error", "[processes]") {
-  for (const std::string binary : {"ps-scheduler", "ps-server"}) {
-    auto process = Start(binary, JobEnv(1, 1, 0), {"--num_servers=1", "stray"});
+  for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check", "ps-bench"}) {
+    auto process = Start(binary, JobEnv(1, 1, 0), {"--verbose=0", "stray"});
     CHECK(process->Wait(10s) == 1);
     CHECK(process->Output() == binary +
                                    ": error: unexpected argument 'stray': every setting is a flag "
                                    "(--name=value) or its environment variable; see --help\n");
   }
+}
+
+TEST_CASE("processes: ps-kvstore-check refuses counts that check nothing", "[processes]") {
+  // Not "ok" for zero rounds or keys, nor a store error for a negative count.
+  for (const auto& [flag, want] : {std::pair{"--rounds=0", "--rounds 0: want 1 or more"},
+                                   std::pair{"--rounds=-1", "--rounds -1: want 1 or more"},
+                                   std::pair{"--keys=-3", "--keys -3: want 0 or more"},
+                                   std::pair{"--size=0", "--size 0: want 1 or more"},
+                                   std::pair{"--big-size=-1", "--big-size -1: want 0 or more"},
+                                   std::pair{"--keys=0",
+                                             "--keys 0 without --big-size checks "
+                                             "nothing: give a key"}}) {
+    INFO(flag);
+    auto check = Start("ps-kvstore-check", JobEnv(1, 1, 0), {"--type=local", flag});
+    CHECK(check->Wait(10s) == 1);
+    CHECK(check->Output() == std::string("ps-kvstore-check: error: ") + want + "\n");
+  }
+  auto fine = Start("ps-kvstore-check", JobEnv(1, 1, 0),
+                    {"--type=local", "--keys=0", "--big-size=100", "--rounds=2"});
+  CHECK(fine->Wait(10s) == 0);
+  CHECK_THAT(fine->Output(), Catch::Contains("kvstore-check: ok"));
 }
 
 TEST_CASE("processes: a failed scheduler says why once", "[processes][fault]") {

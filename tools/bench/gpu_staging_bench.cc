@@ -60,10 +60,6 @@ int main(int argc, char** argv) {
       "peak.\nusage: ps-bench-gpu-staging [--device auto|cpu|cuda|cuda:N] [--model mlp|cnn] "
       "[--repeat N]";
   if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "gpu_staging_bench.cc")) return 0;
-  if (argc > 1) {
-    std::fprintf(stderr, "ps-bench-gpu-staging: error: unexpected argument '%s'\n", argv[1]);
-    return 2;
-  }
   if (FLAGS_repeat < 1 || FLAGS_peak_mib < 1) {
     std::fprintf(stderr, "ps-bench-gpu-staging: error: --repeat and --peak-mib must be >= 1\n");
     return 2;
