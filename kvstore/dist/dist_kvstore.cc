@@ -171,7 +171,7 @@ void DistKVStore::WaitImpl(std::span<const Key> keys) {
 
 void DistKVStore::Barrier() {
   try {
-    runtime_->Agree(kWorkerGroup, "Barrier");
+    AgreeAmongWorkers("Barrier", "");
   } catch (const Error& e) {
     throw Error(std::string(kStore) + ": Barrier failed on every worker: " + e.what());
   }
@@ -225,6 +225,32 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
   }
 }
 
+void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& failure) {
+  std::string why = failure;
+  if (why.empty() && sync_ && !several_pushers_.load()) why = AnnounceCollective(call);
+  try {
+    runtime_->Agree(kWorkerGroup, call, why);
+  } catch (const Error&) {
+    ++collectives_done_;  // every worker's Agree failed: all count it
+    throw;
+  }
+  ++collectives_done_;
+}
+
+std::string DistKVStore::AnnounceCollective(const std::string& call) {
+  kv::Request request;
+  request.command = kv::kCollective;
+  request.collectives = collectives_done_.load();
+  request.call = call;
+  for (const int s : LiveServerRanks()) {
+    const RequestResult result =
+        runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
+    // A server lost meanwhile fails the collective on its own; a refusal names the round.
+    if (!result.ok() && result.lost_peer == kNoNode) return result.error;
+  }
+  return "";
+}
+
 void DistKVStore::Collective(std::string_view op, const std::string& call,
                              const std::string& local_error, const std::function<void()>& work,
                              const std::function<void()>& undo) {
@@ -235,7 +261,7 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
                  " failed on every worker: " + e.what());
   };
   try {
-    runtime_->Agree(kWorkerGroup, call, local_error);
+    AgreeAmongWorkers(call, local_error);
   } catch (const Error& e) {
     throw failed_everywhere(e);
   }
@@ -254,7 +280,7 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
     }
   }
   try {
-    runtime_->Agree(kWorkerGroup, call + " (outcome)", error);
+    AgreeAmongWorkers(call + " (outcome)", error);
   } catch (const Error& e) {
     throw failed_everywhere(e);
   }
@@ -624,7 +650,12 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
       check.CheckKey(i, checks::DeclaredBy(it == keys_.end() ? nullptr : &it->second));
       PlanKey(call, i, it->second, plan, drafts);
     }
-    if (call.sending && command != kv::kInit) pushed_.store(true);
+    if (call.sending && command != kv::kInit) {
+      pushed_.store(true);
+      std::thread::id first{};
+      const std::thread::id me = std::this_thread::get_id();
+      if (!pusher_.compare_exchange_strong(first, me) && first != me) several_pushers_.store(true);
+    }
   } catch (...) {
     ReleaseUnsent(plan, 0);
     throw;
@@ -764,6 +795,7 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
         }
         target.request.command = call.command;
         target.request.sync = sync_;
+        target.request.collectives = collectives_done_.load();
         // Push numbers: a push's own, a pull's count of the pushes before it.
         for (std::uint64_t* counter : target.counters) {
           target.request.seqs.push_back(*counter);
@@ -1040,6 +1072,7 @@ void DistKVStore::SplitRerouted(const ReroutedPart& part, std::map<int, Rerouted
     kv::Request& out = piece.request;
     out.command = request.command;
     out.sync = request.sync;
+    out.collectives = request.collectives;
     out.slices.push_back(request.slices[i]);
     out.homes.push_back(request.homes[i]);
     if (!request.seqs.empty()) out.seqs.push_back(request.seqs[i]);

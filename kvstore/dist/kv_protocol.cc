@@ -11,6 +11,8 @@ namespace {
 
 // Stack bytes for encoding one body: its three key lists take 8 to 30 bytes per slice.
 constexpr std::size_t kEncodeArenaBytes = 2048;
+// The longest call a Collective request names (the worker bounds its votes below this).
+constexpr std::size_t kMaxCallBytes = 4096;
 
 bool CarriesValues(int command) {
   return command == kInit || command == kPush || command == kPushPull || command == kReplicate;
@@ -236,6 +238,8 @@ std::string CommandName(int command) {
       return "SetGradientCompression";
     case kReplicate:
       return "Replicate";
+    case kCollective:
+      return "Collective";
   }
   return "command " + std::to_string(command);
 }
@@ -319,6 +323,8 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
   if (request.command == kReplicate || request.command == kSave || request.command == kLoad) {
     body.set_membership(request.membership);
   }
+  body.set_collectives(request.collectives);
+  if (request.command == kCollective) body.set_call(request.call);
   for (const ReplicaOp& op : request.replica_ops) {
     body.add_replica_kinds(static_cast<std::uint32_t>(op.kind));
     body.add_replica_seqs(op.seq);
@@ -371,6 +377,8 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   Request& request = request_;
   ClearRequest(request);
   request.membership = body.membership();
+  request.collectives = body.collectives();
+  request.call.clear();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (!DecodeSlices(body, request, msg.data, error) || !DecodeShm(body, request, msg.data, error) ||
@@ -383,6 +391,14 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     request.segment_id = attach.id();
     request.segment =
         SharedSegment::Descriptor{attach.pid(), attach.fd(), attach.bytes(), attach.token()};
+  }
+  if (request.command == kCollective) {
+    if (body.call().size() > kMaxCallBytes) {
+      *error =
+          "a Collective request's call is longer than " + std::to_string(kMaxCallBytes) + " bytes";
+      return nullptr;
+    }
+    request.call = body.call();
   }
   if (request.command == kSetCompression) {
     const auto& spec = body.compression();

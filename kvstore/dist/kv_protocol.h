@@ -34,8 +34,9 @@ enum Command : int {
   kLoad = 9,             // no frames; the server loads its slices from a checkpoint
   kSetCompression = 10,  // no frames; the job's gradient compression
   kReplicate = 11,       // server to server: one frame per slice, see ReplicaOp
+  kCollective = 12,      // no frames; a dist_sync worker enters a collective (Request::call)
 };
-constexpr int kLastCommand = kReplicate;
+constexpr int kLastCommand = kCollective;
 std::string CommandName(int command);
 
 struct SliceRef {
@@ -117,6 +118,10 @@ struct Request {
   std::vector<ReplicaOp> replica_ops;  // kReplicate: one per slice
   // kReplicate, kSave, kLoad: how many server deaths and joins the sender knows of.
   std::uint64_t membership = 0;
+  // kPush, kPushPull (dist_sync) and kCollective: the worker-group collectives the sender had
+  // completed; kCollective: the call it enters now (see kv.proto).
+  std::uint64_t collectives = 0;
+  std::string call;
 };
 
 std::string EncodeBody(const Request& request);

@@ -139,6 +139,9 @@ void KVServerStore::OnRequest(Message&& msg) {
     case kv::kReplicate:
       HandleReplicate(msg.meta, *request, msg.data, shm_);
       break;
+    case kv::kCollective:
+      HandleCollective(msg.meta, *request);
+      break;
   }
 }
 
@@ -606,11 +609,13 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
     auto& last = slice.last_round[meta.sender];
     last = std::max(last, round);
     if (round == slice.completed && !slice.round_in_flight) {
-      MergeIntoRound(slice, meta.sender, gradient, waiter);
+      MergeIntoRound(slice, meta.sender, gradient, waiter, request.collectives);
       CloseRound(slice);
     } else {
-      slice.deferred.push_back(DeferredPush{meta.sender, round, gradient, waiter});
+      slice.deferred.push_back(
+          DeferredPush{meta.sender, round, gradient, waiter, request.collectives});
     }
+    if (!in_collective_.empty()) CheckCollectives(slice, request.collectives);
   }
 }
 
@@ -676,23 +681,85 @@ void KVServerStore::FailRoundsOf(int sender, const kv::Request& request, const s
     const std::uint64_t round = RoundOf(slice, sender, request, i);
     if (slice.failed_rounds.contains(round)) continue;  // a request naming the slice twice
     if (PushedInto(slice, sender, round)) continue;     // sent again: its part is counted
-    auto& last = slice.last_round[sender];
-    last = std::max(last, round);
-    slice.failed_rounds.emplace(round, KeyText(ref.key) + ": " + reason);
-    const Waiter marker{nullptr, 0};  // the sender's part, with nobody to answer
-    if (round != slice.completed || slice.round_in_flight) {
-      slice.deferred.push_back(DeferredPush{sender, round, Gradient(), marker});
+    FailRound(slice, sender, round, KeyText(ref.key) + ": " + reason);
+  }
+}
+
+void KVServerStore::FailRound(Slice& slice, int sender, std::uint64_t round,
+                              const std::string& failure) {
+  auto& last = slice.last_round[sender];
+  last = std::max(last, round);
+  slice.failed_rounds.emplace(round, failure);
+  const Waiter marker{nullptr, 0};  // the sender's part, with nobody to answer
+  if (round != slice.completed || slice.round_in_flight) {
+    slice.deferred.push_back(DeferredPush{sender, round, Gradient(), marker});
+    return;
+  }
+  // The open round: what it gathered so far is dropped and its waiters fail now.
+  slice.first = Gradient();
+  std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
+    if (entry.round != slice.completed) return false;
+    FailWaiter(entry.waiter, failure);
+    return true;
+  });
+  MergeIntoRound(slice, sender, Gradient(), marker);
+  CloseRound(slice);
+}
+
+void KVServerStore::HandleCollective(const Meta& meta, const kv::Request& request) {
+  const std::string server = "server " + std::to_string(runtime_.rank());
+  const NodeInfo* node = PeerOf(meta.sender);
+  if (node == nullptr || node->role != Role::kWorker) {
+    runtime_.ReplyError(meta, server + ": only workers enter collectives");
+    return;
+  }
+  const CollectiveEntry& entry = in_collective_[meta.sender] =
+      CollectiveEntry{request.collectives + 1, request.call};
+  if (runtime_.config().verbose >= 1) {
+    LOG(INFO) << server << ": " << runtime_.Describe(meta.sender) << " enters collective #"
+              << entry.number << " (" << entry.call << ")";
+  }
+  std::string why;
+  for (auto& [id, slice] : slices_) {
+    if (!Serves(slice)) continue;
+    const std::string failed = FailRoundWaitingFor(slice, meta.sender, entry);
+    if (why.empty()) why = failed;
+  }
+  if (why.empty()) {
+    runtime_.Reply(meta, Message{});
+  } else {
+    runtime_.ReplyError(meta, server + ": " + why);
+  }
+}
+
+std::string KVServerStore::FailRoundWaitingFor(Slice& slice, int worker,
+                                               const CollectiveEntry& entry) {
+  // Only an open round holding a push from before the collective, without the worker's.
+  if (slice.pushed.empty() || slice.round_in_flight || slice.round_collectives >= entry.number ||
+      slice.failed_rounds.contains(slice.completed) ||
+      std::find(slice.pushed.begin(), slice.pushed.end(), worker) != slice.pushed.end()) {
+    return "";
+  }
+  const std::string why =
+      KeyText(slice.key) +
+      ": this dist_sync round can never complete: " + runtime_.Describe(worker) +
+      " is in a collective (" + entry.call + ") and pushed this key fewer times than " +
+      runtime_.Describe(slice.pushed.front()) +
+      ": every worker must push each key equally often between collectives (Barrier, Init, "
+      "SetOptimizer, checkpoints)";
+  FailRound(slice, worker, slice.completed, why);
+  return why;
+}
+
+void KVServerStore::CheckCollectives(Slice& slice, std::uint64_t collectives) {
+  for (auto it = in_collective_.begin(); it != in_collective_.end();) {
+    // A push from after that collective: it is over for every worker.
+    if (collectives >= it->second.number) {
+      it = in_collective_.erase(it);
       continue;
     }
-    // The open round: what it gathered so far is dropped and its waiters fail now.
-    slice.first = Gradient();
-    std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
-      if (entry.round != slice.completed) return false;
-      FailWaiter(entry.waiter, slice.failed_rounds.at(round));
-      return true;
-    });
-    MergeIntoRound(slice, sender, Gradient(), marker);
-    CloseRound(slice);
+    FailRoundWaitingFor(slice, it->first, it->second);
+    ++it;
   }
 }
 
@@ -703,7 +770,9 @@ void KVServerStore::FailWaiter(const Waiter& waiter, const std::string& why) {
 }
 
 void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gradient,
-                                   const Waiter& waiter) {
+                                   const Waiter& waiter, std::uint64_t collectives) {
+  slice.round_collectives =
+      slice.pushed.empty() ? collectives : std::min(slice.round_collectives, collectives);
   if (const auto failed = slice.failed_rounds.find(slice.completed);
       failed != slice.failed_rounds.end()) {
     // A failed round: each worker's part is counted, nothing is summed, every push fails.
@@ -773,7 +842,7 @@ void KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
   // Pushes that arrived early join the round that just opened.
   std::erase_if(slice.deferred, [&](const DeferredPush& push) {
     if (push.round != slice.completed) return false;
-    MergeIntoRound(slice, push.sender, push.gradient, push.waiter);
+    MergeIntoRound(slice, push.sender, push.gradient, push.waiter, push.collectives);
     return true;
   });
   CloseRound(slice);

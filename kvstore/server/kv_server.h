@@ -103,11 +103,15 @@ class KVServerStore {
     // too (`mirror`) reads the update there. owner kNoNode: not in a worker's slot.
     kv::ShmRef slot;
   };
+  // A push's stamp of the worker-group collectives its sender had completed (kv.proto);
+  // unknown for a rejected push's marker.
+  static constexpr std::uint64_t kUnknownCollectives = ~std::uint64_t{0};
   struct DeferredPush {
     int sender;
     std::uint64_t round;
     Gradient gradient;
     Waiter waiter;
+    std::uint64_t collectives = kUnknownCollectives;
   };
   // Compressed pulls: what one worker holds of a slice, as far as this server knows (the
   // value minus what error feedback kept back), and the state the worker named it by.
@@ -165,7 +169,9 @@ class KVServerStore {
     Gradient first;
     // The containers below keep their memory from round to round: a steady stream of rounds
     // allocates nothing here.
-    std::vector<int> pushed;                  // workers in the open round
+    std::vector<int> pushed;  // workers in the open round
+    // The least collectives stamp of the open round's pushes (kUnknownCollectives: none known).
+    std::uint64_t round_collectives = kUnknownCollectives;
     std::map<int, std::uint64_t> last_round;  // worker -> round of its latest push
     std::vector<RoundWaiter> waiters;         // in arrival order
     std::vector<DeferredPush> deferred;       // pushes for rounds after the open one
@@ -255,10 +261,29 @@ class KVServerStore {
   // A dist_sync push of `sender` was rejected: the rounds of its slices it would have joined
   // fail on every worker, naming it and `why`, instead of waiting for it forever.
   void FailRoundsOf(int sender, const kv::Request& request, const std::string& why);
+  // Round `round` of `slice` fails with `failure` (the full text), `sender`'s part in it
+  // counted: the others' pushes of that round fail too, at once or when they arrive.
+  void FailRound(Slice& slice, int sender, std::uint64_t round, const std::string& failure);
+  // A dist_sync worker enters a worker-group collective (kCollective), every push it sent
+  // before already in: until the collective ends it pushes nothing, so an open round that
+  // waits for its push can never complete. Such rounds fail on every worker, and so does the
+  // collective (the reply), instead of both waiting for ever.
+  void HandleCollective(const Meta& meta, const kv::Request& request);
+  // Fails `slice`'s open round when it waits for `worker`, which is in `entry`'s collective,
+  // and holds a push from before that collective; returns why, or "".
+  struct CollectiveEntry {
+    std::uint64_t number = 0;  // the sender's collectives stamp + 1
+    std::string call;
+  };
+  std::string FailRoundWaitingFor(Slice& slice, int worker, const CollectiveEntry& entry);
+  // After a push merged into `slice` with stamp `collectives`: entries of collectives that are
+  // over go, and the open round fails if it waits for a worker still in one.
+  void CheckCollectives(Slice& slice, std::uint64_t collectives);
   // `waiter` is answered with `why` (once its request has no other slice pending).
   void FailWaiter(const Waiter& waiter, const std::string& why);
   // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.
-  void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter);
+  void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter,
+                      std::uint64_t collectives = kUnknownCollectives);
   // Closes the open round once every worker pushed into it (and no earlier round is still
   // on its way to the replica): its update goes to the replica and, when no other update is
   // on its way, is applied here meanwhile; then CommitRound once the replica answered.
@@ -384,6 +409,9 @@ class KVServerStore {
   bool pushed_ = false;  // a push was accepted: the compression is fixed
   std::uint64_t next_state_id_ = 1;
   std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
+  // dist_sync workers in a collective as far as this server knows (HandleCollective), by node
+  // id; an entry goes once a push stamped past its collective arrives. On the receive thread.
+  std::map<int, CollectiveEntry> in_collective_;
   // (worker node id, segment id) -> the worker's attached shared memory.
   std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
   // (primary, worker) node ids whose forwarded updates this replica read from the worker's

@@ -220,8 +220,8 @@ rlim_t RaiseOwnDescriptorLimit() {
 // A job's second server, in the test's process: the real server's replica, which records the
 // updates it gets and answers each as the test's `lacks` says, applied or lacking the state
 // before it (kv_protocol.h), without holding anything. It serves no worker, but takes the
-// job's optimizer as every server does, and maps the shared memory its primary offers (not
-// the workers': their updates reach it through the primary).
+// job's optimizer and the workers' collectives (kCollective) as every server does, and maps the
+// shared memory its primary offers (not the workers': their updates reach it through the primary).
 class ScriptedReplica {
  public:
   struct Update {
@@ -254,7 +254,8 @@ class ScriptedReplica {
   void OnRequest(const ps::Message& msg) {
     std::string error;
     const auto request = ps::kv::DecodeRequest(msg, &error);
-    if (request && request->command == ps::kv::kSetOptimizer) {
+    if (request &&
+        (request->command == ps::kv::kSetOptimizer || request->command == ps::kv::kCollective)) {
       runtime_->Reply(msg.meta, ps::Message{});
       return;
     }
@@ -763,6 +764,71 @@ TEST_CASE("faults: a replica copied again keeps mapping the same slot, values ex
     CHECK((updates[u].via_slot && updates[u].first == 7.0f && !updates[u].lacked));
   }
   CHECK(job.replica.server_segments() == 1);
+}
+
+TEST_CASE("faults: a worker in a collective while a round waits for its push fails both",
+          "[faults]") {
+  // dist_sync, worker 0 pushes key 0 twice and then calls a collective; worker 1 pushes it a
+  // third time. Before, worker 1 waited for a round that needed worker 0's push, and worker 0
+  // for worker 1 in the collective: both for ever. Now the server fails the round, whether it
+  // hears of worker 1's third push first or of worker 0 entering the collective, and the
+  // collective fails.
+  const std::string collective = GENERATE("Barrier", "SetOptimizer");
+  const bool push_first = GENERATE(true, false);
+  INFO(collective << (push_first ? ", the third push sent first" : ", the collective first"));
+  Env env = JobEnv(1, 2, 0);
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  Env server_env = env;
+  server_env["PS_VERBOSE"] = "1";  // logs "enters collective #N"
+  auto server = Start("ps-server", server_env);
+  std::promise<void> third_push_sent;
+  std::vector<std::string> errors(2);
+  std::vector<float> value(100, 0.0f);
+  const auto worker = [&](int which) {
+    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+    std::vector<float> grad(value.size(), 1.0f);
+    try {
+      kv->Init(0, ps::Tensor(value.data(), value.size()));
+      const int pushes = kv->Rank() == 0 ? 2 : 3;
+      for (int p = 0; p < pushes; ++p) {
+        if (kv->Rank() == 1 && p == 2 && !push_first) {
+          // Init's two votes (the call, its outcome) were collectives #1 and #2, so worker 0's
+          // Barrier or SetOptimizer is #3 (the server hears of it before the scheduler does).
+          CHECK(server->WaitForOutput("enters collective #3 (" + collective, 20s));
+        }
+        kv->Push(0, ps::Tensor(grad.data(), grad.size()));
+        if (kv->Rank() == 1 && p == 2) third_push_sent.set_value();
+        kv->WaitAll();
+      }
+      if (push_first) third_push_sent.get_future().wait();
+      if (collective == "Barrier") {
+        kv->Barrier();
+      } else {
+        kv->SetOptimizer(ps::OptimizerConfig{});
+      }
+    } catch (const ps::Error& e) {
+      errors[static_cast<std::size_t>(kv->Rank())] = e.what();
+      kv->ReportFailure(e.what());  // as ps-train does: the job ends naming it
+    }
+    static_cast<void>(which);
+  };
+  auto first = std::async(std::launch::async, worker, 0);
+  auto second = std::async(std::launch::async, worker, 1);
+  const bool ended = first.wait_for(60s) == std::future_status::ready &&
+                     second.wait_for(60s) == std::future_status::ready;
+  if (!ended) server->Kill(SIGKILL);  // fails what still waits, so that the test can end
+  REQUIRE(ended);
+  first.get();
+  second.get();
+  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
+  for (const std::string& error : errors) {
+    CHECK_THAT(error, Catch::Contains("key 0: this dist_sync round can never complete: worker 0") &&
+                          Catch::Contains("is in a collective (" + collective) &&
+                          Catch::Contains("pushed this key fewer times than worker 1"));
+  }
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK(server->Wait(30s) != 0);
 }
 
 TEST_CASE("faults: workers that create different types of KVStore are refused, never hang",

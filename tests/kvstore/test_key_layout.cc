@@ -240,6 +240,41 @@ TEST_CASE("server ring: a server that takes a dead one's rank mirrors the one be
   CHECK(ring.Primary(1) == 1);
 }
 
+TEST_CASE("kv protocol: collective stamps and calls round-trip, overlong calls are rejected",
+          "[layout]") {
+  ps::kv::Request push;
+  push.command = ps::kv::kPush;
+  push.slices = {{7, 0, 2}};
+  push.collectives = 41;
+  ps::Message msg;
+  msg.meta.head = ps::kv::kPush;
+  msg.meta.body = ps::kv::EncodeBody(push);
+  std::vector<float> values(2);
+  msg.data = {ps::Blob::Copy(values.data(), 8, ps::DType::kFloat32)};
+  std::string error;
+  auto decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->collectives == 41u);
+  CHECK(decoded->call.empty());  // only a Collective carries one
+
+  ps::kv::Request entering;
+  entering.command = ps::kv::kCollective;
+  entering.collectives = 3;
+  entering.call = "Barrier";
+  msg = ps::kv::RequestMessage(entering, 1);
+  decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->command == ps::kv::kCollective);
+  CHECK(decoded->collectives == 3u);
+  CHECK(decoded->call == "Barrier");
+  CHECK(ps::kv::CommandName(ps::kv::kCollective) == "Collective");
+
+  entering.call = std::string(5000, 'x');
+  msg = ps::kv::RequestMessage(entering, 1);
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("a Collective request's call is longer than 4096 bytes"));
+}
+
 TEST_CASE("kv protocol: replication fields round-trip, malformed ones are rejected", "[layout]") {
   std::string error;
   ps::kv::Request push;
