@@ -92,6 +92,7 @@ void Runtime::Register() {
   // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
   const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
                                                              : std::chrono::milliseconds(500);
+  last_tick_ = RequestTracker::Clock::now();  // before the timer thread, which owns it then
   timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
 }
 
@@ -136,6 +137,9 @@ void Runtime::AnnounceToScheduler(const NodeInfo& announced) {
 void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
   MutexLock lock(mu_);
   auto report_at = SteadyClock::now() + kWaitReportEvery;
+  // Whether a probe found the port open but silent: a scheduler that refused this node's
+  // connection (its secret), which may have given up and closed the port by the deadline.
+  bool silent_port = false;
   while (!RegistrationAnswered()) {
     const auto now = SteadyClock::now();
     if (now >= deadline) break;
@@ -150,8 +154,11 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                       << "; waiting for the job to fill up (DMLC_NUM_SERVER=" << config_.num_servers
                       << ", DMLC_NUM_WORKER=" << config_.num_workers << "); " << TimeLeft(deadline);
     } else {
+      bool accepted = false;
+      const std::string probe = SchedulerProbe(&accepted);
+      silent_port = silent_port || accepted;
       PS_LOG(WARNING) << "waiting for the scheduler at " << config_.SchedulerAddress() << ": "
-                      << SchedulerProbe() << "; " << TimeLeft(deadline);
+                      << probe << "; " << TimeLeft(deadline);
     }
     lock.Lock();
     report_at = SteadyClock::now() + kWaitReportEvery;
@@ -173,8 +180,16 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                   "this wait)");
     }
     lock.Unlock();
+    bool accepted = false;
+    std::string probe = SchedulerProbe(&accepted);
+    if (silent_port && !accepted) {
+      probe +=
+          "; earlier the port accepted connections but no registration reply came: the "
+          "scheduler was there and may have stopped waiting for this node, so check that "
+          "it was given the job's PS_JOB_SECRET and PS_ENCRYPT";
+    }
     throw Error("cannot reach the scheduler at " + config_.SchedulerAddress() + " within " +
-                FormatSeconds(config_.register_timeout) + ": " + SchedulerProbe() +
+                FormatSeconds(config_.register_timeout) + ": " + probe +
                 "; check that ps-scheduler is running there, that DMLC_PS_ROOT_URI and "
                 "DMLC_PS_ROOT_PORT point to it, and that it can resolve this node's address '" +
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
@@ -197,10 +212,11 @@ bool Runtime::RegistrationAnswered() const {
   return registered_ || !register_error_.empty() || terminated_;
 }
 
-std::string Runtime::SchedulerProbe() const {
+std::string Runtime::SchedulerProbe(bool* accepted) const {
   // ZeroMQ retries its connection silently: a separate probe tells why no answer came.
   const net::ProbeResult probe =
       net::ProbeTcp(scheduler_ip_, config_.root_port, std::chrono::milliseconds(1000));
+  if (accepted != nullptr) *accepted = probe.accepted;
   if (probe.accepted) {
     return "the port accepts connections but no registration reply came: is it a "
            "ps-scheduler's port (DMLC_PS_ROOT_PORT), and was this node given the job's "
@@ -639,6 +655,16 @@ void Runtime::OnConnectionReset(int node_id) {
 
 void Runtime::OnTick() {
   const auto now = RequestTracker::Clock::now();
+  // Half the timeout: a pause that long explains most of the silence that follows it.
+  if (now - last_tick_ >= config_.heartbeat_timeout / 2) {
+    last_pause_ = now - last_tick_;
+    last_pause_ended_ = now;
+    PS_LOG(WARNING) << self_.Describe() << " did not run for "
+                    << FormatSeconds(
+                           std::chrono::duration_cast<std::chrono::milliseconds>(last_pause_))
+                    << " (stopped, or starved of CPU): it sent no heartbeat meanwhile";
+  }
+  last_tick_ = now;
   tracker_.ExpireOverdue(now);
   AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) return;
@@ -647,6 +673,15 @@ void Runtime::OnTick() {
     MutexLock lock(mu_);
     if (terminated_ || !failure_.empty()) return;
     lost = now - last_scheduler_contact_ > config_.heartbeat_timeout;
+  }
+  if (lost && last_pause_ >= config_.heartbeat_timeout / 2 &&
+      now - last_pause_ended_ < 2 * config_.heartbeat_timeout) {
+    Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
+         FormatSeconds(config_.heartbeat_timeout) + ": this process itself did not run for " +
+         FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(last_pause_)) +
+         " (stopped, e.g. by SIGSTOP, or its machine frozen), so the scheduler has likely "
+         "declared it dead and the job went on or ended without it");
+    return;
   }
   if (lost) {
     Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +

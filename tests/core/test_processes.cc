@@ -206,6 +206,55 @@ TEST_CASE("processes: an unreachable scheduler fails registration within the tim
                  Catch::Contains("DMLC_PS_ROOT_PORT"));
 }
 
+TEST_CASE("processes: a node with the wrong secret names it after the scheduler gave up",
+          "[processes][fault][security]") {
+  // The scheduler (PS_JOB_SECRET=right) refuses the node's connections, then stops at its own
+  // registration deadline, before the node's: the node's last probe finds the port closed, and
+  // its message still says that the port answered earlier and what to check.
+  Env env = JobEnv(1, 1, 0);
+  env["PS_JOB_SECRET"] = "right";
+  env["PS_REGISTER_TIMEOUT"] = "4";
+  env["DMLC_ROLE"] = "scheduler";
+  auto scheduler = Start("ps-scheduler", env);
+  REQUIRE(scheduler->WaitForOutput("ps-scheduler: listening on", 10s));
+  std::smatch match;
+  const std::string listening = scheduler->Output();
+  REQUIRE(std::regex_search(listening, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")));
+  env["DMLC_PS_ROOT_PORT"] = match[1].str();
+  env["PS_JOB_SECRET"] = "wrong";
+  env["PS_REGISTER_TIMEOUT"] = "9";  // past the scheduler's, with probes (every 3 s) before it
+  auto server = Start("ps-server", env);
+  CHECK(scheduler->Wait(20s) == 1);
+  CHECK(server->Wait(20s) == 1);
+  INFO(server->Output());
+  CHECK_THAT(server->Output(),
+             Catch::Contains("cannot reach the scheduler at 127.0.0.1:" + match[1].str()) &&
+                 Catch::Contains("connection refused") &&
+                 Catch::Contains("earlier the port accepted connections but no registration "
+                                 "reply came") &&
+                 Catch::Contains("PS_JOB_SECRET and PS_ENCRYPT"));
+}
+
+TEST_CASE("processes: a server resumed after the job went on without it says it was stopped",
+          "[processes][fault]") {
+  // SIGSTOP past PS_HEARTBEAT_TIMEOUT: declared dead, the job goes on (replication). On
+  // SIGCONT the server finds no scheduler contact; the cause is its own pause, not the network.
+  auto [scheduler, port] = StartScheduler(2, 1);
+  Env env = JobEnv(2, 1, port);
+  auto stopped = Start("ps-server", env);
+  auto other = Start("ps-server", env);
+  auto worker = Start("ps-test-node", env, {"--block"});
+  REQUIRE(worker->WaitForOutput("registered as worker", 20s));  // the whole job did
+  stopped->Kill(SIGSTOP);
+  REQUIRE(scheduler->WaitForOutput("the job goes on without server", 20s));
+  stopped->Kill(SIGCONT);
+  CHECK(stopped->Wait(20s) == 1);
+  INFO(stopped->Output() << "\nscheduler:\n" << scheduler->Tail(6));
+  CHECK_THAT(stopped->Output(), Catch::Contains("lost contact with the scheduler") &&
+                                    Catch::Contains("this process itself did not run for") &&
+                                    Catch::Contains("SIGSTOP"));
+}
+
 // A Kubernetes pod may start before its scheduler has a DNS record or listens: the node waits
 // (until PS_REGISTER_TIMEOUT), saying each few seconds what it waits for. The name is made to
 // appear later in a private /etc/hosts, which needs a mount namespace (root, unshare(1)).

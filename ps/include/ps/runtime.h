@@ -170,7 +170,8 @@ class Runtime {
   void AwaitNodeTable(std::chrono::steady_clock::time_point deadline) PS_EXCLUDES(mu_);
   // Why the scheduler has not answered yet, in a sentence: what a TCP probe of its port finds
   // (nothing listens, no answer, or a port that accepts but does not reply).
-  std::string SchedulerProbe() const;
+  // `accepted` (optional): set when the port accepted the probe's connection.
+  std::string SchedulerProbe(bool* accepted = nullptr) const;
   // Barrier / Agree: "" when released cleanly, else why not.
   std::string VotedBarrier(int groups, const std::string& vote, const std::string& failure,
                            std::optional<std::chrono::milliseconds> timeout);
@@ -245,6 +246,14 @@ class Runtime {
   static constexpr std::size_t kMaxHeldUntilJoined = 1024;
   std::vector<Message> held_until_joined_ PS_GUARDED_BY(mu_);
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
+  // When OnTick last ran (set by Start before the timer thread starts, then that thread's
+  // alone): a long gap means this process itself did not run (SIGSTOP, a frozen VM), which
+  // explains a lost scheduler better than the network.
+  RequestTracker::Clock::time_point last_tick_;
+  // The latest such gap of at least half PS_HEARTBEAT_TIMEOUT, and when it ended (timer
+  // thread): a message sent before the pause may still arrive after it and count as contact.
+  RequestTracker::Clock::duration last_pause_{};
+  RequestTracker::Clock::time_point last_pause_ended_{};
 
   std::atomic<std::size_t> dead_count_{0};           // dead_.size(), readable without mu_
   std::atomic<std::size_t> dropped_{0};              // from unknown senders, or unexpected controls
