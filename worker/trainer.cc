@@ -79,6 +79,19 @@ void ValidateConfig(const TrainConfig& c) {
                       "': use none, factor, multifactor or cosine");
   }
   if (c.warmup_epochs < 0) throw ConfigError("--warmup-epochs must be >= 0");
+  // What the optimizer's own rules below would say in updates, said in the flags given.
+  if ((c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") && c.lr_step_epochs.empty()) {
+    throw ConfigError("--lr-scheduler " + c.lr_scheduler + " needs --lr-step-epochs (" +
+                      (c.lr_scheduler == "factor"
+                           ? std::string("E: the rate drops every E epochs")
+                           : std::string("E1,E2,...: the epochs after which the rate drops")) +
+                      ")");
+  }
+  if (c.lr_scheduler == "cosine" && c.warmup_epochs >= c.epochs) {
+    throw ConfigError("--warmup-epochs " + std::to_string(c.warmup_epochs) +
+                      " must be below --epochs " + std::to_string(c.epochs) +
+                      " with --lr-scheduler cosine (it decays over the epochs after the warm-up)");
+  }
   // The schedule itself is checked by the optimizer's own rules, in updates.
   try {
     ValidateOptimizerConfig(MakeOptimizerConfig(c, 1000, 1.0f));

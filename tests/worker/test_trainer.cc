@@ -321,6 +321,22 @@ TEST_CASE("the schedule's epochs become updates where the optimizer runs", "[tra
   CHECK_THROWS_WITH(ValidateConfig(c), Catch::Contains("--lr-step-epochs '4,x' is invalid"));
   c.lr_step_epochs = "7,4";
   CHECK_THROWS_WITH(ValidateConfig(c), Catch::Contains("schedule.steps must be increasing"));
+  // Mistakes said in the flags given, not in the updates the optimizer counts.
+  for (const std::string scheduler : {"factor", "multifactor"}) {
+    c.lr_scheduler = scheduler;
+    c.lr_step_epochs = "";
+    CHECK_THROWS_WITH(ValidateConfig(c), Catch::StartsWith("--lr-scheduler " + scheduler +
+                                                           " needs --lr-step-epochs (E"));
+  }
+  c.lr_scheduler = "cosine";
+  c.epochs = 1;
+  c.warmup_epochs = 5;
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--warmup-epochs 5 must be below --epochs 1 with "
+                    "--lr-scheduler cosine (it decays over the epochs after "
+                    "the warm-up)");
+  c.warmup_epochs = 0;
+  CHECK_NOTHROW(ValidateConfig(c));
 }
 
 TEST_CASE("settings not given take the model's defaults; given ones stay", "[trainer]") {
