@@ -92,7 +92,6 @@ void Runtime::Register() {
   // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
   const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
                                                              : std::chrono::milliseconds(500);
-  last_tick_ = RequestTracker::Clock::now();  // before the timer thread, which owns it then
   timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
 }
 
@@ -195,6 +194,8 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
+  // The pause check's reference from the same moment: a stop right after this counts.
+  last_tick_ = last_scheduler_contact_;
 }
 
 void Runtime::ConnectTo(const NodeInfo& node) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <thread>
 #include <zmq.hpp>
 
 #include "ps/src/job_authenticator.h"
@@ -31,15 +32,20 @@ Env JobEnv(int servers, int workers, int port) {
           {"DMLC_ROLE", "worker"}};
 }
 
-// Starts ps-scheduler on a free port and returns it with the port it reported.
-std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(int servers, int workers) {
+// Starts ps-scheduler with `env` (DMLC_PS_ROOT_PORT=0: a free port) and returns it with the
+// port it reported.
+std::pair<std::unique_ptr<ChildProcess>, int> StartSchedulerWith(const Env& env) {
   auto scheduler = std::make_unique<ChildProcess>(
-      std::vector<std::string>{ps::test::BinPath("ps-scheduler")}, JobEnv(servers, workers, 0));
+      std::vector<std::string>{ps::test::BinPath("ps-scheduler")}, env);
   REQUIRE(scheduler->WaitForOutput("ps-scheduler: listening on", 10s));
   std::smatch match;
   const std::string output = scheduler->Output();
   REQUIRE(std::regex_search(output, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")));
   return {std::move(scheduler), std::stoi(match[1])};
+}
+
+std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(int servers, int workers) {
+  return StartSchedulerWith(JobEnv(servers, workers, 0));
 }
 
 std::unique_ptr<ChildProcess> Start(const std::string& binary, const Env& env,
@@ -214,13 +220,8 @@ TEST_CASE("processes: a node with the wrong secret names it after the scheduler 
   Env env = JobEnv(1, 1, 0);
   env["PS_JOB_SECRET"] = "right";
   env["PS_REGISTER_TIMEOUT"] = "4";
-  env["DMLC_ROLE"] = "scheduler";
-  auto scheduler = Start("ps-scheduler", env);
-  REQUIRE(scheduler->WaitForOutput("ps-scheduler: listening on", 10s));
-  std::smatch match;
-  const std::string listening = scheduler->Output();
-  REQUIRE(std::regex_search(listening, match, std::regex("listening on 127\\.0\\.0\\.1:(\\d+)")));
-  env["DMLC_PS_ROOT_PORT"] = match[1].str();
+  auto [scheduler, port] = StartSchedulerWith(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
   env["PS_JOB_SECRET"] = "wrong";
   env["PS_REGISTER_TIMEOUT"] = "9";  // past the scheduler's, with probes (every 3 s) before it
   auto server = Start("ps-server", env);
@@ -228,11 +229,34 @@ TEST_CASE("processes: a node with the wrong secret names it after the scheduler 
   CHECK(server->Wait(20s) == 1);
   INFO(server->Output());
   CHECK_THAT(server->Output(),
-             Catch::Contains("cannot reach the scheduler at 127.0.0.1:" + match[1].str()) &&
+             Catch::Contains("cannot reach the scheduler at 127.0.0.1:" + std::to_string(port)) &&
                  Catch::Contains("connection refused") &&
                  Catch::Contains("earlier the port accepted connections but no registration "
                                  "reply came") &&
                  Catch::Contains("PS_JOB_SECRET and PS_ENCRYPT"));
+}
+
+TEST_CASE("processes: a scheduler paused for a while judges no node on its own silence",
+          "[processes][fault]") {
+  // Stopped for 3 s of a 4 s heartbeat timeout: the nodes keep their contact, and the
+  // scheduler, resumed, counts heartbeats from then on instead of from before its pause.
+  Env env = JobEnv(1, 1, 0);
+  env["PS_HEARTBEAT_TIMEOUT"] = "4";
+  auto [scheduler, port] = StartSchedulerWith(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  auto worker = Start("ps-test-node", env, {"--block"});
+  REQUIRE(worker->WaitForOutput("registered as worker", 20s));
+  scheduler->Kill(SIGSTOP);
+  std::this_thread::sleep_for(3s);  // the pause itself, not a wait for anything
+  scheduler->Kill(SIGCONT);
+  CHECK(scheduler->WaitForOutput("heartbeats are counted from now", 10s));
+  CHECK_FALSE(scheduler->WaitForOutput("is dead", 6s));  // past a whole timeout
+  INFO(scheduler->Output());
+  CHECK_THAT(scheduler->Output(),
+             Catch::Matches("(.|\n)*the scheduler did not run for 3(\\.[0-9])? s "
+                            "\\(stopped, e\\.g\\. by SIGSTOP(.|\n)*"));
+  CHECK_THAT(server->Output(), !Catch::Contains("lost contact"));
 }
 
 TEST_CASE("processes: a server resumed after the job went on without it says it was stopped",
@@ -241,10 +265,12 @@ TEST_CASE("processes: a server resumed after the job went on without it says it 
   // SIGCONT the server finds no scheduler contact; the cause is its own pause, not the network.
   auto [scheduler, port] = StartScheduler(2, 1);
   Env env = JobEnv(2, 1, port);
-  auto stopped = Start("ps-server", env);
+  Env verbose = env;
+  verbose["PS_VERBOSE"] = "1";  // "registered as server R": its heartbeats run from then
+  auto stopped = Start("ps-server", verbose);
   auto other = Start("ps-server", env);
   auto worker = Start("ps-test-node", env, {"--block"});
-  REQUIRE(worker->WaitForOutput("registered as worker", 20s));  // the whole job did
+  REQUIRE(stopped->WaitForOutput("registered as server", 20s));
   stopped->Kill(SIGSTOP);
   REQUIRE(scheduler->WaitForOutput("the job goes on without server", 20s));
   stopped->Kill(SIGCONT);

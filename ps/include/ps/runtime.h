@@ -246,9 +246,9 @@ class Runtime {
   static constexpr std::size_t kMaxHeldUntilJoined = 1024;
   std::vector<Message> held_until_joined_ PS_GUARDED_BY(mu_);
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
-  // When OnTick last ran (set by Start before the timer thread starts, then that thread's
-  // alone): a long gap means this process itself did not run (SIGSTOP, a frozen VM), which
-  // explains a lost scheduler better than the network.
+  // When OnTick last ran (first set with the first scheduler contact, before the timer thread
+  // starts; then that thread's alone): a long gap means this process itself did not run
+  // (SIGSTOP, a frozen VM), which explains a lost scheduler better than the network.
   RequestTracker::Clock::time_point last_tick_;
   // The latest such gap of at least half PS_HEARTBEAT_TIMEOUT, and when it ended (timer
   // thread): a message sent before the pause may still arrive after it and count as contact.

@@ -141,7 +141,10 @@ class Scheduler {
   CondVar finished_cv_;
   std::vector<NodeInfo> nodes_ PS_GUARDED_BY(mu_);               // index = id; [0] is us
   std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);  // index = id
-  std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);           // index = id; -1: none
+  // When OnTick last ran: a gap of half PS_HEARTBEAT_TIMEOUT or more means the scheduler itself
+  // did not run (SIGSTOP, a frozen VM), and the heartbeats of that time wait unread.
+  Clock::time_point last_tick_ PS_GUARDED_BY(mu_);
+  std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);  // index = id; -1: none
   // The first registered server or worker ("server at HOST:PORT") and its shared settings,
   // which the later ones must match (SharedSetting::Among::kDataNodes).
   std::string first_data_node_ PS_GUARDED_BY(mu_);
