@@ -30,6 +30,7 @@ void ClearRequest(Request& request) {
   request.segment = SharedSegment::Descriptor{};
   request.compression = GradientCompression{};
   request.pulls.clear();
+  request.call.clear();
   request.homes.clear();
   request.seqs.clear();
   request.replica_ops.clear();
@@ -378,7 +379,6 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   ClearRequest(request);
   request.membership = body.membership();
   request.collectives = body.collectives();
-  request.call.clear();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (!DecodeSlices(body, request, msg.data, error) || !DecodeShm(body, request, msg.data, error) ||

@@ -419,21 +419,18 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
     Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
     return;
   }
-  if (first_data_node_.empty()) {
-    first_data_node_ = RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
-    for (auto& [name, value] : ParseSharedSettings(settings).value_or(
-             std::vector<std::pair<std::string, std::string>>{})) {
-      first_data_node_settings_.emplace(std::move(name), std::move(value));
-    }
-  }
-  if (node.role == Role::kWorker && first_store_type_.empty()) {
-    for (auto& [name, value] : ParseSharedSettings(settings).value_or(
-             std::vector<std::pair<std::string, std::string>>{})) {
-      if (name != ClusterConfig::kKVStoreTypeSetting || value.empty()) continue;
-      first_store_worker_ = "worker at " + node.host + ":" + std::to_string(node.port);
+  const std::string who =
+      RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
+  for (const auto& [name, value] :
+       ParseSharedSettings(settings).value_or(std::vector<std::pair<std::string, std::string>>{})) {
+    if (first_data_node_.empty()) first_data_node_settings_.emplace(name, value);
+    if (name == ClusterConfig::kKVStoreTypeSetting && !value.empty() &&
+        node.role == Role::kWorker && first_store_type_.empty()) {
+      first_store_worker_ = who;
       first_store_type_ = value;
     }
   }
+  if (first_data_node_.empty()) first_data_node_ = who;
   requested_rank_.push_back(node.rank);
   node.rank = -1;
   nodes_.push_back(node);

@@ -61,6 +61,12 @@ Env JobEnv(int servers, int workers, int port) {
           {"DMLC_ROLE", "worker"}};
 }
 
+// `env` with PS_VERBOSE=1: the node logs what the tests wait for (its port, its rank, ...).
+Env Verbose(Env env) {
+  env["PS_VERBOSE"] = "1";
+  return env;
+}
+
 // The port in a "listening on 127.0.0.1:PORT" line of `process` (logged at PS_VERBOSE=1).
 int ListeningPort(const ChildProcess& process) {
   REQUIRE(process.WaitForOutput("listening on 127.0.0.1:", 10s));
@@ -334,8 +340,7 @@ TEST_CASE("faults: a server out of descriptors drops idle connections and serves
   env["PS_USE_IPC"] = ipc;
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  Env server_env = env;
-  server_env["PS_VERBOSE"] = "1";
+  const Env server_env = Verbose(env);
   auto server = std::make_unique<ChildProcess>(
       std::vector<std::string>{"/bin/bash", "-c",
                                "ulimit -n 256 && exec " + ps::test::BinPath("ps-server")},
@@ -385,8 +390,7 @@ TEST_CASE("faults: frames past a node's cap are refused before they take memory"
   Env env = JobEnv(1, 2, 0);
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  Env server_env = env;
-  server_env["PS_VERBOSE"] = "1";
+  const Env server_env = Verbose(env);
   auto server = Start("ps-server", server_env);
   const int server_port = ListeningPort(*server);
   constexpr std::uint64_t kSchedulerCap = std::uint64_t{1} << 20;
@@ -428,8 +432,7 @@ TEST_CASE("faults: a server killed with SIGKILL ends the job within 3 s, naming 
   env["PS_REPLICATION"] = "0";  // without a replica a dead server ends the job (test_failover)
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  Env server_env = env;
-  server_env["PS_VERBOSE"] = "1";  // logs "registered as server R (node N at ...)"
+  const Env server_env = Verbose(env);  // logs "registered as server R (node N at ...)"
   auto victim = Start("ps-server", server_env);
   auto survivor = Start("ps-server", server_env);
   std::vector<std::unique_ptr<ChildProcess>> workers;
@@ -779,8 +782,7 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
   Env env = JobEnv(1, 2, 0);
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  Env server_env = env;
-  server_env["PS_VERBOSE"] = "1";  // logs "enters collective #N"
+  const Env server_env = Verbose(env);  // logs "enters collective #N"
   auto server = Start("ps-server", server_env);
   std::promise<void> third_push_sent;
   std::vector<std::string> errors(2);
@@ -878,8 +880,7 @@ TEST_CASE("faults: a server unmaps the shared memory it kept for a replica that 
   Env env = JobEnv(2, 1, 0);
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  Env server_env = env;
-  server_env["PS_VERBOSE"] = "1";
+  const Env server_env = Verbose(env);
   auto victim = Start("ps-server", server_env);
   auto survivor = Start("ps-server", server_env);
   auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
