@@ -227,28 +227,52 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
 
 void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& failure) {
   std::string why = failure;
-  if (why.empty() && sync_ && !several_pushers_.load()) why = AnnounceCollective(call);
-  try {
-    runtime_->Agree(kWorkerGroup, call, why);
-  } catch (const Error&) {
-    ++collectives_done_;  // every worker's Agree failed: all count it
-    throw;
+  if (why.empty() && sync_) {
+    why = AnnounceCollective(call);
+  } else {
+    ++collectives_entered_;  // every worker counts it, failed or not
   }
-  ++collectives_done_;
+  runtime_->Agree(kWorkerGroup, call, why);
 }
 
 std::string DistKVStore::AnnounceCollective(const std::string& call) {
+  struct Answers {
+    Mutex mu;
+    CondVar arrived;
+    std::size_t remaining PS_GUARDED_BY(mu) = 0;
+    std::string refusal PS_GUARDED_BY(mu);
+  } answers;
   kv::Request request;
   request.command = kv::kCollective;
-  request.collectives = collectives_done_.load();
   request.call = call;
-  for (const int s : LiveServerRanks()) {
-    const RequestResult result =
-        runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
-    // A server lost meanwhile fails the collective on its own; a refusal names the round.
-    if (!result.ok() && result.lost_peer == kNoNode) return result.error;
+  const std::vector<int> servers = LiveServerRanks();
+  {
+    MutexLock lock(answers.mu);
+    answers.remaining = servers.size();
   }
-  return "";
+  {
+    // Pushes are stamped and sent under seq_mu_ too: every push sent before this announcement
+    // is ahead of it on its connection and carries the count without this collective; every
+    // push sent after it (another thread's, while this one votes) carries the count with it,
+    // that is, counts as after the collective.
+    MutexLock numbering(seq_mu_);
+    request.collectives = collectives_entered_.load();
+    for (const int s : servers) {
+      Message message = kv::RequestMessage(request, runtime_->ServerId(s));
+      runtime_->Request(std::span<Message>(&message, 1), [&answers](RequestResult&& result) {
+        MutexLock lock(answers.mu);
+        // A server lost meanwhile fails the collective on its own; a refusal names the round.
+        if (!result.ok() && result.lost_peer == kNoNode && answers.refusal.empty()) {
+          answers.refusal = result.error;
+        }
+        if (--answers.remaining == 0) answers.arrived.NotifyAll();
+      });
+    }
+    ++collectives_entered_;
+  }
+  MutexLock lock(answers.mu);
+  while (answers.remaining > 0) answers.arrived.Wait(answers.mu);
+  return answers.refusal;
 }
 
 void DistKVStore::Collective(std::string_view op, const std::string& call,
@@ -652,9 +676,6 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
     }
     if (call.sending && command != kv::kInit) {
       pushed_.store(true);
-      std::thread::id first{};
-      const std::thread::id me = std::this_thread::get_id();
-      if (!pusher_.compare_exchange_strong(first, me) && first != me) several_pushers_.store(true);
     }
   } catch (...) {
     ReleaseUnsent(plan, 0);
@@ -795,7 +816,7 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
         }
         target.request.command = call.command;
         target.request.sync = sync_;
-        target.request.collectives = collectives_done_.load();
+        target.request.collectives = collectives_entered_.load();
         // Push numbers: a push's own, a pull's count of the pushes before it.
         for (std::uint64_t* counter : target.counters) {
           target.request.seqs.push_back(*counter);

@@ -306,13 +306,15 @@ class DistKVStore final : public KVStore {
   // the values it already holds.
   void RunOverLiveServers(std::string_view op, const std::function<void()>& work);
   static constexpr int kMaxResetRetries = 8;
-  // Runtime::Agree among the workers, counted in collectives_done_. In dist_sync, with one
-  // pushing thread, the servers hear first that this worker enters a collective (kCollective;
-  // every push it made before is then in), so that a round that waits for its push, which
-  // cannot come before the collective ends, fails naming both instead of hanging: the workers
-  // pushed a key unequally often (kv_server.h, in_collective_).
+  // Runtime::Agree among the workers, counted in collectives_entered_. In dist_sync the
+  // servers hear first that this worker enters a collective (kCollective; every push it sent
+  // before is then in), so that a round that waits for its push, which cannot come before the
+  // collective ends, fails naming both instead of hanging: the workers pushed a key unequally
+  // often (kv_server.h, in_collective_). A push another thread sends while the collective
+  // runs counts as after it.
   void AgreeAmongWorkers(const std::string& call, const std::string& failure);
-  // Sends kCollective to every live server; "" or the first refusal (a round found waiting).
+  // Sends kCollective to every live server and counts the collective, both under seq_mu_;
+  // returns "" or the first refusal (a round found waiting).
   std::string AnnounceCollective(const std::string& call);
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
@@ -339,12 +341,10 @@ class DistKVStore final : public KVStore {
   bool optimizer_set_ = false;         // collective calls only
   compression::Settings compression_;  // set by a collective call, before any push
   std::atomic<bool> pushed_{false};    // a Push or PushPull was issued
-  // Worker-group collectives completed (AgreeAmongWorkers), stamped on dist_sync pushes.
-  std::atomic<std::uint64_t> collectives_done_{0};
-  // The thread that pushed first, and whether another thread pushed since: then a push may be
-  // on its way while a collective starts, and collectives are not announced.
-  std::atomic<std::thread::id> pusher_{};
-  std::atomic<bool> several_pushers_{false};
+  // Worker-group collectives entered (AgreeAmongWorkers), stamped on dist_sync pushes; in
+  // dist_sync changed under seq_mu_, so that a push's stamp tells on which side of each
+  // collective it was sent.
+  std::atomic<std::uint64_t> collectives_entered_{0};
   std::atomic<bool> finished_{false};  // the scheduler was told this worker is done
   std::vector<bool> shm_servers_;      // collective calls only: per server rank, slots on
 

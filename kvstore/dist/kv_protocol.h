@@ -119,7 +119,7 @@ struct Request {
   // kReplicate, kSave, kLoad: how many server deaths and joins the sender knows of.
   std::uint64_t membership = 0;
   // kPush, kPushPull (dist_sync) and kCollective: the worker-group collectives the sender had
-  // completed; kCollective: the call it enters now (see kv.proto).
+  // entered; kCollective: the call it enters now (see kv.proto).
   std::uint64_t collectives = 0;
   std::string call;
 };

@@ -753,7 +753,8 @@ std::string KVServerStore::FailRoundWaitingFor(Slice& slice, int worker,
 
 void KVServerStore::CheckCollectives(Slice& slice, std::uint64_t collectives) {
   for (auto it = in_collective_.begin(); it != in_collective_.end();) {
-    // A push from after that collective: it is over for every worker.
+    // A push from after that collective: it is over for every worker (or the pushing worker's
+    // other thread pushed while it votes; then this server stops checking the collective).
     if (collectives >= it->second.number) {
       it = in_collective_.erase(it);
       continue;

@@ -103,7 +103,7 @@ class KVServerStore {
     // too (`mirror`) reads the update there. owner kNoNode: not in a worker's slot.
     kv::ShmRef slot;
   };
-  // A push's stamp of the worker-group collectives its sender had completed (kv.proto);
+  // A push's stamp of the worker-group collectives its sender had entered (kv.proto);
   // unknown for a rejected push's marker.
   static constexpr std::uint64_t kUnknownCollectives = ~std::uint64_t{0};
   struct DeferredPush {

@@ -769,16 +769,31 @@ TEST_CASE("faults: a replica copied again keeps mapping the same slot, values ex
   CHECK(job.replica.server_segments() == 1);
 }
 
+// Runs `worker` on two threads, the two workers of a job, and waits up to 60 s for both. Past
+// that it kills `server`, which fails whatever still waits, so that the test can end: false.
+bool TwoWorkersEnd(const std::function<void()>& worker, ChildProcess& server) {
+  auto first = std::async(std::launch::async, worker);
+  auto second = std::async(std::launch::async, worker);
+  const bool ended = first.wait_for(60s) == std::future_status::ready &&
+                     second.wait_for(60s) == std::future_status::ready;
+  if (!ended) server.Kill(SIGKILL);
+  first.get();
+  second.get();
+  return ended;
+}
+
 TEST_CASE("faults: a worker in a collective while a round waits for its push fails both",
           "[faults]") {
   // dist_sync, worker 0 pushes key 0 twice and then calls a collective; worker 1 pushes it a
   // third time. Before, worker 1 waited for a round that needed worker 0's push, and worker 0
   // for worker 1 in the collective: both for ever. Now the server fails the round, whether it
   // hears of worker 1's third push first or of worker 0 entering the collective, and the
-  // collective fails.
+  // collective fails; also when worker 0 pushes from threads of its own.
   const std::string collective = GENERATE("Barrier", "SetOptimizer");
   const bool push_first = GENERATE(true, false);
-  INFO(collective << (push_first ? ", the third push sent first" : ", the collective first"));
+  const bool threads = GENERATE(false, true);
+  INFO(collective << (push_first ? ", the third push sent first" : ", the collective first")
+                  << (threads ? ", worker 0 pushing from a thread per push" : ""));
   Env env = JobEnv(1, 2, 0);
   auto [scheduler, port] = StartScheduler(env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
@@ -787,7 +802,7 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
   std::promise<void> third_push_sent;
   std::vector<std::string> errors(2);
   std::vector<float> value(100, 0.0f);
-  const auto worker = [&](int which) {
+  const auto worker = [&] {
     auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
     std::vector<float> grad(value.size(), 1.0f);
     try {
@@ -799,7 +814,12 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
           // Barrier or SetOptimizer is #3 (the server hears of it before the scheduler does).
           CHECK(server->WaitForOutput("enters collective #3 (" + collective, 20s));
         }
-        kv->Push(0, ps::Tensor(grad.data(), grad.size()));
+        const auto push = [&] { kv->Push(0, ps::Tensor(grad.data(), grad.size())); };
+        if (threads && kv->Rank() == 0) {
+          std::thread(push).join();
+        } else {
+          push();
+        }
         if (kv->Rank() == 1 && p == 2) third_push_sent.set_value();
         kv->WaitAll();
       }
@@ -813,16 +833,8 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
       errors[static_cast<std::size_t>(kv->Rank())] = e.what();
       kv->ReportFailure(e.what());  // as ps-train does: the job ends naming it
     }
-    static_cast<void>(which);
   };
-  auto first = std::async(std::launch::async, worker, 0);
-  auto second = std::async(std::launch::async, worker, 1);
-  const bool ended = first.wait_for(60s) == std::future_status::ready &&
-                     second.wait_for(60s) == std::future_status::ready;
-  if (!ended) server->Kill(SIGKILL);  // fails what still waits, so that the test can end
-  REQUIRE(ended);
-  first.get();
-  second.get();
+  REQUIRE(TwoWorkersEnd(worker, *server));
   INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
   for (const std::string& error : errors) {
     CHECK_THAT(error, Catch::Contains("key 0: this dist_sync round can never complete: worker 0") &&
@@ -831,6 +843,66 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
   }
   CHECK(scheduler->Wait(30s) == 1);
   CHECK(server->Wait(30s) != 0);
+}
+
+TEST_CASE("faults: a push another thread sends while its worker votes counts after the vote",
+          "[faults]") {
+  // dist_sync: worker 0 enters a Barrier; while it waits for worker 1 there, another of its
+  // threads pushes key 0; then worker 1 enters the Barrier, having pushed nothing. The push
+  // counts as after the Barrier (it carries the Barrier in its stamp), so worker 1 owes none
+  // before it: no round fails, and worker 1's push after the Barrier completes the round.
+  Env env = JobEnv(1, 2, 0);
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", Verbose(env));  // logs "enters collective #N"
+  std::promise<void> pushed_during_vote;
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<float>> values(2, std::vector<float>(100, 0.0f));
+  const auto worker = [&] {
+    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+    const auto rank = static_cast<std::size_t>(kv->Rank());
+    std::vector<float>& value = values[rank];
+    std::vector<float> grad(value.size(), 1.0f + static_cast<float>(rank));
+    const auto push = [&] { kv->Push(0, ps::Tensor(grad.data(), grad.size())); };
+    try {
+      kv->Init(0, ps::Tensor(value.data(), value.size()));  // collectives #1 and #2
+      if (rank == 0) {
+        std::string pusher_error;
+        std::jthread pusher([&] {
+          // Only worker 0 can be in the Barrier yet: worker 1 waits for this push.
+          const bool voting = server->WaitForOutput("enters collective #3 (Barrier)", 20s);
+          try {
+            push();
+          } catch (const ps::Error& e) {
+            pusher_error = e.what();
+          }
+          pushed_during_vote.set_value();
+          CHECK(voting);
+        });
+        kv->Barrier();
+        pusher.join();
+        if (!pusher_error.empty()) throw ps::Error(pusher_error);
+      } else {
+        pushed_during_vote.get_future().wait();
+        kv->Barrier();
+        push();
+      }
+      kv->Pull(0, ps::Tensor(value.data(), value.size()));
+      kv->WaitAll();
+    } catch (const ps::Error& e) {
+      errors[rank] = e.what();
+      kv->ReportFailure(e.what());
+    }
+  };
+  REQUIRE(TwoWorkersEnd(worker, *server));
+  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
+  CHECK((errors[0].empty() && errors[1].empty()));
+  for (const std::vector<float>& value : values) {
+    CHECK(value.front() == 3.0f);  // the round's sum, 1 + 2, with no optimizer set
+    CHECK(value.back() == 3.0f);
+  }
+  CHECK(scheduler->Wait(30s) == 0);
+  CHECK(server->Wait(30s) == 0);
 }
 
 TEST_CASE("faults: workers that create different types of KVStore are refused, never hang",
