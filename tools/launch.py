@@ -74,7 +74,8 @@ SSH_STARTS_PER_HOST = 8  # ssh connections to one host in their handshake at onc
 #    first output line is the marker "@@ps-launch pid=PGID";
 #  - start the watcher, in its own session too, reading the wrapper's stdin (saved as fd 3,
 #    because a background job's stdin is /dev/null otherwise); on EOF it sends TERM to CMD's
-#    group, and KILL 5 s later if the group is still there; it exits as soon as the group is gone;
+#    group, and CONT (a stopped process handles TERM only once it runs), and KILL 5 s later if
+#    the group is still there; it exits as soon as the group is gone;
 #  - wait for CMD; then kill the watcher, and whatever CMD left behind in its group (TERM, and
 #    KILL 1 s later); exit with CMD's status (128+N when a signal N ended it).
 WRAPPER = (
@@ -87,6 +88,7 @@ WRAPPER = (
     "</dev/null 3<&- & "
     'p=$!; '
     "setsid sh -c 'while read -r _; do :; done; kill -s TERM -- -$1 2>/dev/null || exit 0; "
+    "kill -s CONT -- -$1 2>/dev/null; "
     "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.5; kill -s 0 -- -$1 2>/dev/null || exit 0; done; "
     "kill -s KILL -- -$1 2>/dev/null' ps-launch-watch $p <&3 >/dev/null 2>&1 & "
     'w=$!; exec 3<&-; echo "@@ps-launch watch=$w"; '
@@ -1078,10 +1080,13 @@ class Launch:
             if shutdown_deadline is None and (all(p.returncode == 0 for p in workers) or
                                               sched_done):
                 shutdown_deadline = time.monotonic() + c.shutdown_timeout
-            if shutdown_deadline is not None and time.monotonic() > shutdown_deadline:
-                hung = [p for p in self.procs if p.returncode is None]
-                if self.finished_without(hung):
-                    return 0
+            if shutdown_deadline is None:
+                continue
+            hung = [p for p in self.procs if p.returncode is None]
+            # Servers the job went on without hold nothing it needs: not waited for.
+            if self.finished_without(hung):
+                return 0
+            if time.monotonic() > shutdown_deadline:
                 self.say(f"{', '.join(p.spec.label + ' on ' + p.spec.where for p in hung)} did "
                          f"not exit within {c.shutdown_timeout:g} s (--shutdown-timeout) after "
                          "the job finished; stopping")
@@ -1378,6 +1383,7 @@ class Proc:
             pass
         if self.spec.host is None and self.child_pgid:
             kill_group(self.child_pgid, signal.SIGTERM)
+            kill_group(self.child_pgid, signal.SIGCONT)  # a stopped process handles TERM now
 
     def kill(self, launch):
         """Escalation. Returns helper processes (remote kills) to wait for."""

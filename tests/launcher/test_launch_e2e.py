@@ -133,6 +133,30 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
                      missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_stopped_server_is_survived_and_stopped_when_the_job_ends(self):
+        # A server stopped (SIGSTOP) past the heartbeat timeout: the job goes on without it and
+        # finishes exact; the launcher then stops it at once, not after --shutdown-timeout
+        # (600 s here, beyond this test's own limit).
+        proc = self.start_launcher(["-n", "2", "-s", "3", "--shutdown-timeout", "600",
+                                    "--env", "PS_HEARTBEAT_INTERVAL=0.5",
+                                    "--env", "PS_HEARTBEAT_TIMEOUT=3"] + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", "2000",
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+        servers = self.server_pids()
+        self.assertEqual(len(servers), 3, servers)
+        os.kill(servers[1], signal.SIGSTOP)
+        r = self.finish_launcher(proc, timeout=120)
+        self.assertEqual(r.rc, 0, r)
+        self.assertRegex(r.err, r"server \d on localhost did not exit after the job finished "
+                                r"\(stopped or hung: the job went on without it")
+        self.assertIn("the job finished without 1 lost server(s)", r.err)
+        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
+                         r)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
     def test_server_restarts_put_a_new_server_in_the_dead_ones_place(self):
         # --server-restarts 1: a killed server is replaced by a new one, which then carries the
         # job alone once the other two servers of the start were killed in turn (each after the
