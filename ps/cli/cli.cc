@@ -177,6 +177,10 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
 
 ClusterConfig ReadClusterConfig(Role role) {
   const std::string role_name = RoleName(role);
+  if (const char* set = std::getenv("DMLC_ROLE"); set != nullptr && set != role_name) {
+    LOG(WARNING) << "DMLC_ROLE=" << set << " is ignored: ps-" << role_name << " runs the "
+                 << role_name << " role";
+  }
   try {
     return ClusterConfig::Parse([&](std::string_view name) -> std::optional<std::string> {
       if (name == "DMLC_ROLE") return role_name;  // the command decides its role

@@ -40,7 +40,8 @@ bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file);
 
 // The cluster configuration for `role` from the flags given on the command line, falling back
-// to the environment. Throws ps::Error naming the variable (and its flag) that is wrong.
+// to the environment. Throws ps::Error naming the variable (and its flag) that is wrong. A
+// DMLC_ROLE of another role is ignored, with a warning: the command decides.
 ClusterConfig ReadClusterConfig(Role role);
 
 // Prints "PROGRAM: error: MESSAGE" on stderr and exits with status 1.

@@ -76,8 +76,14 @@ Resolved Lookup(const std::string& host) {
 
 [[noreturn]] void ThrowUnresolved(const std::string& host, const std::string& what, int rc,
                                   const std::string& waited) {
+  in6_addr ipv6{};
+  if (inet_pton(AF_INET6, host.c_str(), &ipv6) == 1) {
+    throw Error(what + "='" + host + "' is an IPv6 address, and the job's nodes speak IPv4: " +
+                "set it to an IPv4 address or to a host name with one");
+  }
   throw Error("cannot resolve " + what + "='" + host + "'" + waited + ": " + gai_strerror(rc) +
-              ": set it to a host name this machine can resolve or to an IP address");
+              ": set it to a host name this machine can resolve to an IPv4 address, or to an "
+              "IPv4 address");
 }
 
 }  // namespace
