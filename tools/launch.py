@@ -451,8 +451,8 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         raise UsageError(f"-n {a.num_workers}: need at least one worker")
     c.num_workers = a.num_workers
     c.num_servers = a.num_workers if a.num_servers is None else a.num_servers
-    if c.num_servers < 0:
-        raise UsageError(f"-s {c.num_servers}: the number of servers cannot be negative")
+    if c.num_servers < 1 and not (c.num_servers == 0 and a.server_hostfile):
+        raise UsageError(f"-s {c.num_servers}: a job needs at least one server")
     c.launcher = a.launcher or ("ssh" if a.hostfile or a.server_hostfile else "local")
     c.quiet = a.quiet
     c.dry_run = a.dry_run
@@ -947,9 +947,10 @@ class Launch:
                 return sched, None
             if got is not None and sched.returncode is None:
                 return sched, got
-            if sched.returncode is not None and attempt < attempts:
+            port_taken = any("in use" in line for line in sched.lines)
+            if sched.returncode is not None and port_taken and attempt < attempts:
                 self.say(f"scheduler exited with status {sched.status_text()} before listening "
-                         f"on port {port} (in use?); retrying with another port")
+                         f"on port {port}, which is in use; retrying with another port")
                 self.procs.remove(sched)
                 continue
             self.say(f"scheduler on {sched.spec.where} exited with status "

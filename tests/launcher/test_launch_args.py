@@ -387,7 +387,8 @@ class Args(LauncherTest):
             f.write("h1\n")
         for argv, want in [
                 (["-n", "0", "prog"], "at least one worker"),
-                (["-n", "1", "-s", "-1", "prog"], "cannot be negative"),
+                (["-n", "1", "-s", "-1", "prog"], "-s -1: a job needs at least one server"),
+                (["-n", "1", "-s", "0", "prog"], "-s 0: a job needs at least one server"),
                 (["-n", "1"], "no worker command"),
                 (["-n", "1", "--launcher", "ssh", "prog"], "needs -H HOSTFILE"),
                 (["-n", "1", "-H", "/nonexistent/hosts", "prog"], "No such file"),
@@ -418,14 +419,14 @@ class RemoteCommand(LauncherTest):
         hosts = os.path.join(self.tmp, "hosts")
         with open(hosts, "w") as f:
             f.write("h1:2222\n")
-        c = self.parse(["-n", "1", "-s", "0", "-H", hosts, "--ssh-opts", "-i k",
+        c = self.parse(["-n", "1", "-s", "1", "-H", hosts, "--ssh-opts", "-i k",
                         "--env", "T_ODD=" + " ".join(self.ODD), "--env-worker", "T_W=it's"]
                        + [PY, "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], "
                                     "{k: v for k, v in os.environ.items() "
                                     "if k.startswith(('T_', 'DMLC_', 'PS_JOB'))}]))"]
                        + self.ODD)
         la = launch.Launch(c)
-        spec, = la.make_specs("10.0.0.1", 9999)
+        spec, = [s for s in la.make_specs("10.0.0.1", 9999) if s.role == "worker"]
         argv, _ = la.argv_for(spec)
         self.assertEqual(argv[:3], ["ssh", "-p", "2222"])
         self.assertEqual(argv[3:5], ["-i", "k"])

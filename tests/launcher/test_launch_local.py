@@ -176,13 +176,25 @@ class LocalFailures(LauncherTest):
         # A scheduler that fails the first time (as if its port had been taken meanwhile): the
         # launcher picks another port and starts it again.
         flag = os.path.join(self.tmp, "first-try")
-        sched = (f"sh -c 'if [ ! -e {flag} ]; then touch {flag}; echo port taken; exit 1; fi; "
+        sched = (f"sh -c 'if [ ! -e {flag} ]; then touch {flag}; echo port 1 is already in use; "
+                 "exit 1; fi; "
                  f"exec {PY} {FAKE} --marker {self.marker} --no-listen-line'")
         r = self.run_launcher(["-n", "1", "-s", "1", "--scheduler-cmd", sched,
                                "--server-cmd", f"{PY} {FAKE} --marker {self.marker}"]
                               + self.fake_cmd())
         self.assertEqual(r.rc, 0, r)
-        self.assertIn("retrying with another port", r.err)
+        self.assertIn("which is in use; retrying with another port", r.err)
+
+    def test_scheduler_exiting_for_another_reason_is_not_retried(self):
+        # Only a port in use is worth another port: a scheduler command that exits at once
+        # (here with status 0) is reported, once, with its last lines.
+        r = self.run_launcher(["-n", "1", "-s", "1", "--scheduler-cmd", "sh -c 'echo done'",
+                               "--server-cmd", f"{PY} {FAKE}"] + self.fake_cmd())
+        self.assertEqual(r.rc, 1, r)
+        self.assertIn("scheduler on localhost exited with status 0 before it was ready", r.err)
+        self.assertIn("[scheduler] done", r.err)
+        self.assertNotIn("retrying", r.err)
+        self.assertEqual(self.records("worker") + self.records("server"), [])
 
     def test_scheduler_never_listening_times_out(self):
         r = self.run_launcher(["-n", "1", "-s", "1", "--startup-timeout", "1",
