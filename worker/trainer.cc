@@ -222,17 +222,32 @@ void WriteLatest(const std::string& dir, int epoch) {
   if (error) throw ConfigError("cannot write " + path + ": " + error.message());
 }
 
-// The epochs the checkpoint LATEST names has finished; throws when there is none.
+// The epochs the checkpoint LATEST names has finished; throws, saying which, when LATEST is
+// missing, unreadable, or names no epoch-N.
 int ReadLatest(const std::string& dir) {
   const std::string path = dir + "/" + kLatestName;
   std::ifstream in(path);
+  if (!in) {
+    if (errno == ENOENT) {
+      throw ConfigError("--resume: no checkpoint in " + dir + " (" + path +
+                        " is missing; a job with --checkpoint-dir writes it after its first "
+                        "checkpoint)");
+    }
+    throw ConfigError("--resume: cannot read " + path + ": " + std::strerror(errno));
+  }
   std::string name;
+  in >> name;
   int epoch = -1;
-  if (!in || !(in >> name) || !name.starts_with("epoch-") ||
-      std::sscanf(name.c_str(), "epoch-%d", &epoch) != 1 || epoch < 0) {
-    throw ConfigError("--resume: no checkpoint in " + dir + " (" + path +
-                      " is missing or unreadable; a job with --checkpoint-dir writes it after "
-                      "its first checkpoint)");
+  const char* digits = name.c_str() + std::strlen("epoch-");
+  const char* end = name.c_str() + name.size();
+  if (!name.starts_with("epoch-") || digits == end ||
+      std::from_chars(digits, end, epoch).ptr != end || epoch < 0) {
+    constexpr std::size_t kShown = 40;  // of what may be any file's bytes
+    throw ConfigError("--resume: " + path + " holds '" + name.substr(0, kShown) +
+                      (name.size() > kShown ? "...'" : "'") +
+                      ", not the name of a checkpoint such as epoch-3: write into it the name "
+                      "of one of the epoch-N directories in " +
+                      dir);
   }
   return epoch;
 }
@@ -594,7 +609,12 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   int first_epoch = 0;
   if (config.resume) {
     first_epoch = ReadLatest(config.checkpoint_dir);
-    kv.LoadCheckpoint(EpochDir(config.checkpoint_dir, first_epoch));
+    try {
+      kv.LoadCheckpoint(EpochDir(config.checkpoint_dir, first_epoch));
+    } catch (const ps::Error& e) {
+      throw ps::Error(std::string(e.what()) + " (--resume: " + config.checkpoint_dir + "/" +
+                      kLatestName + " names epoch-" + std::to_string(first_epoch) + ")");
+    }
     trainer.PullWeights();
     log << "ps-train: resumed from " << EpochDir(config.checkpoint_dir, first_epoch) << " ("
         << first_epoch << " epoch(s) done)\n"

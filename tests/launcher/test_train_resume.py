@@ -93,7 +93,23 @@ class TrainResume(unittest.TestCase):
             env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
             result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
-            self.assertIn(f"--resume: no checkpoint in {empty}", result.stderr)
+            self.assertIn(f"--resume: no checkpoint in {empty} ({empty}/LATEST is missing",
+                          result.stderr)
+            # LATEST that names no checkpoint, and one that names a checkpoint not there.
+            for latest, want in [
+                    ("garbage\n", f"--resume: {empty}/LATEST holds 'garbage', not the name of a "
+                                   "checkpoint such as epoch-3"),
+                    ("epoch-x7\n", "holds 'epoch-x7', not the name"),
+                    ("epoch-7\n", f"no checkpoint in {empty}/epoch-7: MANIFEST is missing"),
+            ]:
+                with open(os.path.join(empty, "LATEST"), "w") as f:
+                    f.write(latest)
+                result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+                self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+                self.assertIn(want, result.stderr)
+                self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+                if latest == "epoch-7\n":
+                    self.assertIn(f"(--resume: {empty}/LATEST names epoch-7)", result.stderr)
 
     def test_checkpoint_every_without_a_directory_is_a_one_line_error(self):
         # Not silently ignored (no checkpoint would ever be written).
