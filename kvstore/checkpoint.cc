@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -177,6 +178,30 @@ std::optional<OptimizerConfig> ReadOptimizer(Reader& in) {
   return c;
 }
 
+std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const Manifest& manifest) {
+  const auto is_data_file = [](const std::string& name) {
+    int rank = -1;
+    int servers = 0;
+    return std::sscanf(name.c_str(), "server-%d-of-%d.psckpt", &rank, &servers) == 2 &&
+           name == DataFileName(rank, servers);
+  };
+  const auto listed = [&](const std::string& name) {
+    return std::any_of(manifest.files.begin(), manifest.files.end(),
+                       [&](const FileSummary& file) { return file.name == name; });
+  };
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    std::error_code ignored;  // one file that cannot go stays, harmless beside the MANIFEST
+    if (is_data_file(name) && !listed(name) && std::filesystem::remove(it->path(), ignored)) {
+      removed.push_back(name);
+    }
+  }
+  return removed;
+}
+
 }  // namespace
 
 std::string DataFileName(int rank, int servers) {
@@ -321,12 +346,13 @@ Manifest Manifest::Parse(const std::string& text, const std::string& source) {
   return manifest;
 }
 
-void WriteManifest(const std::string& dir, const Manifest& manifest) {
+std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest) {
   MakeDirectory(dir);
   const std::string text = manifest.Encode();
   AtomicFile file(dir, kManifestName);
   file.Write(text.data(), text.size());
   file.Commit();
+  return RemoveUnlistedDataFiles(dir, manifest);
 }
 
 std::string ReadManifestText(const std::string& dir) {

@@ -74,8 +74,11 @@ struct Manifest {
   static Manifest Parse(const std::string& text, const std::string& source);
 };
 
-// `dir`/MANIFEST, written atomically (the checkpoint's commit point) or read whole.
-void WriteManifest(const std::string& dir, const Manifest& manifest);
+// `dir`/MANIFEST, written atomically (the checkpoint's commit point) or read whole. After the
+// commit WriteManifest removes the data files in `dir` that `manifest` does not list, as far
+// as this host sees them (an earlier checkpoint's in the same directory, of a server that died
+// since or of another number of servers), and returns their names; one it cannot remove stays.
+std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest);
 std::string ReadManifestText(const std::string& dir);
 
 // The saved records of several files, by key, from which a slice of any layout is assembled.

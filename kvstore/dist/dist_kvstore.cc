@@ -353,7 +353,12 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
                   " key slices (the others died with the servers that held them); " + dir +
                   " keeps its previous checkpoint, if it had one");
     }
-    checkpoint::WriteManifest(dir, manifest);  // the commit point
+    // The commit point; the files of an earlier checkpoint there that it does not list go.
+    const std::vector<std::string> removed = checkpoint::WriteManifest(dir, manifest);
+    for (const std::string& name : removed) {
+      PS_LOG(INFO) << "worker 0: removed " << dir << "/" << name
+                   << ", an earlier checkpoint's file that the new MANIFEST does not list";
+    }
   });
 }
 

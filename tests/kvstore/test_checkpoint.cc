@@ -74,6 +74,10 @@ TEST_CASE("checkpoint: dist_sync resumes bit for bit, also with another number o
           "[dist][checkpoint]") {
   TempDir dir;
   std::vector<std::vector<float>> straight;  // 5 rounds, a save after the 3rd
+  // An earlier checkpoint's file there, of 3 servers, goes with the save; other files stay.
+  for (const std::string name : {"server-2-of-3.psckpt", "server-2-of-3.psckpt.bak", "notes"}) {
+    std::ofstream(dir.path() + "/" + name) << "earlier\n";
+  }
   {
     KVCluster cluster(2, 2, SlicedEnv());
     std::vector<std::vector<std::vector<float>>> results(2);
@@ -90,6 +94,9 @@ TEST_CASE("checkpoint: dist_sync resumes bit for bit, also with another number o
   }
   CHECK(std::filesystem::exists(dir.path() + "/MANIFEST"));
   CHECK(std::filesystem::exists(dir.path() + "/server-1-of-2.psckpt"));
+  CHECK_FALSE(std::filesystem::exists(dir.path() + "/server-2-of-3.psckpt"));
+  CHECK(std::filesystem::exists(dir.path() + "/server-2-of-3.psckpt.bak"));
+  CHECK(std::filesystem::exists(dir.path() + "/notes"));
   // The last: another key layout on as many servers, without replication (where each server
   // would read only its own file): server weights move the big key's slices between them.
   ps::test::Env weighted = SlicedEnv();
