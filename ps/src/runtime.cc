@@ -195,7 +195,7 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
   // The pause check's reference from the same moment: a stop right after this counts.
-  last_tick_ = last_scheduler_contact_;
+  pause_watch_.Start(last_scheduler_contact_);
 }
 
 void Runtime::ConnectTo(const NodeInfo& node) {
@@ -656,16 +656,11 @@ void Runtime::OnConnectionReset(int node_id) {
 
 void Runtime::OnTick() {
   const auto now = RequestTracker::Clock::now();
-  // Half the timeout: a pause that long explains most of the silence that follows it.
-  if (now - last_tick_ >= config_.heartbeat_timeout / 2) {
-    last_pause_ = now - last_tick_;
-    last_pause_ended_ = now;
+  if (const auto pause = pause_watch_.Tick(now); pause > pause.zero()) {
     PS_LOG(WARNING) << self_.Describe() << " did not run for "
-                    << FormatSeconds(
-                           std::chrono::duration_cast<std::chrono::milliseconds>(last_pause_))
+                    << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause))
                     << " (stopped, or starved of CPU): it sent no heartbeat meanwhile";
   }
-  last_tick_ = now;
   tracker_.ExpireOverdue(now);
   AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) return;
@@ -675,11 +670,12 @@ void Runtime::OnTick() {
     if (terminated_ || !failure_.empty()) return;
     lost = now - last_scheduler_contact_ > config_.heartbeat_timeout;
   }
-  if (lost && last_pause_ >= config_.heartbeat_timeout / 2 &&
-      now - last_pause_ended_ < 2 * config_.heartbeat_timeout) {
+  const auto pause = pause_watch_.last_pause();
+  if (lost && pause > pause.zero() &&
+      now - pause_watch_.last_pause_ended() < 2 * config_.heartbeat_timeout) {
     Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
          FormatSeconds(config_.heartbeat_timeout) + ": this process itself did not run for " +
-         FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(last_pause_)) +
+         FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause)) +
          " (stopped, e.g. by SIGSTOP, or its machine frozen), so the scheduler has likely "
          "declared it dead and the job went on or ended without it");
     return;

@@ -69,7 +69,7 @@ Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Cl
   self.connection_key = options.connection_key;
   nodes_.push_back(self);
   last_seen_.push_back(started_);
-  last_tick_ = started_;
+  pause_watch_.Start(started_);
   requested_rank_.push_back(0);
   receiver_ = std::make_unique<ReceiveLoop>(*transport_,
                                             [this](Message&& msg) { OnMessage(std::move(msg)); });
@@ -644,7 +644,7 @@ void Scheduler::OnTick() {
   if (finished_) return;
   ApplyConnectionEvents();
   const auto now = Clock::now();
-  const auto still = now - std::exchange(last_tick_, now);
+  const auto pause = pause_watch_.Tick(now);
   if (!complete_) {
     if (now - started_ > config_.register_timeout) {
       int servers = 0;
@@ -667,11 +667,11 @@ void Scheduler::OnTick() {
   }
   if (DeclareClosedConnectionsDead(now)) return;  // one death per tick
   if (config_.heartbeat_interval.count() == 0) return;
-  if (still >= config_.heartbeat_timeout / 2) {
+  if (pause > pause.zero()) {
     // Not the nodes' silence but this process's: each gets a full timeout from now, in which
     // the heartbeats queued meanwhile are read (a node that died still closes its connection).
     LOG(WARNING) << "the scheduler did not run for "
-                 << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(still))
+                 << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause))
                  << " (stopped, e.g. by SIGSTOP, or its machine frozen): heartbeats are counted "
                     "from now, no node is judged on that silence";
     std::fill(last_seen_.begin(), last_seen_.end(), now);

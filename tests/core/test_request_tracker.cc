@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "ps/pause_watch.h"
 #include "ps/request_tracker.h"
 
 namespace {
@@ -160,4 +161,22 @@ TEST_CASE("tracker: an old request still waiting does not disturb newer ones", "
   REQUIRE(old_result);
   CHECK(old_result->error == "worker 3 died");
   CHECK_FALSE(tracker.OnResponse(ResponseFrom(7, old)));
+}
+
+TEST_CASE("pause watch: a gap of the threshold or more between ticks is a pause, once",
+          "[tracker]") {
+  using namespace std::chrono_literals;
+  ps::PauseWatch watch(500ms);
+  const auto t0 = ps::PauseWatch::Clock::time_point{} + 1h;
+  watch.Start(t0);
+  CHECK(watch.Tick(t0 + 100ms) == 0ms);
+  CHECK(watch.Tick(t0 + 599ms) == 0ms);  // 499 ms since the last tick, not since Start
+  CHECK(watch.last_pause() == 0ms);
+  CHECK(watch.Tick(t0 + 1099ms) == 500ms);
+  CHECK(watch.last_pause() == 500ms);
+  CHECK(watch.last_pause_ended() == t0 + 1099ms);
+  CHECK(watch.Tick(t0 + 1200ms) == 0ms);  // the last pause is remembered
+  CHECK(watch.last_pause() == 500ms);
+  watch.Start(t0 + 5s);  // a new reference: the time before it is no pause
+  CHECK(watch.Tick(t0 + 5s + 100ms) == 0ms);
 }

@@ -25,6 +25,7 @@
 #include "ps/config.h"
 #include "ps/message.h"
 #include "ps/mutex.h"
+#include "ps/pause_watch.h"
 #include "ps/request_tracker.h"
 #include "ps/thread_annotations.h"
 
@@ -246,14 +247,11 @@ class Runtime {
   static constexpr std::size_t kMaxHeldUntilJoined = 1024;
   std::vector<Message> held_until_joined_ PS_GUARDED_BY(mu_);
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
-  // When OnTick last ran (first set with the first scheduler contact, before the timer thread
-  // starts; then that thread's alone): a long gap means this process itself did not run
-  // (SIGSTOP, a frozen VM), which explains a lost scheduler better than the network.
-  RequestTracker::Clock::time_point last_tick_;
-  // The latest such gap of at least half PS_HEARTBEAT_TIMEOUT, and when it ended (timer
-  // thread): a message sent before the pause may still arrive after it and count as contact.
-  RequestTracker::Clock::duration last_pause_{};
-  RequestTracker::Clock::time_point last_pause_ended_{};
+  // OnTick's gaps of half PS_HEARTBEAT_TIMEOUT or more (started with the first scheduler
+  // contact, before the timer thread starts; then that thread's alone): this process itself
+  // did not run (SIGSTOP, a frozen VM), which explains a lost scheduler better than the
+  // network. A message sent before such a pause may still arrive after it and count as contact.
+  PauseWatch pause_watch_{config_.heartbeat_timeout / 2};
 
   std::atomic<std::size_t> dead_count_{0};           // dead_.size(), readable without mu_
   std::atomic<std::size_t> dropped_{0};              // from unknown senders, or unexpected controls

@@ -22,6 +22,7 @@
 #include "ps/config.h"
 #include "ps/message.h"
 #include "ps/mutex.h"
+#include "ps/pause_watch.h"
 #include "ps/thread_annotations.h"
 
 namespace ps {
@@ -141,9 +142,9 @@ class Scheduler {
   CondVar finished_cv_;
   std::vector<NodeInfo> nodes_ PS_GUARDED_BY(mu_);               // index = id; [0] is us
   std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);  // index = id
-  // When OnTick last ran: a gap of half PS_HEARTBEAT_TIMEOUT or more means the scheduler itself
-  // did not run (SIGSTOP, a frozen VM), and the heartbeats of that time wait unread.
-  Clock::time_point last_tick_ PS_GUARDED_BY(mu_);
+  // OnTick's gaps of half PS_HEARTBEAT_TIMEOUT or more: the scheduler itself did not run
+  // (SIGSTOP, a frozen VM), and the heartbeats of that time wait unread.
+  PauseWatch pause_watch_ PS_GUARDED_BY(mu_){config_.heartbeat_timeout / 2};
   std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);  // index = id; -1: none
   // The first registered server or worker ("server at HOST:PORT") and its shared settings,
   // which the later ones must match (SharedSetting::Among::kDataNodes).
