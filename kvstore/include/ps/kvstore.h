@@ -15,7 +15,9 @@
 // once. WaitAll waits for every operation issued so far by any thread; in dist_sync an
 // operation completes only when every worker pushed, so threads that each loop "push, then
 // WaitAll" can wait on each other across workers: issue from many threads, wait from one.
-// Init, SetOptimizer and Barrier are collective: call them from one thread per worker.
+// Init, SetOptimizer and Barrier are collective: call them from one thread per worker. A push
+// another thread sends while its worker is in a collective counts as after the collective (in
+// dist_sync every worker must push each key equally often between collectives).
 //
 // Errors: ps::Error, thrown by the call itself (bad arguments) or by the next WaitAll()
 // (anything the servers report, a peer that died).
