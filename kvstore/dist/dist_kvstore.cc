@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <memory_resource>
 #include <thread>
@@ -74,6 +75,15 @@ std::string DescribeOptimizer(const OptimizerConfig& config) {
     call += (i == 0 ? "" : ",") + std::to_string(s.steps[i]);
   }
   return Bounded(std::move(call));
+}
+
+// `dir` as the servers, which run in directories of their own, must get it: a relative one
+// from this worker's working directory.
+std::string CheckpointDir(const std::string& dir) {
+  if (dir.empty()) return dir;
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(dir, error);
+  return error ? dir : absolute.lexically_normal().string();
 }
 
 }  // namespace
@@ -169,7 +179,20 @@ void DistKVStore::WaitImpl(std::span<const Key> keys) {
   });
 }
 
+DistKVStore::OneCollective::OneCollective(std::atomic<bool>& running, std::string_view op)
+    : running_(running) {
+  if (running_.exchange(true)) {
+    throw Error(std::string(kStore) + ": " + std::string(op) +
+                " was called while another thread of this worker is in a collective call: the "
+                "workers' collective calls pair up in order, so call Init, SetOptimizer, "
+                "SetGradientCompression, Barrier and the checkpoint calls from one thread");
+  }
+}
+
+DistKVStore::OneCollective::~OneCollective() { running_.store(false); }
+
 void DistKVStore::Barrier() {
+  const OneCollective one(collective_running_, "Barrier");
   try {
     AgreeAmongWorkers("Barrier", "");
   } catch (const Error& e) {
@@ -227,12 +250,18 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
 
 void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& failure) {
   std::string why = failure;
-  if (why.empty() && sync_) {
+  if (why.empty() && sync_ && OnlyCallerPushes()) {
     why = AnnounceCollective(call);
   } else {
     ++collectives_entered_;  // every worker counts it, failed or not
   }
   runtime_->Agree(kWorkerGroup, call, why);
+}
+
+bool DistKVStore::OnlyCallerPushes() const {
+  const std::thread::id first = pusher_.load();
+  return !several_pushers_.load() &&
+         (first == std::thread::id{} || first == std::this_thread::get_id());
 }
 
 std::string DistKVStore::AnnounceCollective(const std::string& call) {
@@ -245,6 +274,9 @@ std::string DistKVStore::AnnounceCollective(const std::string& call) {
   kv::Request request;
   request.command = kv::kCollective;
   request.call = call;
+  // A server that knows of a death or join this worker has not heard of yet may get pushes of
+  // this worker sent again after the announcement: it does not check this collective.
+  request.membership = runtime_->server_event_count();
   const std::vector<int> servers = LiveServerRanks();
   {
     MutexLock lock(answers.mu);
@@ -278,6 +310,7 @@ std::string DistKVStore::AnnounceCollective(const std::string& call) {
 void DistKVStore::Collective(std::string_view op, const std::string& call,
                              const std::string& local_error, const std::function<void()>& work,
                              const std::function<void()>& undo) {
+  const OneCollective one(collective_running_, op);
   const auto failed_everywhere = [&](const Error& e) {
     // A worker whose own checks failed throws its own words; the others learn who and why.
     if (!local_error.empty()) return Error(local_error);
@@ -310,7 +343,8 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
   }
 }
 
-void DistKVStore::SaveCheckpoint(const std::string& dir) {
+void DistKVStore::SaveCheckpoint(const std::string& given) {
+  const std::string dir = CheckpointDir(given);
   std::string local_error;
   try {
     if (dir.empty()) throw Error(std::string(kStore) + ": SaveCheckpoint: the directory is empty");
@@ -362,8 +396,9 @@ void DistKVStore::SaveCheckpoint(const std::string& dir) {
   });
 }
 
-void DistKVStore::LoadCheckpoint(const std::string& dir) {
+void DistKVStore::LoadCheckpoint(const std::string& given) {
   // Worker 0 reads the manifest and hands it to the servers, which read their data files.
+  const std::string dir = CheckpointDir(given);
   std::string local_error;
   try {
     if (dir.empty()) throw Error(std::string(kStore) + ": LoadCheckpoint: the directory is empty");
@@ -681,6 +716,9 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
     }
     if (call.sending && command != kv::kInit) {
       pushed_.store(true);
+      std::thread::id first{};
+      const std::thread::id me = std::this_thread::get_id();
+      if (!pusher_.compare_exchange_strong(first, me) && first != me) several_pushers_.store(true);
     }
   } catch (...) {
     ReleaseUnsent(plan, 0);

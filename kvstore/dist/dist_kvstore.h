@@ -306,16 +306,32 @@ class DistKVStore final : public KVStore {
   // the values it already holds.
   void RunOverLiveServers(std::string_view op, const std::function<void()>& work);
   static constexpr int kMaxResetRetries = 8;
-  // Runtime::Agree among the workers, counted in collectives_entered_. In dist_sync the
-  // servers hear first that this worker enters a collective (kCollective; every push it sent
-  // before is then in), so that a round that waits for its push, which cannot come before the
-  // collective ends, fails naming both instead of hanging: the workers pushed a key unequally
-  // often (kv_server.h, in_collective_). A push another thread sends while the collective
-  // runs counts as after it.
+  // Runtime::Agree among the workers, counted in collectives_entered_. In dist_sync, when
+  // OnlyCallerPushes, the servers hear first that this worker enters a collective
+  // (kCollective; every push it sent before is then in), so that a round that waits for its
+  // push, which cannot come before the collective ends, fails naming both instead of hanging:
+  // the workers pushed a key unequally often (kv_server.h, in_collective_).
   void AgreeAmongWorkers(const std::string& call, const std::string& failure);
   // Sends kCollective to every live server and counts the collective, both under seq_mu_;
   // returns "" or the first refusal (a round found waiting).
   std::string AnnounceCollective(const std::string& call);
+  // Whether every push of this worker so far came from the calling thread (or none came):
+  // only then can no push be on its way, or about to go, while this thread is in a collective.
+  // Workers whose pushes come from other threads are not checked (a collective would fail
+  // whenever it overtook one of their pushes).
+  bool OnlyCallerPushes() const;
+  // Held by a collective call (Barrier, Collective): a second one on another thread of this
+  // worker throws instead of voting out of turn.
+  class OneCollective {
+   public:
+    OneCollective(std::atomic<bool>& running, std::string_view op);
+    ~OneCollective();
+    OneCollective(const OneCollective&) = delete;
+    OneCollective& operator=(const OneCollective&) = delete;
+
+   private:
+    std::atomic<bool>& running_;
+  };
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
 
@@ -345,8 +361,12 @@ class DistKVStore final : public KVStore {
   // dist_sync changed under seq_mu_, so that a push's stamp tells on which side of each
   // collective it was sent.
   std::atomic<std::uint64_t> collectives_entered_{0};
-  std::atomic<bool> finished_{false};  // the scheduler was told this worker is done
-  std::vector<bool> shm_servers_;      // collective calls only: per server rank, slots on
+  // The thread that pushed first, and whether another thread pushed since (OnlyCallerPushes).
+  std::atomic<std::thread::id> pusher_{};
+  std::atomic<bool> several_pushers_{false};
+  std::atomic<bool> collective_running_{false};  // OneCollective
+  std::atomic<bool> finished_{false};            // the scheduler was told this worker is done
+  std::vector<bool> shm_servers_;                // collective calls only: per server rank, slots on
 
   // The owner of frames that reference the caller's memory: a token marking them borrowed
   // (the buffer lifetime rule keeps the memory valid), shared by all of them.

@@ -116,7 +116,8 @@ struct Request {
   std::vector<int> homes;
   std::vector<std::uint64_t> seqs;
   std::vector<ReplicaOp> replica_ops;  // kReplicate: one per slice
-  // kReplicate, kSave, kLoad: how many server deaths and joins the sender knows of.
+  // kReplicate, kSave, kLoad, kCollective: how many server deaths and joins the sender knows
+  // of.
   std::uint64_t membership = 0;
   // kPush, kPushPull (dist_sync) and kCollective: the worker-group collectives the sender had
   // entered; kCollective: the call it enters now (see kv.proto).

@@ -713,6 +713,13 @@ void KVServerStore::HandleCollective(const Meta& meta, const kv::Request& reques
     runtime_.ReplyError(meta, server + ": only workers enter collectives");
     return;
   }
+  if (request.membership < membership_) {
+    // The worker has not heard of every server death or join this server knows of: pushes it
+    // sends again to this server after it does may come after this announcement, so the
+    // announcement does not say that all its pushes before the collective are in.
+    runtime_.Reply(meta, Message{});
+    return;
+  }
   const CollectiveEntry& entry = in_collective_[meta.sender] =
       CollectiveEntry{request.collectives + 1, request.call};
   if (runtime_.config().verbose >= 1) {

@@ -279,6 +279,10 @@ class KVServerStore {
   // After a push merged into `slice` with stamp `collectives`: entries of collectives that are
   // over go, and the open round fails if it waits for a worker still in one.
   void CheckCollectives(Slice& slice, std::uint64_t collectives);
+  // After a server death or join: the workers send pushes that were on their way to the dead
+  // server again, after their announcements, so those say no longer that every push before
+  // the collective is in; the collectives in progress are not checked.
+  void ForgetCollectives() { in_collective_.clear(); }
   // `waiter` is answered with `why` (once its request has no other slice pending).
   void FailWaiter(const Waiter& waiter, const std::string& why);
   // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.

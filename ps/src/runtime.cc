@@ -731,8 +731,14 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
   msg.meta.error = failure;
   {
     MutexLock lock(mu_);
+    if (barriers_.contains(groups)) {
+      // Its release would end either wait, and the other's vote pair with the wrong call.
+      return "another thread of " + self_.Describe() +
+             " is in a barrier of the same group: call barriers and collectives of one group "
+             "from one thread";
+    }
     msg.meta.timestamp = ++barrier_count_;
-    barriers_.insert_or_assign(groups, PendingBarrier{msg, false, ""});
+    barriers_.emplace(groups, PendingBarrier{msg, false, ""});
   }
   SendToNode(msg);
   const auto start = SteadyClock::now();

@@ -197,6 +197,8 @@ void Scheduler::OnMessage(Message&& msg) {
         if (nodes_[id].role != Role::kServer || !IsLive(static_cast<int>(id))) continue;
         Send(Notice(Control::kWorkerDone, static_cast<int>(id), nodes_[meta.sender]));
       }
+      // So can a vote of the other workers: it fails, naming this one.
+      ReleaseBarriersOf(meta.sender);
       MaybeFinish();
       break;
     }
@@ -561,15 +563,28 @@ void Scheduler::OnBarrier(const Meta& meta) {
   }
   auto& arrived = barriers_[meta.barrier_group];
   arrived[meta.sender] = BarrierArrival{meta.body, meta.error, meta.timestamp};
+  if (config_.verbose >= 2) {
+    LOG(INFO) << nodes_[meta.sender].Describe() << " waits in barrier " << meta.timestamp
+              << " of group " << meta.barrier_group << " (" << arrived.size() << " of "
+              << GroupMembers(group).size() << " there)";
+  }
   for (int member : GroupMembers(group)) {
-    if (dead_.contains(member)) {
-      ReleaseBarrier(meta.barrier_group, nodes_[member].Describe() + " died");
+    if (!IsLive(member)) {
+      ReleaseBarrier(meta.barrier_group, WhyAbsent(member));
       return;
     }
   }
   if (arrived.size() == GroupMembers(group).size()) {
     ReleaseBarrier(meta.barrier_group, BarrierVerdict(arrived));
   }
+}
+
+std::string Scheduler::WhyAbsent(int id) const {
+  if (dead_.contains(id)) return nodes_[id].Describe() + " died";
+  return nodes_[id].Describe() +
+         " has finished (its KVStore was destroyed, or its process ended) and takes part in no "
+         "more collectives: every worker must make the same collective calls (Barrier, Init, "
+         "SetOptimizer, checkpoints)";
 }
 
 std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const {
@@ -617,6 +632,14 @@ std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arriv
     verdict += " (and " + std::to_string(votes.size() - kListed) + " other calls)";
   }
   return verdict;
+}
+
+void Scheduler::ReleaseBarriersOf(int id) {
+  std::vector<int> blocked;
+  for (const auto& [group, arrived] : barriers_) {
+    if (RoleBit(nodes_[id].role) & group) blocked.push_back(group);
+  }
+  for (int group : blocked) ReleaseBarrier(group, WhyAbsent(id));
 }
 
 void Scheduler::ReleaseBarrier(int group, const std::string& error) {
@@ -761,11 +784,7 @@ void Scheduler::DeclareDead(int id, const std::string& why) {
     if (IsLive(static_cast<int>(other)))
       Send(Notice(Control::kNodeDead, static_cast<int>(other), node));
   }
-  std::vector<int> blocked;
-  for (const auto& [group, arrived] : barriers_) {
-    if (RoleBit(node.role) & group) blocked.push_back(group);
-  }
-  for (int group : blocked) ReleaseBarrier(group, node.Describe() + " died");
+  ReleaseBarriersOf(id);
   // With replication a server's key ranges live on in its replica, which takes them over as
   // soon as it hears of the death (the notice above); the job goes on while a server lives.
   if (node.role == Role::kServer && config_.replicated()) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <future>
 #include <string>
 #include <thread>
 #include <utility>
@@ -206,6 +207,44 @@ TEST_CASE("cluster: a barrier of a group without the caller fails naming it, the
   CHECK(scheduler.Run() == 0);
   CHECK_THAT(worker.Join()[0], Catch::Contains("barrier group 1 does not include worker 0"));
   CHECK(server.Join()[0] == "");
+}
+
+TEST_CASE("cluster: two threads of a node in one group's barrier: the later one fails at once",
+          "[cluster][fault]") {
+  // Before, the second wait replaced the first's record, which its thread went on reading.
+  ps::Scheduler scheduler(SchedulerConfig(1, 2));
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1,
+                     [&](ps::Runtime& runtime, int) { return runtime.WaitForTermination(); });
+  std::promise<void> one_failed;
+  std::vector<std::string> errors(2);
+  NodeThreads workers(scheduler.NodeConfig(ps::Role::kWorker), 2,
+                      [&](ps::Runtime& runtime, int) -> std::string {
+                        if (runtime.rank() == 1) {
+                          one_failed.get_future().wait();
+                          runtime.Barrier(ps::kWorkerGroup);
+                        } else {
+                          const auto wait = [&](std::string& error) {
+                            try {
+                              runtime.Barrier(ps::kWorkerGroup);
+                            } catch (const ps::Error& e) {
+                              error = e.what();
+                              one_failed.set_value();
+                            }
+                          };
+                          std::jthread first(wait, std::ref(errors[0]));
+                          std::jthread second(wait, std::ref(errors[1]));
+                        }
+                        runtime.FinishWorker();
+                        return "";
+                      });
+  CHECK(scheduler.Run() == 0);
+  workers.Join();
+  server.Join();
+  INFO(errors[0] << " | " << errors[1]);
+  CHECK(errors[0].empty() != errors[1].empty());
+  CHECK_THAT(errors[0] + errors[1],
+             Catch::Contains("is in a barrier of the same group: call barriers and collectives "
+                             "of one group from one thread"));
 }
 
 TEST_CASE("cluster: a server started after one died takes its rank and every node hears of it",

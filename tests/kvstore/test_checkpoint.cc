@@ -117,6 +117,35 @@ TEST_CASE("checkpoint: dist_sync resumes bit for bit, also with another number o
   }
 }
 
+TEST_CASE("checkpoint: a relative directory is the calling worker's, for the servers too",
+          "[dist][checkpoint]") {
+  // The servers run in the directory they were started in, the worker in another: every file
+  // of the checkpoint goes to the worker's, and it loads from there by either name.
+  TempDir workdir;
+  const std::filesystem::path started_in = std::filesystem::current_path();
+  KVCluster cluster(2, 1, SlicedEnv());
+  std::filesystem::current_path(workdir.path());  // after the servers started
+  std::vector<std::vector<float>> after_save;
+  std::vector<std::vector<float>> after_load;
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    InitKeys(kv);
+    Run(kv, 0, 2);
+    kv.SaveCheckpoint("relative/ck");
+    after_save = Run(kv, 2, 1);
+    kv.LoadCheckpoint(workdir.path() + "/relative/ck");
+    after_load = Run(kv, 2, 1);
+    kv.LoadCheckpoint("relative/ck");
+  });
+  std::filesystem::current_path(started_in);
+  CHECK(AllOk(outcomes) == "");
+  CHECK(after_load == after_save);
+  CHECK(cluster.EndedCleanly());
+  for (const std::string name : {"MANIFEST", "server-0-of-2.psckpt", "server-1-of-2.psckpt"}) {
+    CHECK(std::filesystem::exists(workdir.path() + "/relative/ck/" + name));
+  }
+  CHECK_FALSE(std::filesystem::exists(started_in / "relative"));
+}
+
 TEST_CASE("checkpoint: the local store and a dist store read each other's checkpoints",
           "[dist][checkpoint]") {
   TempDir dir;

@@ -15,9 +15,8 @@
 // once. WaitAll waits for every operation issued so far by any thread; in dist_sync an
 // operation completes only when every worker pushed, so threads that each loop "push, then
 // WaitAll" can wait on each other across workers: issue from many threads, wait from one.
-// Init, SetOptimizer and Barrier are collective: call them from one thread per worker. A push
-// another thread sends while its worker is in a collective counts as after the collective (in
-// dist_sync every worker must push each key equally often between collectives).
+// Init, SetOptimizer and Barrier are collective: call them from one thread per worker (a second
+// one on another thread while the first waits throws).
 //
 // Errors: ps::Error, thrown by the call itself (bad arguments) or by the next WaitAll()
 // (anything the servers report, a peer that died).
@@ -164,8 +163,9 @@ class KVStore {
   // them). SaveCheckpoint writes every key's value and the optimizer state kept beside it
   // (momentum, Adam moments, update counts) into directory `dir`, created if missing: each
   // server one file, atomically, then worker 0 a MANIFEST naming them with their checksums,
-  // so a checkpoint is complete or absent. On several hosts `dir` must be one directory that
-  // every server and worker 0 see (a shared file system).
+  // so a checkpoint is complete or absent. A relative `dir` is taken from the calling worker's
+  // working directory (the servers get it absolute). On several hosts `dir` must be one
+  // directory that every server and worker 0 see (a shared file system).
   // LoadCheckpoint restores a checkpoint into the keys this job initialized (Init them first,
   // and SetOptimizer first when the checkpoint holds optimizer state), whatever the number of
   // servers that saved it. A missing or corrupt file, a key missing from the checkpoint or of

@@ -127,6 +127,11 @@ class Scheduler {
   static Message Notice(Control control, int recipient, const NodeInfo& about);
   void DeclareDead(int id, const std::string& why) PS_REQUIRES(mu_);
   void ReleaseBarrier(int group, const std::string& error) PS_REQUIRES(mu_);
+  // Fails the barriers in progress of every group that includes node `id`, which died or
+  // finished: they can never complete.
+  void ReleaseBarriersOf(int id) PS_REQUIRES(mu_);
+  // Why node `id`, not live, will never arrive at a barrier.
+  std::string WhyAbsent(int id) const PS_REQUIRES(mu_);
   void MaybeFinish() PS_REQUIRES(mu_);
   void Finish(int status, const std::string& why) PS_REQUIRES(mu_);
   void Send(Message msg);
