@@ -1,5 +1,10 @@
 #include "kvstore/call_checks.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+
 #include "kvstore/device_memory.h"
 #include "kvstore/optimizer.h"
 
@@ -16,6 +21,26 @@ void Counts(std::string_view store, std::string_view op, std::size_t keys, std::
   }
 }
 
+namespace {
+
+// The most elements of `dtype` a tensor on `device` can hold: what the machine's memory holds
+// for host memory; for a GPU's, what a process can address (47 bits on x86-64 and arm64).
+std::size_t MostElements(DType dtype, Device device) {
+  static constexpr std::uint64_t kAddressable = std::uint64_t{1} << 47;
+  // Read once (a system call; this check runs for every tensor of every call).
+  static const std::uint64_t host_bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return kAddressable;
+    return std::min(kAddressable,
+                    static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page));
+  }();
+  const std::uint64_t bytes = device.is_cuda() ? kAddressable : host_bytes;
+  return static_cast<std::size_t>(bytes / DTypeSize(dtype));
+}
+
+}  // namespace
+
 void TensorBasics(std::string_view store, std::string_view op, Key key, const Tensor& t) {
   if (t.device().is_cuda() && !DeviceCopiesBuilt()) {
     throw Error(Where(store, op, key) + "a tensor in GPU memory (" + t.device().ToString() +
@@ -29,6 +54,17 @@ void TensorBasics(std::string_view store, std::string_view op, Key key, const Te
   if (t.size() != 0 && t.data() == nullptr) {
     throw Error(Where(store, op, key) + "null data pointer for " + std::to_string(t.size()) +
                 " elements");
+  }
+  // A size no buffer can have (a byte count, or -1, passed for the element count) would be
+  // read past its end, or wrap around in bytes(): refused before anything is sent.
+  const std::size_t most = MostElements(t.dtype(), t.device());
+  if (t.size() > most) {
+    throw Error(Where(store, op, key) + "a tensor of " + std::to_string(t.size()) + " " +
+                DTypeName(t.dtype()) + " elements is larger than " +
+                (t.device().is_cuda()
+                     ? "any buffer can be"
+                     : "this machine's memory (" + std::to_string(most) + " elements)") +
+                ": pass the tensor's element count");
   }
 }
 

@@ -232,6 +232,16 @@ TEST_CASE("user errors name the key, the expected and the given value", "[kvstor
     REQUIRE(out == w);
     REQUIRE_THROWS_WITH(kv->Pull(7, ps::Tensor(nullptr, 3, ps::DType::kFloat32)),
                         Contains("key 7") && Contains("null"));
+    // Sizes no buffer has (-1, a size that wraps around in bytes, one past the memory).
+    for (const std::size_t size : {SIZE_MAX, std::size_t{1} << 62, std::size_t{1} << 45}) {
+      INFO(size);
+      REQUIRE_THROWS_WITH(kv->Init(32, ps::Tensor(x.data(), size)),
+                          Contains("Init key 32: a tensor of " + std::to_string(size) +
+                                   " float32 elements is larger than this machine's memory") &&
+                              Contains("pass the tensor's element count"));
+      REQUIRE_THROWS_WITH(kv->Push(7, ps::Tensor(x.data(), size)), Contains("is larger than"));
+    }
+    REQUIRE_THROWS_WITH(kv->Pull(32, ps::Tensor(x.data(), 3)), Contains("unknown key"));
   }
   SECTION("optimizer on a non-float32 key") {
     std::vector<std::int32_t> iv{1, 2};

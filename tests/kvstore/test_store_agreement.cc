@@ -74,6 +74,8 @@ std::vector<BadCall> BadCalls() {
       {"PushPull with a wrong gradient and a wrong output",
        [=](ps::KVStore& kv) { kv.PushPull(7, f64, t4); }},
       {"Push with a null pointer", [=](ps::KVStore& kv) { kv.Push(7, null3); }},
+      {"Init with a size no buffer has",
+       [=](ps::KVStore& kv) { kv.Init(33, ps::Tensor(t3.data(), SIZE_MAX, ps::DType::kFloat32)); }},
       {"Push: more keys than tensors",
        [=](ps::KVStore& kv) {
          kv.Push(std::vector<ps::Key>{7, 8}, {t3});
