@@ -116,6 +116,12 @@ void DistKVStore::ReportFailure(const std::string& why) {
   ReportFinished(why.empty() ? "no reason given" : why);
 }
 
+void DistKVStore::RefuseAfterFailure(std::string_view op) const {
+  if (!finished_.load()) return;
+  throw Error(std::string(kStore) + ": " + std::string(op) + " after this worker called " +
+              "ReportFailure: the job has ended, so nothing more reaches the other nodes");
+}
+
 void DistKVStore::ReportFinished(const std::string& failure) {
   if (finished_.exchange(true)) return;
   try {
@@ -192,6 +198,7 @@ DistKVStore::OneCollective::OneCollective(std::atomic<bool>& running, std::strin
 DistKVStore::OneCollective::~OneCollective() { running_.store(false); }
 
 void DistKVStore::Barrier() {
+  RefuseAfterFailure("Barrier");
   const OneCollective one(collective_running_, "Barrier");
   try {
     AgreeAmongWorkers("Barrier", "");
@@ -310,6 +317,7 @@ std::string DistKVStore::AnnounceCollective(const std::string& call) {
 void DistKVStore::Collective(std::string_view op, const std::string& call,
                              const std::string& local_error, const std::function<void()>& work,
                              const std::function<void()>& undo) {
+  RefuseAfterFailure(op);
   const OneCollective one(collective_running_, op);
   const auto failed_everywhere = [&](const Error& e) {
     // A worker whose own checks failed throws its own words; the others learn who and why.
@@ -680,6 +688,7 @@ void DistKVStore::ReleaseUnsent(Plan& plan, std::size_t from_wave) {
 
 void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
                         std::span<const Tensor> sends, std::span<const Tensor> outs, int priority) {
+  RefuseAfterFailure(kv::CommandName(command));
   const Call call{command,
                   keys,
                   sends,

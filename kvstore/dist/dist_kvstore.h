@@ -332,6 +332,9 @@ class DistKVStore final : public KVStore {
    private:
     std::atomic<bool>& running_;
   };
+  // Throws, naming `op`, once ReportFailure was called: the scheduler has ended the job, and
+  // a call would wait for nodes that no longer answer.
+  void RefuseAfterFailure(std::string_view op) const;
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
 

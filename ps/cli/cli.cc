@@ -177,9 +177,14 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
 
 ClusterConfig ReadClusterConfig(Role role) {
   const std::string role_name = RoleName(role);
-  if (const char* set = std::getenv("DMLC_ROLE"); set != nullptr && set != role_name) {
-    LOG(WARNING) << "DMLC_ROLE=" << set << " is ignored: ps-" << role_name << " runs the "
-                 << role_name << " role";
+  // Another role is ignored quietly (a worker's environment, inherited); a value that is no
+  // role at all is a mistake worth a word.
+  if (const char* set = std::getenv("DMLC_ROLE"); set != nullptr) {
+    const std::string_view given(set);
+    if (given != "scheduler" && given != "server" && given != "worker") {
+      LOG(WARNING) << "DMLC_ROLE=" << given << " is not a role (scheduler, server or worker) and "
+                   << "is ignored: ps-" << role_name << " runs the " << role_name << " role";
+    }
   }
   try {
     return ClusterConfig::Parse([&](std::string_view name) -> std::optional<std::string> {

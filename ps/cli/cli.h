@@ -40,8 +40,8 @@ bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file);
 
 // The cluster configuration for `role` from the flags given on the command line, falling back
-// to the environment. Throws ps::Error naming the variable (and its flag) that is wrong. A
-// DMLC_ROLE of another role is ignored, with a warning: the command decides.
+// to the environment. Throws ps::Error naming the variable (and its flag) that is wrong.
+// DMLC_ROLE is ignored (the command decides), with a warning when it names no role.
 ClusterConfig ReadClusterConfig(Role role);
 
 // Prints "PROGRAM: error: MESSAGE" on stderr and exits with status 1.

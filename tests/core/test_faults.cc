@@ -825,6 +825,11 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
     } catch (const ps::Error& e) {
       errors[static_cast<std::size_t>(kv->Rank())] = e.what();
       kv->ReportFailure(e.what());  // as ps-train does: the job ends naming it
+      // Nothing reaches the other nodes any more: later calls fail at once, saying why.
+      CHECK_THROWS_WITH(kv->Push(0, ps::Tensor(value.data(), value.size())),
+                        Catch::Contains("Push after this worker called ReportFailure"));
+      CHECK_THROWS_WITH(kv->Barrier(), Catch::Contains("Barrier after this worker called "
+                                                       "ReportFailure: the job has ended"));
     }
   };
   REQUIRE(TwoWorkersEnd(worker, *server));

@@ -204,14 +204,15 @@ TEST_CASE("processes: an unreachable scheduler fails registration within the tim
   Env env = JobEnv(1, 1, port);
   env["PS_REGISTER_TIMEOUT"] = "1";
   const auto start = std::chrono::steady_clock::now();
-  env["DMLC_ROLE"] = "worker";  // left from a worker's environment: the command decides
+  env["DMLC_ROLE"] = "sever";  // a typo: the command decides, and says so
   auto server = Start("ps-server", env);
   CHECK(server->Wait(15s) == 1);
   CHECK(std::chrono::steady_clock::now() - start < 10s);
   CHECK_THAT(server->Output(),
              Catch::Contains("cannot reach the scheduler at 127.0.0.1:" + std::to_string(port)) &&
                  Catch::Contains("DMLC_PS_ROOT_PORT") &&
-                 Catch::Contains("DMLC_ROLE=worker is ignored: ps-server runs the server role"));
+                 Catch::Contains("DMLC_ROLE=sever is not a role (scheduler, server or worker) "
+                                 "and is ignored: ps-server runs the server role"));
 }
 
 TEST_CASE("processes: a node with the wrong secret names it after the scheduler gave up",
