@@ -1106,6 +1106,7 @@ class Launch:
                 and any(p.spec.role == "scheduler" for p in others)
                 and all(p.returncode == 0 or p in self.lost_servers for p in others)):
             return False
+        self.drain(others)  # the last lines of the processes that ended, as on a plain end
         for p in hung:
             self.say(f"{p.spec.label} on {p.spec.where} did not exit after the job finished "
                      "(stopped or hung: the job went on without it, PS_REPLICATION); stopping it")
