@@ -688,7 +688,6 @@ void DistKVStore::ReleaseUnsent(Plan& plan, std::size_t from_wave) {
 
 void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
                         std::span<const Tensor> sends, std::span<const Tensor> outs, int priority) {
-  RefuseAfterFailure(kv::CommandName(command));
   const Call call{command,
                   keys,
                   sends,
@@ -697,6 +696,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
                   kv::CommandName(command),
                   command != kv::kPull,
                   command == kv::kPull || command == kv::kPushPull};
+  RefuseAfterFailure(call.op);
   // The call's own bookkeeping lives in a buffer on this stack; only calls too big for it
   // (hundreds of keys) reach the heap. What outlives the call (frames, destinations) does not.
   alignas(std::max_align_t) std::byte scratch[kIssueScratchBytes];
