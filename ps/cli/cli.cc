@@ -179,12 +179,9 @@ ClusterConfig ReadClusterConfig(Role role) {
   const std::string role_name = RoleName(role);
   // Another role is ignored quietly (a worker's environment, inherited); a value that is no
   // role at all is a mistake worth a word.
-  if (const char* set = std::getenv("DMLC_ROLE"); set != nullptr) {
-    const std::string_view given(set);
-    if (given != "scheduler" && given != "server" && given != "worker") {
-      LOG(WARNING) << "DMLC_ROLE=" << given << " is not a role (scheduler, server or worker) and "
-                   << "is ignored: ps-" << role_name << " runs the " << role_name << " role";
-    }
+  if (const char* set = std::getenv("DMLC_ROLE"); set != nullptr && !RoleFromName(set)) {
+    LOG(WARNING) << "DMLC_ROLE=" << set << " is not a role (scheduler, server or worker) and "
+                 << "is ignored: ps-" << role_name << " runs the " << role_name << " role";
   }
   try {
     return ClusterConfig::Parse([&](std::string_view name) -> std::optional<std::string> {

@@ -114,21 +114,22 @@ std::string RoleName(Role role) {
   return "unknown";
 }
 
+std::optional<Role> RoleFromName(std::string_view name) {
+  for (const Role role : {Role::kScheduler, Role::kServer, Role::kWorker}) {
+    if (name == RoleName(role)) return role;
+  }
+  return std::nullopt;
+}
+
 ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   ClusterConfig config;
   const auto role = lookup("DMLC_ROLE");
   if (!role || role->empty()) {
     throw Error("DMLC_ROLE is not set: set it to scheduler, server or worker");
   }
-  if (*role == "scheduler") {
-    config.role = Role::kScheduler;
-  } else if (*role == "server") {
-    config.role = Role::kServer;
-  } else if (*role == "worker") {
-    config.role = Role::kWorker;
-  } else {
-    Invalid("DMLC_ROLE", *role, "expected scheduler, server or worker");
-  }
+  const std::optional<Role> parsed = RoleFromName(*role);
+  if (!parsed) Invalid("DMLC_ROLE", *role, "expected scheduler, server or worker");
+  config.role = *parsed;
 
   const auto uri = lookup("DMLC_PS_ROOT_URI");
   if (!uri || uri->empty()) {

@@ -17,6 +17,8 @@ enum class Role { kScheduler = 1, kServer = 2, kWorker = 3 };
 
 // "scheduler", "server", "worker".
 std::string RoleName(Role role);
+// The role RoleName gives `name` (as DMLC_ROLE holds it); nullopt for any other text.
+std::optional<Role> RoleFromName(std::string_view name);
 
 // Looks a setting up by its environment-variable name (e.g. "DMLC_ROLE"); nullopt when unset.
 using SettingLookup = std::function<std::optional<std::string>(std::string_view name)>;
