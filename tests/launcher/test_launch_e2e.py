@@ -60,6 +60,23 @@ class RealBinaries:
     def assert_nothing_left_here(self):
         self.assert_nothing_left(timeout=10, environ_marker=True)
 
+    def run_losing_a_server(self, launcher_args, rounds, victim, sig):
+        """A ps-kvstore-check job of 2 workers and 3 servers, of which server_pids()[victim]
+        gets signal `sig` after round 100. Returns the launcher's result once checked:
+        exit 0, every worker exact."""
+        proc = self.start_launcher(["-n", "2", "-s", "3"] + launcher_args + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", str(rounds),
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+        servers = self.server_pids()
+        self.assertEqual(len(servers), 3, servers)
+        os.kill(servers[victim], sig)
+        r = self.finish_launcher(proc, timeout=120)
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
+                         r)
+        return r
+
     def wait_for_output(self, proc, text, count, timeout=30):
         ok = wait_until(lambda: proc.poll() is not None or
                         self.launcher_output(proc).out.count(text) >= count, timeout)
@@ -116,19 +133,9 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
     def test_killed_server_is_survived_with_replication(self):
         # 3 servers (replication on by default): one killed mid-job, the job finishes exact,
         # the launcher names the lost server and exits 0.
-        proc = self.start_launcher(["-n", "2", "-s", "3"] + self.marked()
-                                   + [binary("ps-kvstore-check"), "--rounds", "3000",
-                                      "--report_every", "100"], env=self.real_env())
-        self.wait_for_output(proc, "kvstore-check: round 100", 2)
-        servers = self.server_pids()
-        self.assertEqual(len(servers), 3, servers)
-        os.kill(servers[1], signal.SIGKILL)
-        r = self.finish_launcher(proc, timeout=120)
-        self.assertEqual(r.rc, 0, r)
+        r = self.run_losing_a_server([], 3000, 1, signal.SIGKILL)
         self.assertIn("the job goes on, the other servers serve its keys (PS_REPLICATION)", r.err)
         self.assertIn("the job finished without 1 lost server(s)", r.err)
-        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
-                         r)
         self.assert_nothing_left_here()
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
@@ -137,22 +144,12 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         # A server stopped (SIGSTOP) past the heartbeat timeout: the job goes on without it and
         # finishes exact; the launcher then stops it at once, not after --shutdown-timeout
         # (600 s here, beyond this test's own limit).
-        proc = self.start_launcher(["-n", "2", "-s", "3", "--shutdown-timeout", "600",
-                                    "--env", "PS_HEARTBEAT_INTERVAL=0.5",
-                                    "--env", "PS_HEARTBEAT_TIMEOUT=3"] + self.marked()
-                                   + [binary("ps-kvstore-check"), "--rounds", "2000",
-                                      "--report_every", "100"], env=self.real_env())
-        self.wait_for_output(proc, "kvstore-check: round 100", 2)
-        servers = self.server_pids()
-        self.assertEqual(len(servers), 3, servers)
-        os.kill(servers[1], signal.SIGSTOP)
-        r = self.finish_launcher(proc, timeout=120)
-        self.assertEqual(r.rc, 0, r)
+        r = self.run_losing_a_server(["--shutdown-timeout", "600",
+                                      "--env", "PS_HEARTBEAT_INTERVAL=0.5",
+                                      "--env", "PS_HEARTBEAT_TIMEOUT=3"], 2000, 1, signal.SIGSTOP)
         self.assertRegex(r.err, r"server \d on localhost did not exit after the job finished "
                                 r"\(stopped or hung: the job went on without it")
         self.assertIn("the job finished without 1 lost server(s)", r.err)
-        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
-                         r)
         self.assert_nothing_left_here()
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
@@ -191,22 +188,12 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         # down): the new server never joins, the launcher says so, and the job finishes exact.
         server_cmd = ('if [ -e "$PSL_TMP/started-$PS_RANK" ]; then echo cannot start; exit 7; '
                       f'fi; touch "$PSL_TMP/started-$PS_RANK"; exec {binary("ps-server")}')
-        proc = self.start_launcher(["-n", "2", "-s", "3", "--server-restarts", "1",
-                                    "--server-cmd", f"sh -c '{server_cmd}'",
-                                    "--env", f"PSL_TMP={self.tmp}"] + self.marked()
-                                   + [binary("ps-kvstore-check"), "--rounds", "6000",
-                                      "--report_every", "100"], env=self.real_env())
-        self.wait_for_output(proc, "kvstore-check: round 100", 2)
-        servers = self.server_pids()
-        self.assertEqual(len(servers), 3, servers)
-        os.kill(servers[0], signal.SIGKILL)
-        r = self.finish_launcher(proc, timeout=120)
-        self.assertEqual(r.rc, 0, r)
+        r = self.run_losing_a_server(["--server-restarts", "1",
+                                      "--server-cmd", f"sh -c '{server_cmd}'",
+                                      "--env", f"PSL_TMP={self.tmp}"], 6000, 0, signal.SIGKILL)
         self.assertRegex(r.err, r"the new server \d on localhost exited with status 7 before it "
                                 r"joined the job; the job goes on without it")
         self.assertIn("the job finished without 2 lost server(s)", r.err)
-        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
-                         r)
         self.assert_nothing_left_here()
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-node"),
