@@ -609,15 +609,15 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   int first_epoch = 0;
   if (config.resume) {
     first_epoch = ReadLatest(config.checkpoint_dir);
+    const std::string resumed = EpochDir(config.checkpoint_dir, first_epoch);
     try {
-      kv.LoadCheckpoint(EpochDir(config.checkpoint_dir, first_epoch));
+      kv.LoadCheckpoint(resumed);
     } catch (const ps::Error& e) {
       throw ps::Error(std::string(e.what()) + " (--resume: " + config.checkpoint_dir + "/" +
                       kLatestName + " names epoch-" + std::to_string(first_epoch) + ")");
     }
     trainer.PullWeights();
-    log << "ps-train: resumed from " << EpochDir(config.checkpoint_dir, first_epoch) << " ("
-        << first_epoch << " epoch(s) done)\n"
+    log << "ps-train: resumed from " << resumed << " (" << first_epoch << " epoch(s) done)\n"
         << std::flush;
     if (first_epoch >= config.epochs) {
       log << "ps-train: nothing left to train: the checkpoint has " << first_epoch
