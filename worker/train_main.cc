@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   char** ptr = arg_ptrs.data();
   gflags::SetUsageMessage(kUsage);
   gflags::SetVersionString(ps::cli::Version());
-  gflags::ParseCommandLineFlags(&n, &ptr, true);
+  ps::cli::ParseFlags(&n, &ptr);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   if (n > 1) {

@@ -150,14 +150,57 @@ void RejectArguments(int argc, char* const* argv) {
                                 "variable; see --help");
 }
 
+// Every flag on the command line, checked before gflags sees it: gflags would print its own
+// "ERROR: ..." line and exit.
+void CheckFlags(int argc, char* const* argv) {
+  const std::string program = ProgramName(argv[0]);
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") break;                         // gflags stops there too
+    if (arg.size() < 2 || arg[0] != '-') continue;  // an argument (RejectArguments')
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const std::size_t equals = arg.find('=');
+    const std::string name(arg.substr(0, equals));
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      // --noNAME turns the bool flag NAME off.
+      if (equals == std::string_view::npos && name.starts_with("no") &&
+          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
+        continue;
+      }
+      Die(program, "unknown flag --" + name + ": see --help for the flags " + program + " takes");
+    }
+    std::string value;
+    if (equals != std::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (info.type == "bool") {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];  // --name value
+    } else {
+      Die(program, "flag --" + name + " needs a value (--" + name + "=VALUE)");
+    }
+    // Set as gflags will set it: an empty answer means the value does not fit the type.
+    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
+      Die(program,
+          "invalid value '" + value + "' for --" + name + " (" + info.type + "): see --help");
+    }
+  }
+}
+
 }  // namespace
+
+void ParseFlags(int* argc, char*** argv) {
+  CheckFlags(*argc, *argv);
+  gflags::ParseCommandLineFlags(argc, argv, true);
+}
 
 bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file) {
   if (PrintHelpIfAsked(*argc, *argv, usage, flag_file, FlagSpelling::kDashes)) return true;
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
-  gflags::ParseCommandLineFlags(argc, argv, true);
+  ParseFlags(argc, argv);
   RejectArguments(*argc, *argv);
   return false;
 }
@@ -169,7 +212,7 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
   }
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
-  gflags::ParseCommandLineFlags(argc, argv, true);
+  ParseFlags(argc, argv);
   RejectArguments(*argc, *argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging((*argv)[0]);

@@ -39,6 +39,11 @@ bool PrintHelpIfAsked(int argc, char* const* argv, std::string_view usage,
 bool HelpOrParseFlags(int* argc, char*** argv, const std::string& usage,
                       std::string_view flag_file);
 
+// gflags parses and removes the flags (--version prints Version()). A flag it does not know, a
+// flag without its value, or a value that does not fit the flag's type is a one-line error
+// naming it (exit 1) rather than gflags' own message. What is left is for the caller.
+void ParseFlags(int* argc, char*** argv);
+
 // The cluster configuration for `role` from the flags given on the command line, falling back
 // to the environment. Throws ps::Error naming the variable (and its flag) that is wrong.
 // DMLC_ROLE is ignored (the command decides), with a warning when it names no role.

@@ -119,6 +119,25 @@ TEST_CASE("processes: an argument that is not a flag is a one-line error", "[pro
   }
 }
 
+TEST_CASE("processes: an unknown flag, a missing value or a wrong one is a one-line error",
+          "[processes]") {
+  // Not gflags' own "ERROR: unknown command line flag ..." line.
+  for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check", "ps-bench"}) {
+    const auto error = [&](std::vector<std::string> args) {
+      auto process = Start(binary, JobEnv(1, 1, 0), std::move(args));
+      CHECK(process->Wait(10s) == 1);
+      return process->Output();
+    };
+    CHECK(error({"--verbose=0", "--no_such_flag=3"}) ==
+          binary + ": error: unknown flag --no_such_flag: see --help for the flags " + binary +
+              " takes\n");
+    CHECK(error({"--verbose=many"}) ==
+          binary + ": error: invalid value 'many' for --verbose (int32): see --help\n");
+    CHECK(error({"--verbose"}) ==
+          binary + ": error: flag --verbose needs a value (--verbose=VALUE)\n");
+  }
+}
+
 TEST_CASE("processes: ps-kvstore-check refuses counts that check nothing", "[processes]") {
   // Not "ok" for zero rounds or keys, nor a store error for a negative count.
   for (const auto& [flag, want] : {std::pair{"--rounds=0", "--rounds 0: want 1 or more"},

@@ -73,6 +73,9 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
                     "cannot open data file /nonexistent/train-images-idx3-ubyte.gz");
   CheckOneLineError(RunPsTrain("--kvstore local --batch-size 0"), "--batch-size");
   CheckOneLineError(RunPsTrain("--kvstore local stray"), "unexpected argument 'stray'");
+  CheckOneLineError(RunPsTrain("--kvstore local --epoch 2"), "unknown flag --epoch: see --help");
+  CheckOneLineError(RunPsTrain("--kvstore local --epochs two"),
+                    "invalid value 'two' for --epochs (int32)");
   CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=first"),
                     "PS_LOCAL_RANK='first' is invalid");
   CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=-1"),
