@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <memory_resource>
+#include <set>
 #include <thread>
 #include <unordered_set>
 
@@ -143,7 +144,7 @@ void DistKVStore::Complete(const std::string& error, bool server_lost, std::span
 }
 
 template <typename Done, typename Poll>
-void DistKVStore::WaitUntil(Done done, Poll poll) {
+void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   // Waking a thread that sleeps on the condition variable costs more than a small operation's
   // whole round trip on a virtual machine (its CPU halts and needs an interrupt to come back),
   // so poll for up to PS_WAIT_SPIN_US first, yielding the CPU to runnable threads. Only while
@@ -157,7 +158,42 @@ void DistKVStore::WaitUntil(Done done, Poll poll) {
     while (!poll() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   }
   MutexLock lock(ops_mu_);
-  while (!done()) ops_done_.Wait(ops_mu_);
+  // dist_sync: a wait that lasts is reported as a stall (ReportStall), again after twice the
+  // time, up to kMaxStallReportGap apart, while it lasts (a report lost, servers that forgot
+  // it), always with the same number.
+  auto gap = kStallReportAfter;
+  auto report_at = start + gap;
+  std::uint64_t stall = 0;
+  std::shared_ptr<StallReport> report;
+  // Pushes of this worker sent again after a server death or a connection reset must be in
+  // before the servers hear of the stall: the report waits until neither changed for a gap.
+  StallGate gate = Gate();
+  while (!done()) {
+    if (!sync_) {
+      ops_done_.Wait(ops_mu_);
+      continue;
+    }
+    if (ops_done_.WaitUntil(ops_mu_, report_at) || done()) continue;
+    const StallGate now_gate = Gate();
+    if (now_gate == gate) {
+      if (stall == 0) {
+        stall = ++stalls_;
+        report = std::make_shared<StallReport>();
+        report->thread = std::this_thread::get_id();
+      }
+      lock.Unlock();  // ReportStall takes other locks of this store (the ring's)
+      ReportStall(keys, stall, gate, report);
+      lock.Lock();
+    }
+    gate = now_gate;
+    gap = std::min(2 * gap, kMaxStallReportGap);
+    report_at = std::chrono::steady_clock::now() + gap;
+  }
+  if (report) {
+    MutexLock ended(report->mu);
+    report->waiting = false;
+    if (report->reported) runtime_->EndStall();
+  }
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
@@ -167,9 +203,57 @@ void DistKVStore::WaitUntil(Done done, Poll poll) {
   }
 }
 
+DistKVStore::StallGate DistKVStore::Gate() const {
+  return {runtime_->server_events_applied(), runtime_->connection_reset_count()};
+}
+
+void DistKVStore::ReportStall(std::span<const Key> keys, std::uint64_t stall, const StallGate& gate,
+                              const std::shared_ptr<StallReport>& report) noexcept {
+  try {
+    if (!OnlyCallerPushes() || keys.size() > kv::kMaxSlicesPerMessage) return;
+    kv::Request request;
+    request.command = kv::kStalled;
+    request.stall = stall;
+    request.membership = gate.server_events;
+    const std::set<Key> waited(keys.begin(), keys.end());  // a key named twice is refused
+    for (const Key key : waited) request.slices.push_back(kv::SliceRef{key, 0, 0});
+    std::vector<Message> messages;
+    for (const int s : LiveServerRanks()) {
+      messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
+    }
+    if (messages.empty()) return;
+    // Every push this worker sent is ahead of its notice on the same connection (none was sent
+    // again meanwhile: the gate held still); once every server answered, the scheduler may ask
+    // them what this worker's requests wait for. The callback touches this store only while
+    // the wait goes on (the store outlives every wait).
+    runtime_->Request(
+        messages,
+        [this, report, stall, gate](RequestResult&& result) {
+          MutexLock lock(report->mu);
+          if (!report->waiting || !result.ok() || Gate() != gate) return;
+          // Whether a thread other than the waiting one pushed: Issue records its push before
+          // it looks for a stall to end, and this looks after the stall is set.
+          const auto others_pushed = [&] {
+            return several_pushers_.load() || pusher_.load() != report->thread;
+          };
+          if (others_pushed()) return;
+          runtime_->ReportStall(stall);
+          report->reported = true;
+          if (others_pushed()) runtime_->EndStall();
+          if (runtime_->config().verbose >= 2) {
+            PS_LOG(INFO) << "worker " << Rank() << ": waits for its dist_sync rounds (stall "
+                         << stall << ")";
+          }
+        },
+        std::chrono::steady_clock::now() + kMaxStallReportGap);
+  } catch (const std::exception& e) {  // out of memory: the stall goes unreported
+    PS_LOG(WARNING) << "worker " << Rank() << ": could not report a stall: " << e.what();
+  }
+}
+
 void DistKVStore::WaitAll() {
   const auto done = [this] { return outstanding_.load() == 0; };
-  WaitUntil(done, done);  // the count is atomic: polled without the lock
+  WaitUntil(done, done, {});  // the count is atomic: polled without the lock
 }
 
 void DistKVStore::WaitImpl(std::span<const Key> keys) {
@@ -179,10 +263,13 @@ void DistKVStore::WaitImpl(std::span<const Key> keys) {
       return it == key_ops_.end() || it->second == 0;
     });
   };
-  WaitUntil(done, [this, &done] {
-    MutexLock lock(ops_mu_);
-    return done();
-  });
+  WaitUntil(
+      done,
+      [this, &done] {
+        MutexLock lock(ops_mu_);
+        return done();
+      },
+      keys);
 }
 
 DistKVStore::OneCollective::OneCollective(std::atomic<bool>& running, std::string_view op)
@@ -283,7 +370,7 @@ std::string DistKVStore::AnnounceCollective(const std::string& call) {
   request.call = call;
   // A server that knows of a death or join this worker has not heard of yet may get pushes of
   // this worker sent again after the announcement: it does not check this collective.
-  request.membership = runtime_->server_event_count();
+  request.membership = runtime_->server_events_applied();
   const std::vector<int> servers = LiveServerRanks();
   {
     MutexLock lock(answers.mu);
@@ -728,6 +815,9 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
       std::thread::id first{};
       const std::thread::id me = std::this_thread::get_id();
       if (!pusher_.compare_exchange_strong(first, me) && first != me) several_pushers_.store(true);
+      // The thread in a reported stall cannot push: another one does, so that stall no longer
+      // says this worker pushes nothing until its wait ends (ReportStall checks the other way).
+      if (runtime_->stalled()) runtime_->EndStall();
     }
   } catch (...) {
     ReleaseUnsent(plan, 0);

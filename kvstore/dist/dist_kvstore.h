@@ -17,6 +17,7 @@
 // Threads: Push/Pull/PushPull/WaitAll/Wait from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -288,9 +289,34 @@ class DistKVStore final : public KVStore {
   void Complete(const std::string& error, bool server_lost, std::span<const Key> keys);
   // WaitAll and Wait: returns once `done()` (called with ops_mu_ held) is true, first polling
   // `poll()` (the same test, called without the lock); then throws the first error reported
-  // since the last wait.
+  // since the last wait. `keys`: those Wait waits for (empty: WaitAll).
   template <typename Done, typename Poll>
-  void WaitUntil(Done done, Poll poll);
+  void WaitUntil(Done done, Poll poll, std::span<const Key> keys);
+  // What must hold still while a stall is reported: the server deaths and joins applied, and
+  // the connection resets (both send pushes again, which must be in before the notice).
+  struct StallGate {
+    std::size_t server_events = 0;
+    std::uint64_t resets = 0;
+    friend bool operator==(const StallGate&, const StallGate&) = default;
+  };
+  StallGate Gate() const;
+  // A stall being reported, shared by the waiting thread and the callback of its notices.
+  struct StallReport {
+    std::thread::id thread;  // the waiting one
+    Mutex mu;
+    bool waiting PS_GUARDED_BY(mu) = true;    // until the wait ends
+    bool reported PS_GUARDED_BY(mu) = false;  // the scheduler was told (Runtime::ReportStall)
+  };
+  // dist_sync, a wait for `keys` (empty: all) that lasts: when OnlyCallerPushes, no push of
+  // this worker can come before the wait ends, so every live server hears that it stalls
+  // (kStalled, behind every push it sent); once all answered, while `report` still waits and
+  // `gate` held still, the scheduler hears it too, and ends the job when stalled workers wait
+  // for each other's pushes (scheduler/src/deadlock_watch.h). `stall` numbers the wait.
+  // Never blocks the waiting thread.
+  void ReportStall(std::span<const Key> keys, std::uint64_t stall, const StallGate& gate,
+                   const std::shared_ptr<StallReport>& report) noexcept;
+  static constexpr auto kStallReportAfter = std::chrono::seconds(1);
+  static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
   // whose outcome every worker then shares. Ranks that disagree, or one that fails, make the
@@ -368,6 +394,7 @@ class DistKVStore final : public KVStore {
   std::atomic<std::thread::id> pusher_{};
   std::atomic<bool> several_pushers_{false};
   std::atomic<bool> collective_running_{false};  // OneCollective
+  std::atomic<std::uint64_t> stalls_{0};         // ReportStall's numbers
   std::atomic<bool> finished_{false};            // the scheduler was told this worker is done
   std::vector<bool> shm_servers_;                // collective calls only: per server rank, slots on
 

@@ -241,6 +241,8 @@ std::string CommandName(int command) {
       return "Replicate";
     case kCollective:
       return "Collective";
+    case kStalled:
+      return "Stalled";
   }
   return "command " + std::to_string(command);
 }
@@ -321,9 +323,11 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
   }
   for (const int home : request.homes) body.add_homes(home);
   for (const std::uint64_t seq : request.seqs) body.add_seqs(seq);
-  if (request.command == kReplicate || request.command == kSave || request.command == kLoad) {
+  if (request.command == kReplicate || request.command == kSave || request.command == kLoad ||
+      request.command == kCollective || request.command == kStalled) {
     body.set_membership(request.membership);
   }
+  if (request.command == kStalled) body.set_stall(request.stall);
   body.set_collectives(request.collectives);
   if (request.command == kCollective) body.set_call(request.call);
   for (const ReplicaOp& op : request.replica_ops) {
@@ -379,6 +383,7 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   ClearRequest(request);
   request.membership = body.membership();
   request.collectives = body.collectives();
+  request.stall = body.stall();
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (!DecodeSlices(body, request, msg.data, error) || !DecodeShm(body, request, msg.data, error) ||

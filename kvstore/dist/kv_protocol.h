@@ -35,8 +35,9 @@ enum Command : int {
   kSetCompression = 10,  // no frames; the job's gradient compression
   kReplicate = 11,       // server to server: one frame per slice, see ReplicaOp
   kCollective = 12,      // no frames; a dist_sync worker enters a collective (Request::call)
+  kStalled = 13,         // no frames; a dist_sync worker waits (Request::stall; slices: keys)
 };
-constexpr int kLastCommand = kCollective;
+constexpr int kLastCommand = kStalled;
 std::string CommandName(int command);
 
 struct SliceRef {
@@ -123,6 +124,9 @@ struct Request {
   // entered; kCollective: the call it enters now (see kv.proto).
   std::uint64_t collectives = 0;
   std::string call;
+  // kStalled: the sender's stall number (Runtime::ReportStall); its slices name the keys it
+  // waits for (offset and total 0), none when it waits for every request it sent.
+  std::uint64_t stall = 0;
 };
 
 std::string EncodeBody(const Request& request);

@@ -142,6 +142,9 @@ void KVServerStore::OnRequest(Message&& msg) {
     case kv::kCollective:
       HandleCollective(msg.meta, *request);
       break;
+    case kv::kStalled:
+      HandleStalled(msg.meta, *request);
+      break;
   }
 }
 
@@ -239,8 +242,10 @@ std::string KVServerStore::ValidateSlice(const kv::Request& request, std::size_t
     }
     return "";
   }
+  // A Stalled request names keys the sender waits for, wherever they live.
   if (request.command == kv::kSetOptimizer || request.command == kv::kForget ||
-      request.command == kv::kSetCompression || request.command == kv::kReplicate) {
+      request.command == kv::kSetCompression || request.command == kv::kReplicate ||
+      request.command == kv::kStalled) {
     return "";
   }
   if (it == slices_.end()) {
@@ -556,6 +561,7 @@ KVServerStore::Pending* KVServerStore::StartPending(const Meta& meta, const kv::
 
 void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
                                std::vector<Blob>& data, const std::vector<ShmTarget>& shm) {
+  if (!stalled_.empty()) stalled_.erase(meta.sender);  // its wait is over
   Pending* const pending = StartPending(meta, request, request.command == kv::kPushPull, shm);
   if (pending == nullptr) return;
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
@@ -720,6 +726,7 @@ void KVServerStore::HandleCollective(const Meta& meta, const kv::Request& reques
     runtime_.Reply(meta, Message{});
     return;
   }
+  stalled_.erase(meta.sender);  // out of its wait
   const CollectiveEntry& entry = in_collective_[meta.sender] =
       CollectiveEntry{request.collectives + 1, request.call};
   if (runtime_.config().verbose >= 1) {
@@ -984,8 +991,11 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
     if (event == Runtime::PeerEvent::kReset) OnServerReset(peer);
     return;
   }
-  // A worker whose connection was reset sends its requests again (or fails them) itself.
-  if (peer.role != Role::kWorker || event == Runtime::PeerEvent::kReset) return;
+  if (peer.role != Role::kWorker) return;
+  // A worker whose connection was reset sends its requests again (or fails them) itself; its
+  // stall no longer says that every push it sent is here.
+  stalled_.erase(peer.id);
+  if (event == Runtime::PeerEvent::kReset) return;
   const std::string why =
       peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
   gone_workers_[peer.id] = why;
@@ -1008,6 +1018,7 @@ int RunServer(const ClusterConfig& config) {
   auto runtime = Runtime::Start(config);
   const int rank = runtime->rank();
   auto store = std::make_unique<KVServerStore>(*runtime);
+  runtime->SetWaitReporter([&store] { return store->StalledWaits(); });
   // Taking over a dead server's keys may fail too (out of memory): the server stops then, as
   // below, instead of the exception ending the process from the receive thread.
   runtime->SetPeerHandler([&store, &runtime, rank](const NodeInfo& peer, Runtime::PeerEvent event) {

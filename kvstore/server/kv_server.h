@@ -61,6 +61,9 @@ class KVServerStore {
   void OnRequest(Message&& msg);
   // A worker that finished or died can no longer push: rounds waiting on it fail.
   void OnPeer(const NodeInfo& peer, Runtime::PeerEvent event);
+  // The scheduler's WAIT_PROBE (receive thread; kv_server_stalls.cc): each stalled worker
+  // whose request waits for an open round that another stalled worker has not pushed into.
+  std::vector<WaitEdge> StalledWaits() const;
 
  private:
   using SliceId = std::pair<Key, std::uint64_t>;  // (key, offset)
@@ -281,8 +284,16 @@ class KVServerStore {
   void CheckCollectives(Slice& slice, std::uint64_t collectives);
   // After a server death or join: the workers send pushes that were on their way to the dead
   // server again, after their announcements, so those say no longer that every push before
-  // the collective is in; the collectives in progress are not checked.
-  void ForgetCollectives() { in_collective_.clear(); }
+  // the collective (or the stall) is in; the collectives in progress are not checked, and the
+  // stalls wait for the workers' next reports.
+  void ForgetAnnouncements() {
+    in_collective_.clear();
+    stalled_.clear();
+  }
+  // A dist_sync worker waits (kStalled, kv_server_stalls.cc): every push it sent before is in
+  // (unless it knows of fewer server deaths and joins than this server: then it is ignored),
+  // and it pushes nothing until the wait ends. Recorded for StalledWaits until its next push.
+  void HandleStalled(const Meta& meta, const kv::Request& request);
   // `waiter` is answered with `why` (once its request has no other slice pending).
   void FailWaiter(const Waiter& waiter, const std::string& why);
   // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.
@@ -416,6 +427,14 @@ class KVServerStore {
   // dist_sync workers in a collective as far as this server knows (HandleCollective), by node
   // id; an entry goes once a push stamped past its collective arrives. On the receive thread.
   std::map<int, CollectiveEntry> in_collective_;
+  // dist_sync workers waiting (HandleStalled), by node id: their stall number and the keys
+  // they wait for (empty: all). An entry goes with the worker's next push. On the receive
+  // thread.
+  struct Stall {
+    std::uint64_t number = 0;
+    std::set<Key> keys;
+  };
+  std::map<int, Stall> stalled_;
   // (worker node id, segment id) -> the worker's attached shared memory.
   std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
   // (primary, worker) node ids whose forwarded updates this replica read from the worker's

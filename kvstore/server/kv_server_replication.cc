@@ -375,7 +375,7 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   }
   ring_.MarkDead(peer.rank);
   ++membership_;
-  ForgetCollectives();
+  ForgetAnnouncements();
   // Segments the dead server shared with this one (as its replica): mapped until the requests
   // that reference them are done.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
@@ -424,7 +424,7 @@ void KVServerStore::OnServerJoined(const NodeInfo& peer) {
   }
   ring_.MarkJoined(peer.rank);
   ++membership_;
-  ForgetCollectives();
+  ForgetAnnouncements();
   const int me = runtime_.rank();
   if (peer.id == runtime_.id()) {  // this server: it serves nothing yet
     ServeHeld();                   // copies that came before this server heard of its own join

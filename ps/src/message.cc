@@ -33,6 +33,10 @@ std::string ControlName(Control control) {
       return "node-joined";
     case Control::kConnectionReset:
       return "connection-reset";
+    case Control::kStalled:
+      return "stalled";
+    case Control::kWaitProbe:
+      return "wait-probe";
   }
   return "unknown";
 }

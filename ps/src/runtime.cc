@@ -13,6 +13,7 @@
 #include "ps/src/log_text.h"
 #include "ps/src/net_util.h"
 #include "ps/src/node_threads.h"
+#include "ps/src/wire.h"
 #include "ps/src/zmq_transport.h"
 
 namespace ps {
@@ -382,6 +383,9 @@ void Runtime::OnControl(Message&& msg) {
     case Control::kNodeDead:
       for (const NodeInfo& dead : meta.nodes) OnNodeDead(dead);
       break;
+    case Control::kWaitProbe:
+      if (meta.request && meta.sender == kSchedulerId) OnWaitProbe(meta);
+      break;
     case Control::kNodeJoined:
       for (const NodeInfo& joined : meta.nodes) OnNodeJoined(joined);
       break;
@@ -408,6 +412,37 @@ void Runtime::OnControl(Message&& msg) {
                         << "): " << msg.DebugString();
       }
   }
+}
+
+void Runtime::OnWaitProbe(const Meta& meta) {
+  Message answer;
+  answer.meta.control = Control::kWaitProbe;
+  answer.meta.recipient = kSchedulerId;
+  answer.meta.timestamp = meta.timestamp;
+  if (self_.role == Role::kWorker) {
+    answer.meta.body = std::to_string(stall_.load());
+  } else {
+    MutexLock lock(handler_mu_);
+    if (wait_reporter_) answer.meta.body = wire::EncodeWaitReport(wait_reporter_());
+  }
+  SendToNode(answer);
+}
+
+void Runtime::ReportStall(std::uint64_t number) {
+  stall_.store(number);
+  Message msg;
+  msg.meta.control = Control::kStalled;
+  msg.meta.request = true;  // (unanswered)
+  msg.meta.recipient = kSchedulerId;
+  msg.meta.body = std::to_string(number);
+  // Unacknowledged: a notice lost with a reset connection only leaves a deadlock unfound
+  // until the worker's next report (DistKVStore reports again while it waits).
+  SendToNode(msg);
+}
+
+void Runtime::SetWaitReporter(WaitReporter reporter) {
+  MutexLock lock(handler_mu_);
+  wait_reporter_ = std::move(reporter);
 }
 
 void Runtime::OnRegisterReply(const Meta& meta) {
@@ -496,6 +531,7 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
   transport_->Disconnect(dead.id);
   tracker_.FailPeer(dead.id, dead.Describe() + " died", /*died=*/true);
   NotifyPeer(dead, PeerEvent::kDead);
+  server_events_applied_.store(server_event_count_.load());
 }
 
 void Runtime::OnNodeJoined(const NodeInfo& node) {
@@ -552,6 +588,7 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
     PS_LOG(WARNING) << node.Describe() << " joined the job in the place of a dead server";
   }
   NotifyPeer(node, PeerEvent::kJoined);
+  server_events_applied_.store(server_event_count_.load());
   // What it sent before this node heard of it, now that its entry is in the table.
   std::vector<Message> held;
   {
@@ -830,7 +867,7 @@ void Runtime::ReplyError(const Meta& request, const std::string& error) {
   Reply(request, std::move(response));
 }
 
-RequestResult Runtime::RequestAndWait(Message message,
+RequestResult Runtime::RequestAndWait(std::span<Message> messages,
                                       std::optional<RequestTracker::Clock::time_point> deadline) {
   struct {
     Mutex mu;
@@ -838,7 +875,7 @@ RequestResult Runtime::RequestAndWait(Message message,
     std::optional<RequestResult> result PS_GUARDED_BY(mu);
   } answer;
   Request(
-      std::span<Message>(&message, 1),
+      messages,
       [&](RequestResult&& result) {
         MutexLock lock(answer.mu);
         answer.result = std::move(result);

@@ -165,4 +165,33 @@ std::string CheckFrames(const std::vector<DataDesc>& descs, const std::vector<st
   return "";
 }
 
+std::string EncodeWaitReport(std::span<const WaitEdge> edges) {
+  pb::WaitReport report;
+  for (const WaitEdge& edge : edges) {
+    pb::WaitEdge& out = *report.add_edges();
+    out.set_waiter(edge.waiter);
+    out.set_waiter_stall(edge.waiter_stall);
+    out.set_awaited(edge.awaited);
+    out.set_awaited_stall(edge.awaited_stall);
+    out.set_what(edge.what.substr(0, kMaxWaitTextBytes));
+  }
+  return report.SerializeAsString();
+}
+
+std::optional<std::vector<WaitEdge>> DecodeWaitReport(const std::string& body) {
+  pb::WaitReport report;
+  if (!report.ParseFromString(body) ||
+      static_cast<std::size_t>(report.edges_size()) > kMaxWaitEdges) {
+    return std::nullopt;
+  }
+  std::vector<WaitEdge> edges;
+  edges.reserve(static_cast<std::size_t>(report.edges_size()));
+  for (const pb::WaitEdge& edge : report.edges()) {
+    if (edge.what().size() > kMaxWaitTextBytes) return std::nullopt;
+    edges.push_back(WaitEdge{edge.waiter(), edge.waiter_stall(), edge.awaited(),
+                             edge.awaited_stall(), edge.what()});
+  }
+  return edges;
+}
+
 }  // namespace ps::wire

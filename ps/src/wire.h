@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,5 +76,12 @@ DecodeResult DecodeHeader(const void* bytes, std::size_t size);
 
 // Checks received frame sizes against the descriptors; "" when they agree.
 std::string CheckFrames(const std::vector<DataDesc>& descs, const std::vector<std::size_t>& sizes);
+
+// A server's answer to a WAIT_PROBE (its body). Decoding returns nothing for a malformed
+// report or one beyond the bounds below.
+constexpr std::size_t kMaxWaitEdges = 1 << 16;
+constexpr std::size_t kMaxWaitTextBytes = 1024;
+std::string EncodeWaitReport(std::span<const WaitEdge> edges);
+std::optional<std::vector<WaitEdge>> DecodeWaitReport(const std::string& body);
 
 }  // namespace ps::wire

@@ -9,6 +9,7 @@
 
 #include "ps/error.h"
 #include "ps/src/internal.h"
+#include "scheduler/src/deadlock_watch.h"
 
 namespace ps {
 namespace {
@@ -46,7 +47,11 @@ Message RegisterReply(int recipient, const std::string& connection_key) {
 
 }  // namespace
 
-Scheduler::Scheduler(const ClusterConfig& config) : config_(config), started_(Clock::now()) {
+Scheduler::Scheduler(const ClusterConfig& config)
+    : config_(config),
+      started_(Clock::now()),
+      deadlocks_(
+          std::make_unique<DeadlockWatch>([this](Message probe) { Send(std::move(probe)); })) {
   const std::string ip =
       config.use_kubernetes ? "0.0.0.0" : net::ResolveIPv4(config.root_uri, "DMLC_PS_ROOT_URI");
   const TransportOptions options = TransportOptionsFor(config, Role::kScheduler);
@@ -168,6 +173,10 @@ void Scheduler::OnMessage(Message&& msg) {
     case Control::kBarrier:
       OnBarrier(meta);
       break;
+    case Control::kStalled:
+    case Control::kWaitProbe:
+      OnWaitMessage(msg);
+      break;
     case Control::kNodeFailed: {
       Message reply;
       reply.meta.control = Control::kNodeFailed;
@@ -192,6 +201,7 @@ void Scheduler::OnMessage(Message&& msg) {
         break;
       }
       if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
+      deadlocks_->Forget(meta.sender, LiveServers(), Clock::now());
       // Servers learn it too: a dist_sync round still waiting for this worker can never end.
       for (std::size_t id = 1; id < nodes_.size(); ++id) {
         if (nodes_[id].role != Role::kServer || !IsLive(static_cast<int>(id))) continue;
@@ -537,6 +547,29 @@ void Scheduler::CompleteRegistration() {
             << " worker(s) registered";
 }
 
+std::vector<int> Scheduler::LiveServers() const {
+  std::vector<int> live;
+  for (const int id : GroupMembers(kServerGroup)) {
+    if (IsLive(id)) live.push_back(id);
+  }
+  return live;
+}
+
+void Scheduler::OnWaitMessage(const Message& msg) {
+  const auto now = Clock::now();
+  if (msg.meta.control == Control::kStalled) {
+    if (nodes_[msg.meta.sender].role != Role::kWorker || !msg.meta.request) return;
+    if (config_.verbose >= 2) {
+      LOG(INFO) << "stall " << msg.meta.body << " of " << nodes_[msg.meta.sender].Describe()
+                << ": it waits for its dist_sync rounds";
+    }
+    deadlocks_->OnStalled(msg.meta.sender, msg.meta.body, LiveServers(), now);
+    return;
+  }
+  const std::string deadlock = deadlocks_->OnAnswer(msg, LiveServers(), nodes_, now);
+  if (!deadlock.empty()) Finish(1, deadlock);
+}
+
 std::vector<int> Scheduler::GroupMembers(int group) const {
   std::vector<int> members;
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
@@ -689,6 +722,7 @@ void Scheduler::OnTick() {
     return;
   }
   if (DeclareClosedConnectionsDead(now)) return;  // one death per tick
+  deadlocks_->OnTick(LiveServers(), now);
   if (config_.heartbeat_interval.count() == 0) return;
   if (pause > pause.zero()) {
     // Not the nodes' silence but this process's: each gets a full timeout from now, in which
@@ -785,6 +819,7 @@ void Scheduler::DeclareDead(int id, const std::string& why) {
       Send(Notice(Control::kNodeDead, static_cast<int>(other), node));
   }
   ReleaseBarriersOf(id);
+  deadlocks_->Forget(id, LiveServers(), Clock::now());
   // With replication a server's key ranges live on in its replica, which takes them over as
   // soon as it hears of the death (the notice above); the job goes on while a server lives.
   if (node.role == Role::kServer && config_.replicated()) {

@@ -1255,3 +1255,112 @@ TEST_CASE("faults: a replica asks for a copy of a slice it lacks the state for, 
   CHECK(server->Wait(30s) == 0);
   CHECK(scheduler->Wait(30s) == 0);
 }
+
+TEST_CASE("faults: workers that wait for each other's pushes end the job, naming both",
+          "[faults]") {
+  // dist_sync: worker 0 pushes key 0 only, worker 1 key 1 only, and each waits (WaitAll, or
+  // Wait for its key). Each round waits for the other worker, which pushes nothing while it
+  // waits: before, both waited for ever. Now both report their stall, the scheduler finds that
+  // they wait for each other, and the job ends naming both, on one server or on two.
+  const int servers = GENERATE(1, 2);  // two: with replication, on by default
+  const bool wait_all = GENERATE(true, false);
+  INFO(servers << " server(s), " << (wait_all ? "WaitAll" : "Wait(key)"));
+  Env env = JobEnv(servers, 2, 0);
+  auto [scheduler, port] = StartScheduler(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  std::vector<std::unique_ptr<ChildProcess>> server_processes;
+  for (int s = 0; s < servers; ++s) server_processes.push_back(Start("ps-server", env));
+  std::vector<std::string> errors(2);
+  const auto worker = [&] {
+    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+    std::vector<float> value(64, 0.0f);
+    std::vector<float> grad(value.size(), 1.0f);
+    try {
+      kv->Init({0, 1},
+               {ps::Tensor(value.data(), value.size()), ps::Tensor(value.data(), value.size())});
+      const auto mine = static_cast<ps::Key>(kv->Rank());
+      kv->Push(mine, ps::Tensor(grad.data(), grad.size()));
+      if (wait_all) {
+        kv->WaitAll();
+      } else {
+        kv->Wait(mine);
+      }
+    } catch (const ps::Error& e) {
+      errors[static_cast<std::size_t>(kv->Rank())] = e.what();
+    }
+  };
+  // With two servers, replication keeps the job going without one: the scheduler is the
+  // process whose end ends the job, should the test time out.
+  REQUIRE(TwoWorkersEnd(worker, *scheduler));
+  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
+  for (const std::string& error : errors) {
+    CHECK_THAT(error, Catch::Contains("the workers wait for each other's pushes") &&
+                          Catch::Contains("waits for round 1 of key 0, which worker 1 (node") &&
+                          Catch::Contains("waits for round 1 of key 1, which worker 0 (node"));
+  }
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK_THAT(scheduler->Output(), Catch::Contains("the workers wait for each other's pushes"));
+  for (const auto& server : server_processes) CHECK(server->Wait(30s) != 0);
+}
+
+TEST_CASE("faults: workers that wait long for a slow one are no deadlock", "[faults]") {
+  // dist_sync, three workers: worker 0 pushes keys 0 and 1 and waits; worker 1 pushes key 0,
+  // waits, then pushes key 1; worker 2, slow, pushes both only once the scheduler heard of
+  // both stalls. The servers report that worker 0 waits for workers 1 and 2, and worker 1 for
+  // worker 2, which is not stalled: no deadlock, and every value comes out exact.
+  Env env = JobEnv(1, 3, 0);
+  Env scheduler_env = env;
+  scheduler_env["PS_VERBOSE"] = "2";  // "stall N of worker R (...)"
+  auto [scheduler, port] = StartScheduler(scheduler_env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  std::vector<std::string> errors(3);
+  std::vector<std::vector<float>> values(3, std::vector<float>(64, 0.0f));
+  const auto worker = [&] {
+    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+    const auto rank = static_cast<std::size_t>(kv->Rank());
+    std::vector<float>& value = values[rank];
+    std::vector<float> grad(value.size(), 1.0f + static_cast<float>(rank));
+    const auto push = [&](ps::Key key) { kv->Push(key, ps::Tensor(grad.data(), grad.size())); };
+    try {
+      kv->Init({0, 1},
+               {ps::Tensor(value.data(), value.size()), ps::Tensor(value.data(), value.size())});
+      if (rank == 0) {
+        push(0);
+        push(1);
+        kv->WaitAll();
+      } else if (rank == 1) {
+        push(0);
+        kv->WaitAll();
+        push(1);
+        kv->WaitAll();
+      } else {
+        CHECK(scheduler->WaitForOutput("stall 1 of worker 0 (", 20s));
+        CHECK(scheduler->WaitForOutput("stall 1 of worker 1 (", 20s));
+        push(0);
+        push(1);
+        kv->WaitAll();
+      }
+      kv->Pull(1, ps::Tensor(value.data(), value.size()));
+      kv->WaitAll();
+    } catch (const ps::Error& e) {
+      errors[rank] = e.what();
+      kv->ReportFailure(e.what());
+    }
+  };
+  {
+    std::vector<std::future<void>> workers;
+    for (int w = 0; w < 3; ++w) workers.push_back(std::async(std::launch::async, worker));
+    bool ended = true;
+    for (auto& w : workers) ended = w.wait_for(60s) == std::future_status::ready && ended;
+    if (!ended) scheduler->Kill(SIGKILL);  // fails what still waits, so that the test ends
+    REQUIRE(ended);
+  }
+  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1] << "\nworker 2: " << errors[2]);
+  for (std::size_t rank = 0; rank < 3; ++rank) {
+    CHECK(errors[rank].empty());
+    // The sum of the round of key 1, 1 + 2 + 3, with no optimizer set.
+    CHECK(std::all_of(values[rank].begin(), values[rank].end(), [](float v) { return v == 6.0f; }));
+  }
+  CheckEndedCleanly(*scheduler, *server);
+}

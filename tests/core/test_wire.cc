@@ -226,3 +226,19 @@ TEST_CASE("wire: mutated headers are rejected or decode to a header that round-t
   CHECK(decoder.Decode(valid.data(), valid.size(), header).empty());  // and it still decodes
   CHECK(header.meta == FullMeta());
 }
+
+TEST_CASE("wire: a wait report round-trips, a malformed or oversized one is refused", "[wire]") {
+  const std::vector<ps::WaitEdge> edges{{3, 1, 4, 2, "round 1 of key 0"},
+                                        {4, 2, 3, 1, std::string("key\0 7", 6)}};
+  const auto decoded = ps::wire::DecodeWaitReport(ps::wire::EncodeWaitReport(edges));
+  REQUIRE(decoded);
+  CHECK(*decoded == edges);
+  CHECK(ps::wire::DecodeWaitReport("")->empty());  // a server with nothing to report
+  CHECK_FALSE(ps::wire::DecodeWaitReport("\xff\xff\xff"));
+  ps::pb::WaitReport long_text;
+  long_text.add_edges()->set_what(std::string(ps::wire::kMaxWaitTextBytes + 1, 'x'));
+  CHECK_FALSE(ps::wire::DecodeWaitReport(long_text.SerializeAsString()));
+  ps::pb::WaitReport many;
+  for (std::size_t i = 0; i <= ps::wire::kMaxWaitEdges; ++i) many.add_edges();
+  CHECK_FALSE(ps::wire::DecodeWaitReport(many.SerializeAsString()));
+}

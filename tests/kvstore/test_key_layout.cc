@@ -261,13 +261,29 @@ TEST_CASE("kv protocol: collective stamps and calls round-trip, overlong calls a
   entering.command = ps::kv::kCollective;
   entering.collectives = 3;
   entering.call = "Barrier";
+  entering.membership = 2;  // a server that knows of fewer deaths holds it until it does
   msg = ps::kv::RequestMessage(entering, 1);
   decoded = ps::kv::DecodeRequest(msg, &error);
   REQUIRE(decoded);
   CHECK(decoded->command == ps::kv::kCollective);
   CHECK(decoded->collectives == 3u);
   CHECK(decoded->call == "Barrier");
+  CHECK(decoded->membership == 2u);
   CHECK(ps::kv::CommandName(ps::kv::kCollective) == "Collective");
+
+  ps::kv::Request stalled;
+  stalled.command = ps::kv::kStalled;
+  stalled.stall = 7;
+  stalled.membership = 1;
+  stalled.slices = {{4, 0, 0}, {9, 0, 0}};  // the keys it waits for
+  msg = ps::kv::RequestMessage(stalled, 1);
+  decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->command == ps::kv::kStalled);
+  CHECK(decoded->stall == 7u);
+  CHECK(decoded->membership == 1u);
+  CHECK(decoded->slices == stalled.slices);
+  CHECK(ps::kv::CommandName(ps::kv::kStalled) == "Stalled");
 
   entering.call = std::string(5000, 'x');
   msg = ps::kv::RequestMessage(entering, 1);

@@ -41,6 +41,8 @@ enum class Control {
   kNodeFailed = 10,
   kNodeJoined = 11,
   kConnectionReset = 12,
+  kStalled = 13,
+  kWaitProbe = 14,
 };
 std::string ControlName(Control control);
 
@@ -97,6 +99,18 @@ class Blob {
   const std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
   DType dtype_ = DType::kUInt8;
+};
+
+// One stalled worker waiting for another (Runtime::ReportStall, WAIT_PROBE): a request of
+// `waiter` waits for a dist_sync round that `awaited` has not pushed into. Both are node ids;
+// the stall numbers are the ones the reporting server heard from each.
+struct WaitEdge {
+  int waiter = kNoNode;
+  std::uint64_t waiter_stall = 0;
+  int awaited = kNoNode;
+  std::uint64_t awaited_stall = 0;
+  std::string what;  // what the waiter waits for, for the job's error ("round 2 of key 7")
+  friend bool operator==(const WaitEdge&, const WaitEdge&) = default;
 };
 
 struct Meta {

@@ -73,6 +73,10 @@ class Runtime {
   };
   std::vector<ServerEvent> ServerEvents(std::size_t from = 0) const;
   std::size_t server_event_count() const { return server_event_count_.load(); }
+  // The server deaths and joins whose requests waiting on the servers concerned have failed and
+  // whose peer handler has run (server_event_count() is raised before): a KVStore request sent
+  // with this count is behind every request a failure callback sent again to another server.
+  std::size_t server_events_applied() const { return server_events_applied_.load(); }
   // Whether the scheduler reported `node_id` dead (set before the requests waiting on it fail
   // and before the peer handler hears of it), and how many nodes it reported so far.
   bool IsDead(int node_id) const;
@@ -118,9 +122,14 @@ class Runtime {
   // caller may reuse them and the memory they hold.
   std::uint64_t Request(std::span<Message> messages, RequestTracker::Callback callback,
                         std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
-  // Request() for one message, blocking until it is answered, fails, or `deadline` passes.
+  // Request(), blocking until every recipient answered, one failed, or `deadline` passes.
   RequestResult RequestAndWait(
-      Message message, std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
+      std::span<Message> messages,
+      std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt);
+  RequestResult RequestAndWait(
+      Message message, std::optional<RequestTracker::Clock::time_point> deadline = std::nullopt) {
+    return RequestAndWait(std::span<Message>(&message, 1), deadline);
+  }
   // Answers `request` with `response` (same app, customer and timestamp).
   void Reply(const Meta& request, Message response);
   // The same, leaving `response` to its caller: a server that answers through one Message
@@ -128,6 +137,20 @@ class Runtime {
   void ReplyWith(const Meta& request, Message& response);
   // Answers `request` with an error the requester's callback will see.
   void ReplyError(const Meta& request, const std::string& error);
+
+  // --- workers that wait for each other (dist_sync) ---
+  // Worker: the thread that pushes waits for dist_sync rounds and pushes nothing until the
+  // wait ends, and every live server has heard so as stall `number` (from 1, growing). Tells
+  // the scheduler, which then asks the servers what their rounds wait for and ends the job
+  // when stalled workers wait for each other (scheduler/src/deadlock_watch.h). EndStall: the
+  // wait ended. Not from the receive thread.
+  void ReportStall(std::uint64_t number);
+  void EndStall() { stall_.store(0); }
+  bool stalled() const { return stall_.load() != 0; }
+  // Server: the scheduler's probes are answered with what `reporter` returns, called on the
+  // receive thread.
+  using WaitReporter = std::function<std::vector<WaitEdge>()>;
+  void SetWaitReporter(WaitReporter reporter);
 
   // --- end of the job ---
   // Worker: tells the scheduler this worker is done and waits for its acknowledgement. With a
@@ -181,6 +204,7 @@ class Runtime {
   bool RegistrationAnswered() const PS_REQUIRES(mu_);
   void OnMessage(Message&& msg) PS_EXCLUDES(mu_);            // receive thread
   void OnControl(Message&& msg) PS_EXCLUDES(mu_);            // receive thread
+  void OnWaitProbe(const Meta& meta);                        // receive thread
   void OnRegisterReply(const Meta& meta) PS_EXCLUDES(mu_);   // receive thread: Register's answer
   void OnNodeDead(const NodeInfo& dead) PS_EXCLUDES(mu_);    // receive thread
   void OnNodeJoined(const NodeInfo& node) PS_EXCLUDES(mu_);  // receive thread
@@ -219,7 +243,8 @@ class Runtime {
   std::vector<NodeInfo> nodes_;
   std::atomic<std::size_t> node_count_{0};
   std::vector<ServerEvent> server_events_ PS_GUARDED_BY(mu_);
-  std::atomic<std::size_t> server_event_count_{0};  // server_events_.size()
+  std::atomic<std::size_t> server_event_count_{0};     // server_events_.size()
+  std::atomic<std::size_t> server_events_applied_{0};  // receive thread
   std::unique_ptr<ZmqTransport> transport_;
   RequestTracker tracker_;
 
@@ -262,6 +287,9 @@ class Runtime {
   std::vector<Message> early_requests_ PS_GUARDED_BY(handler_mu_);
   PeerHandler peer_handler_ PS_GUARDED_BY(handler_mu_);
   std::vector<std::pair<NodeInfo, PeerEvent>> early_peer_events_ PS_GUARDED_BY(handler_mu_);
+  WaitReporter wait_reporter_ PS_GUARDED_BY(handler_mu_);
+  // Worker: the stall ReportStall last reported, until EndStall (0: none); a probe's answer.
+  std::atomic<std::uint64_t> stall_{0};
 
   // Send-socket connections to peers, as the monitor thread reports them: closed and not back
   // yet, and back after a close (a reset, unless the peer died) but not yet announced.

@@ -29,6 +29,7 @@ namespace ps {
 
 class ZmqTransport;
 class ReceiveLoop;
+class DeadlockWatch;
 class PeriodicTask;
 
 class Scheduler {
@@ -137,6 +138,9 @@ class Scheduler {
   void Send(Message msg);
   bool IsLive(int id) const PS_REQUIRES(mu_);
   std::vector<int> GroupMembers(int group) const PS_REQUIRES(mu_);
+  std::vector<int> LiveServers() const PS_REQUIRES(mu_);
+  // STALLED and WAIT_PROBE answers: dist_sync workers that wait for each other end the job.
+  void OnWaitMessage(const Message& msg) PS_REQUIRES(mu_);
 
   const ClusterConfig config_;
   std::unique_ptr<ZmqTransport> transport_;
@@ -210,6 +214,9 @@ class Scheduler {
   bool finished_ PS_GUARDED_BY(mu_) = false;
   int status_ PS_GUARDED_BY(mu_) = 0;
   std::string failure_ PS_GUARDED_BY(mu_);
+
+  // Stalled workers and the probe in progress (deadlock_watch.h).
+  std::unique_ptr<DeadlockWatch> deadlocks_ PS_GUARDED_BY(mu_);
 
   std::unique_ptr<PeriodicTask> timer_;
   std::unique_ptr<ReceiveLoop> receiver_;
