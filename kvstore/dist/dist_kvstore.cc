@@ -163,8 +163,7 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   // it), always with the same number.
   auto gap = kStallReportAfter;
   auto report_at = start + gap;
-  std::uint64_t stall = 0;
-  std::shared_ptr<StallReport> report;
+  std::shared_ptr<StallReport> report;  // made at the first report
   // Pushes of this worker sent again after a server death or a connection reset must be in
   // before the servers hear of the stall: the report waits until neither changed for a gap.
   StallGate gate = Gate();
@@ -176,13 +175,9 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
     if (ops_done_.WaitUntil(ops_mu_, report_at) || done()) continue;
     const StallGate now_gate = Gate();
     if (now_gate == gate) {
-      if (stall == 0) {
-        stall = ++stalls_;
-        report = std::make_shared<StallReport>();
-        report->thread = std::this_thread::get_id();
-      }
+      if (!report) report = std::make_shared<StallReport>(++stalls_, std::this_thread::get_id());
       lock.Unlock();  // ReportStall takes other locks of this store (the ring's)
-      ReportStall(keys, stall, gate, report);
+      ReportStall(keys, gate, report);
       lock.Lock();
     }
     gate = now_gate;
@@ -207,13 +202,13 @@ DistKVStore::StallGate DistKVStore::Gate() const {
   return {runtime_->server_events_applied(), runtime_->connection_reset_count()};
 }
 
-void DistKVStore::ReportStall(std::span<const Key> keys, std::uint64_t stall, const StallGate& gate,
+void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
                               const std::shared_ptr<StallReport>& report) noexcept {
   try {
     if (!OnlyCallerPushes() || keys.size() > kv::kMaxSlicesPerMessage) return;
     kv::Request request;
     request.command = kv::kStalled;
-    request.stall = stall;
+    request.stall = report->stall;
     request.membership = gate.server_events;
     const std::set<Key> waited(keys.begin(), keys.end());  // a key named twice is refused
     for (const Key key : waited) request.slices.push_back(kv::SliceRef{key, 0, 0});
@@ -228,7 +223,7 @@ void DistKVStore::ReportStall(std::span<const Key> keys, std::uint64_t stall, co
     // the wait goes on (the store outlives every wait).
     runtime_->Request(
         messages,
-        [this, report, stall, gate](RequestResult&& result) {
+        [this, report, gate](RequestResult&& result) {
           MutexLock lock(report->mu);
           if (!report->waiting || !result.ok() || Gate() != gate) return;
           // Whether a thread other than the waiting one pushed: Issue records its push before
@@ -237,12 +232,12 @@ void DistKVStore::ReportStall(std::span<const Key> keys, std::uint64_t stall, co
             return several_pushers_.load() || pusher_.load() != report->thread;
           };
           if (others_pushed()) return;
-          runtime_->ReportStall(stall);
+          runtime_->ReportStall(report->stall);
           report->reported = true;
           if (others_pushed()) runtime_->EndStall();
           if (runtime_->config().verbose >= 2) {
             PS_LOG(INFO) << "worker " << Rank() << ": waits for its dist_sync rounds (stall "
-                         << stall << ")";
+                         << report->stall << ")";
           }
         },
         std::chrono::steady_clock::now() + kMaxStallReportGap);

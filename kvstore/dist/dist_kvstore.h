@@ -302,7 +302,9 @@ class DistKVStore final : public KVStore {
   StallGate Gate() const;
   // A stall being reported, shared by the waiting thread and the callback of its notices.
   struct StallReport {
-    std::thread::id thread;  // the waiting one
+    StallReport(std::uint64_t number, std::thread::id waiter) : stall(number), thread(waiter) {}
+    const std::uint64_t stall;     // the wait's number (ReportStall's notices carry it)
+    const std::thread::id thread;  // the waiting one
     Mutex mu;
     bool waiting PS_GUARDED_BY(mu) = true;    // until the wait ends
     bool reported PS_GUARDED_BY(mu) = false;  // the scheduler was told (Runtime::ReportStall)
@@ -311,9 +313,9 @@ class DistKVStore final : public KVStore {
   // this worker can come before the wait ends, so every live server hears that it stalls
   // (kStalled, behind every push it sent); once all answered, while `report` still waits and
   // `gate` held still, the scheduler hears it too, and ends the job when stalled workers wait
-  // for each other's pushes (scheduler/src/deadlock_watch.h). `stall` numbers the wait.
-  // Never blocks the waiting thread.
-  void ReportStall(std::span<const Key> keys, std::uint64_t stall, const StallGate& gate,
+  // for each other's pushes (scheduler/src/deadlock_watch.h). Never blocks the waiting
+  // thread.
+  void ReportStall(std::span<const Key> keys, const StallGate& gate,
                    const std::shared_ptr<StallReport>& report) noexcept;
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
   static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);

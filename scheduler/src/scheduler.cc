@@ -203,9 +203,8 @@ void Scheduler::OnMessage(Message&& msg) {
       if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
       deadlocks_->Forget(meta.sender, LiveServers(), Clock::now());
       // Servers learn it too: a dist_sync round still waiting for this worker can never end.
-      for (std::size_t id = 1; id < nodes_.size(); ++id) {
-        if (nodes_[id].role != Role::kServer || !IsLive(static_cast<int>(id))) continue;
-        Send(Notice(Control::kWorkerDone, static_cast<int>(id), nodes_[meta.sender]));
+      for (const int id : LiveServers()) {
+        Send(Notice(Control::kWorkerDone, id, nodes_[meta.sender]));
       }
       // So can a vote of the other workers: it fails, naming this one.
       ReleaseBarriersOf(meta.sender);
@@ -823,10 +822,7 @@ void Scheduler::DeclareDead(int id, const std::string& why) {
   // With replication a server's key ranges live on in its replica, which takes them over as
   // soon as it hears of the death (the notice above); the job goes on while a server lives.
   if (node.role == Role::kServer && config_.replicated()) {
-    int live_servers = 0;
-    for (std::size_t other = 1; other < nodes_.size(); ++other) {
-      live_servers += nodes_[other].role == Role::kServer && IsLive(static_cast<int>(other));
-    }
+    const std::size_t live_servers = LiveServers().size();
     if (live_servers > 0) {
       LOG(WARNING) << "the job goes on without " << node.Describe() << ": " << live_servers
                    << " server(s) left; its replica serves its keys (PS_REPLICATION)";

@@ -769,17 +769,20 @@ TEST_CASE("faults: a replica copied again keeps mapping the same slot, values ex
   CHECK(job.replica.server_segments() == 1);
 }
 
-// Runs `worker` on two threads, the two workers of a job, and waits up to 60 s for both. Past
+// Runs `worker` on `count` threads, the workers of a job, and waits up to 60 s for each. Past
 // that it kills `server`, which fails whatever still waits, so that the test can end: false.
-bool TwoWorkersEnd(const std::function<void()>& worker, ChildProcess& server) {
-  auto first = std::async(std::launch::async, worker);
-  auto second = std::async(std::launch::async, worker);
-  const bool ended = first.wait_for(60s) == std::future_status::ready &&
-                     second.wait_for(60s) == std::future_status::ready;
+bool WorkersEnd(int count, const std::function<void()>& worker, ChildProcess& server) {
+  std::vector<std::future<void>> workers;
+  for (int w = 0; w < count; ++w) workers.push_back(std::async(std::launch::async, worker));
+  bool ended = true;
+  for (auto& w : workers) ended = ended && w.wait_for(60s) == std::future_status::ready;
   if (!ended) server.Kill(SIGKILL);
-  first.get();
-  second.get();
+  for (auto& w : workers) w.get();
   return ended;
+}
+
+bool TwoWorkersEnd(const std::function<void()>& worker, ChildProcess& server) {
+  return WorkersEnd(2, worker, server);
 }
 
 TEST_CASE("faults: a worker in a collective while a round waits for its push fails both",
@@ -1348,14 +1351,7 @@ TEST_CASE("faults: workers that wait long for a slow one are no deadlock", "[fau
       kv->ReportFailure(e.what());
     }
   };
-  {
-    std::vector<std::future<void>> workers;
-    for (int w = 0; w < 3; ++w) workers.push_back(std::async(std::launch::async, worker));
-    bool ended = true;
-    for (auto& w : workers) ended = w.wait_for(60s) == std::future_status::ready && ended;
-    if (!ended) scheduler->Kill(SIGKILL);  // fails what still waits, so that the test ends
-    REQUIRE(ended);
-  }
+  REQUIRE(WorkersEnd(3, worker, *scheduler));
   INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1] << "\nworker 2: " << errors[2]);
   for (std::size_t rank = 0; rank < 3; ++rank) {
     CHECK(errors[rank].empty());
