@@ -12,6 +12,7 @@
 #include <memory_resource>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 
 #include "kvstore/call_checks.h"
@@ -175,7 +176,7 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
     if (ops_done_.WaitUntil(ops_mu_, report_at) || done()) continue;
     const StallGate now_gate = Gate();
     if (now_gate == gate) {
-      if (!report) report = std::make_shared<StallReport>(++stalls_, std::this_thread::get_id());
+      if (!report) report = std::make_shared<StallReport>(std::this_thread::get_id());
       lock.Unlock();  // ReportStall takes other locks of this store (the ring's)
       ReportStall(keys, gate, report);
       lock.Lock();
@@ -202,13 +203,35 @@ DistKVStore::StallGate DistKVStore::Gate() const {
   return {runtime_->server_events_applied(), runtime_->connection_reset_count()};
 }
 
+std::pair<std::uint64_t, std::uint64_t> DistKVStore::StallOfThreads() {
+  MutexLock lock(stall_mu_);
+  const std::uint64_t sent = pushes_sent_.load();
+  if (threads_stall_.number == 0 || threads_stall_.pushes_sent != sent) {
+    threads_stall_ = {++stalls_, sent};
+  }
+  return {threads_stall_.number, threads_stall_.pushes_sent};
+}
+
 void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
                               const std::shared_ptr<StallReport>& report) noexcept {
   try {
-    if (!OnlyCallerPushes() || keys.size() > kv::kMaxSlicesPerMessage) return;
+    if (keys.size() > kv::kMaxSlicesPerMessage) return;
+    // Alone: this wait's own number. Several threads: one that changes with every push sent.
+    const bool alone = OnlyCallerPushes();
+    std::uint64_t number = 0;
+    std::uint64_t sent = 0;
+    {
+      MutexLock lock(report->mu);
+      if (alone) {
+        if (report->alone_stall == 0) report->alone_stall = ++stalls_;
+        number = report->alone_stall;
+      } else {
+        std::tie(number, sent) = StallOfThreads();
+      }
+    }
     kv::Request request;
     request.command = kv::kStalled;
-    request.stall = report->stall;
+    request.stall = number;
     request.membership = gate.server_events;
     const std::set<Key> waited(keys.begin(), keys.end());  // a key named twice is refused
     for (const Key key : waited) request.slices.push_back(kv::SliceRef{key, 0, 0});
@@ -223,21 +246,24 @@ void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
     // the wait goes on (the store outlives every wait).
     runtime_->Request(
         messages,
-        [this, report, gate](RequestResult&& result) {
+        [this, report, gate, alone, number, sent](RequestResult&& result) {
           MutexLock lock(report->mu);
           if (!report->waiting || !result.ok() || Gate() != gate) return;
-          // Whether a thread other than the waiting one pushed: Issue records its push before
-          // it looks for a stall to end, and this looks after the stall is set.
-          const auto others_pushed = [&] {
+          // Alone: whether a thread other than the waiting one pushed. Several threads: whether
+          // a push was sent since the number was taken. Issue records its push before it looks
+          // for a stall to end, and this looks after the stall is set.
+          const auto pushed = [&] {
+            if (!alone) return pushes_sent_.load() != sent;
             return several_pushers_.load() || pusher_.load() != report->thread;
           };
-          if (others_pushed()) return;
-          runtime_->ReportStall(report->stall);
+          if (pushed()) return;
+          runtime_->ReportStall(number, !alone);
           report->reported = true;
-          if (others_pushed()) runtime_->EndStall();
+          if (pushed()) runtime_->EndStall();
           if (runtime_->config().verbose >= 2) {
             PS_LOG(INFO) << "worker " << Rank() << ": waits for its dist_sync rounds (stall "
-                         << report->stall << ")";
+                         << number << (alone ? "" : ", its pushes come from several threads")
+                         << ")";
           }
         },
         std::chrono::steady_clock::now() + kMaxStallReportGap);
@@ -818,7 +844,23 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
     ReleaseUnsent(plan, 0);
     throw;
   }
-  SendPlan(call, plan);
+  if (!call.sending || command == kv::kInit) {
+    SendPlan(call, plan);
+    return;
+  }
+  // Counted once sent, failed or not: a stall of several threads (StallOfThreads) numbered
+  // before this push had it sent behind its notice, and so ends.
+  const auto count_push = [this] {
+    pushes_sent_.fetch_add(1);
+    if (runtime_->stalled()) runtime_->EndStall();
+  };
+  try {
+    SendPlan(call, plan);
+  } catch (...) {
+    count_push();
+    throw;
+  }
+  count_push();
 }
 
 void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, Plan& plan,

@@ -27,6 +27,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvstore/compression.h"
@@ -302,21 +303,26 @@ class DistKVStore final : public KVStore {
   StallGate Gate() const;
   // A stall being reported, shared by the waiting thread and the callback of its notices.
   struct StallReport {
-    StallReport(std::uint64_t number, std::thread::id waiter) : stall(number), thread(waiter) {}
-    const std::uint64_t stall;     // the wait's number (ReportStall's notices carry it)
+    explicit StallReport(std::thread::id waiter) : thread(waiter) {}
     const std::thread::id thread;  // the waiting one
     Mutex mu;
+    // The wait's number while OnlyCallerPushes (0: none yet); its notices carry it.
+    std::uint64_t alone_stall PS_GUARDED_BY(mu) = 0;
     bool waiting PS_GUARDED_BY(mu) = true;    // until the wait ends
     bool reported PS_GUARDED_BY(mu) = false;  // the scheduler was told (Runtime::ReportStall)
   };
-  // dist_sync, a wait for `keys` (empty: all) that lasts: when OnlyCallerPushes, no push of
-  // this worker can come before the wait ends, so every live server hears that it stalls
-  // (kStalled, behind every push it sent); once all answered, while `report` still waits and
-  // `gate` held still, the scheduler hears it too, and ends the job when stalled workers wait
-  // for each other's pushes (scheduler/src/deadlock_watch.h). Never blocks the waiting
-  // thread.
+  // dist_sync, a wait for `keys` (empty: all) that lasts: every live server hears that this
+  // worker stalls (kStalled, behind every push it sent); once all answered, while `report`
+  // still waits, `gate` held still and no push contradicts the stall, the scheduler hears it
+  // too. When OnlyCallerPushes, no push of this worker can come before the wait ends, and the
+  // scheduler ends the job when stalled workers wait for each other's pushes; otherwise
+  // another thread may still push, and it suspects a deadlock (StallOfThreads,
+  // scheduler/src/deadlock_watch.h). Never blocks the waiting thread.
   void ReportStall(std::span<const Key> keys, const StallGate& gate,
                    const std::shared_ptr<StallReport>& report) noexcept;
+  // The stall number of a worker whose pushes come from several threads: the same for every
+  // wait until a push is sent (pushes_sent_). Returns it and the count it stands for.
+  std::pair<std::uint64_t, std::uint64_t> StallOfThreads() PS_EXCLUDES(stall_mu_);
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
   static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
@@ -397,8 +403,15 @@ class DistKVStore final : public KVStore {
   std::atomic<bool> several_pushers_{false};
   std::atomic<bool> collective_running_{false};  // OneCollective
   std::atomic<std::uint64_t> stalls_{0};         // ReportStall's numbers
-  std::atomic<bool> finished_{false};            // the scheduler was told this worker is done
-  std::vector<bool> shm_servers_;                // collective calls only: per server rank, slots on
+  std::atomic<std::uint64_t> pushes_sent_{0};    // pushes Issue sent (Init's not counted)
+  struct ThreadsStall {
+    std::uint64_t number = 0;       // 0: none yet
+    std::uint64_t pushes_sent = 0;  // pushes_sent_ when it was taken
+  };
+  Mutex stall_mu_;
+  ThreadsStall threads_stall_ PS_GUARDED_BY(stall_mu_);  // StallOfThreads
+  std::atomic<bool> finished_{false};  // the scheduler was told this worker is done
+  std::vector<bool> shm_servers_;      // collective calls only: per server rank, slots on
 
   // The owner of frames that reference the caller's memory: a token marking them borrowed
   // (the buffer lifetime rule keeps the memory valid), shared by all of them.

@@ -29,6 +29,9 @@ DEFINE_double(heartbeat_interval, -1, "Seconds between heartbeats, 0 turns them 
 DEFINE_double(heartbeat_timeout, -1, "Seconds without a heartbeat before a node is dead");
 DEFINE_double(register_timeout, -1, "Seconds to wait for the whole job to register");
 DEFINE_bool(use_kubernetes, false, "Listen on 0.0.0.0 instead of the DMLC_PS_ROOT_URI address");
+DEFINE_double(stall_timeout, -1,
+              "Seconds dist_sync workers that push from other threads than the waiting one may "
+              "wait for each other's pushes, none of them pushing, before the job ends; 0: never");
 
 namespace ps::cli {
 namespace {
@@ -47,6 +50,7 @@ const std::vector<std::pair<std::string, std::string>>& ClusterFlags() {
       {"PS_HEARTBEAT_INTERVAL", "heartbeat_interval"},
       {"PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout"},
       {"PS_REGISTER_TIMEOUT", "register_timeout"},
+      {"PS_STALL_TIMEOUT", "stall_timeout"},
   };
   return table;
 }
@@ -59,7 +63,9 @@ const std::map<std::string, std::string>& FlagForVariable() {
 }
 
 // Flags that only the scheduler reads: left out of ps-server's --help.
-bool SchedulerOnly(std::string_view flag) { return flag == "use_kubernetes"; }
+bool SchedulerOnly(std::string_view flag) {
+  return flag == "use_kubernetes" || flag == "stall_timeout";
+}
 
 std::string Seconds(std::chrono::milliseconds ms) {
   std::ostringstream text;
@@ -83,6 +89,7 @@ std::string ClusterFlagHelp(const gflags::CommandLineFlagInfo& flag, const std::
       {"heartbeat_interval", "default: " + Seconds(defaults.heartbeat_interval)},
       {"heartbeat_timeout", "default: " + Seconds(defaults.heartbeat_timeout)},
       {"register_timeout", "default: " + Seconds(defaults.register_timeout)},
+      {"stall_timeout", "default: " + Seconds(defaults.stall_timeout)},
       {"use_kubernetes", std::string("default: ") + (defaults.use_kubernetes ? "true" : "false")},
   };
   const auto it = fallback.find(flag.name);

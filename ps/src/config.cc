@@ -168,6 +168,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
       ReadSeconds(lookup, "PS_HEARTBEAT_TIMEOUT", 0.1, config.heartbeat_timeout);
   config.register_timeout =
       ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
+  config.stall_timeout = ReadSeconds(lookup, "PS_STALL_TIMEOUT", 0.0, config.stall_timeout);
   config.job_secret = ReadJobSecret(lookup);
   config.encrypt = ReadBool(lookup, "PS_ENCRYPT");
   if (config.encrypt && config.job_secret.empty()) {

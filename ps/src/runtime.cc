@@ -428,13 +428,14 @@ void Runtime::OnWaitProbe(const Meta& meta) {
   SendToNode(answer);
 }
 
-void Runtime::ReportStall(std::uint64_t number) {
+void Runtime::ReportStall(std::uint64_t number, bool several_threads) {
   stall_.store(number);
   Message msg;
   msg.meta.control = Control::kStalled;
   msg.meta.request = true;  // (unanswered)
   msg.meta.recipient = kSchedulerId;
   msg.meta.body = std::to_string(number);
+  if (several_threads) msg.meta.body += kStallOfThreads;
   // Unacknowledged: a notice lost with a reset connection only leaves a deadlock unfound
   // until the worker's next report (DistKVStore reports again while it waits).
   SendToNode(msg);

@@ -1,18 +1,40 @@
 #include "scheduler/src/deadlock_watch.h"
 
+#include <algorithm>
 #include <charconv>
 
+#include "ps/src/log_text.h"
 #include "ps/src/wire.h"
 
 namespace ps {
 namespace {
 
 // A stall number as a STALLED body or a worker's probe answer carries it; 0 when malformed.
-std::uint64_t ParseStall(const std::string& text) {
+std::uint64_t ParseStall(std::string_view text) {
   std::uint64_t number = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
   return error == std::errc{} && end == text.data() + text.size() ? number : 0;
 }
+
+// "worker 0 (...) waits for round 1 of key 0, which worker 1 (...) has not pushed; ..."
+std::string DescribeWaits(const std::map<int, WaitEdge>& deadlock,
+                          std::span<const NodeInfo> nodes) {
+  const auto describe = [nodes](int id) {
+    return id >= 0 && static_cast<std::size_t>(id) < nodes.size() ? nodes[id].Describe()
+                                                                  : "node " + std::to_string(id);
+  };
+  std::string text;
+  for (const auto& [waiter, edge] : deadlock) {
+    if (!text.empty()) text += "; ";
+    text += describe(waiter) + " waits for " + edge.what + ", which " + describe(edge.awaited) +
+            " has not pushed";
+  }
+  return text;
+}
+
+constexpr std::string_view kRoundRule =
+    "dist_sync closes a round of a key once every worker pushed it, so every worker must push "
+    "the same keys, equally often, before it waits";
 
 }  // namespace
 
@@ -58,29 +80,46 @@ std::map<int, WaitEdge> FindDeadlock(std::span<const WaitEdge> edges,
 
 std::string DeadlockError(const std::map<int, WaitEdge>& deadlock,
                           std::span<const NodeInfo> nodes) {
-  const auto describe = [nodes](int id) {
-    return id >= 0 && static_cast<std::size_t>(id) < nodes.size() ? nodes[id].Describe()
-                                                                  : "node " + std::to_string(id);
-  };
-  std::string text = "the workers wait for each other's pushes and none can go on: ";
-  bool first = true;
-  for (const auto& [waiter, edge] : deadlock) {
-    if (!first) text += "; ";
-    first = false;
-    text += describe(waiter) + " waits for " + edge.what + ", which " + describe(edge.awaited) +
-            " has not pushed";
-  }
-  return text +
-         ". Each of them waits (WaitAll, Wait, a pull) and pushes nothing until its wait "
-         "ends: in dist_sync a round of a key closes once every worker pushed it, so every "
-         "worker must push the same keys, equally often, before it waits";
+  return "the workers wait for each other's pushes and none can go on: " +
+         DescribeWaits(deadlock, nodes) +
+         ". Each of them waits (WaitAll, Wait, a pull) and pushes nothing until its wait ends: " +
+         std::string(kRoundRule);
+}
+
+std::string SuspectedDeadlockWarning(const std::map<int, WaitEdge>& deadlock,
+                                     std::span<const NodeInfo> nodes,
+                                     std::chrono::milliseconds timeout) {
+  const std::string outcome = timeout.count() > 0
+                                  ? "the job ends once they waited " + FormatSeconds(timeout) +
+                                        " (PS_STALL_TIMEOUT) with none of them pushing"
+                                  : "with PS_STALL_TIMEOUT=0 the job waits for ever";
+  return "the workers may wait for each other's pushes: " + DescribeWaits(deadlock, nodes) +
+         ". Their pushes come from several threads, and another thread may still push: " + outcome +
+         ". " + std::string(kRoundRule);
+}
+
+std::string SuspectedDeadlockError(const std::map<int, WaitEdge>& deadlock,
+                                   std::span<const NodeInfo> nodes,
+                                   std::chrono::milliseconds timeout) {
+  return "the workers waited " + FormatSeconds(timeout) +
+         " (PS_STALL_TIMEOUT) for each other's pushes, and no thread of theirs pushed: " +
+         DescribeWaits(deadlock, nodes) + ". " + std::string(kRoundRule) +
+         " (raise PS_STALL_TIMEOUT if a thread pushes only after a longer pause; 0 waits for "
+         "ever)";
 }
 
 void DeadlockWatch::OnStalled(int worker, const std::string& body, const std::vector<int>& servers,
                               Clock::time_point now) {
-  const std::uint64_t number = ParseStall(body);
+  const bool several_threads = body.ends_with(kStallOfThreads);
+  const std::uint64_t number = ParseStall(std::string_view(body).substr(
+      0, body.size() - (several_threads ? kStallOfThreads.size() : 0)));
   if (number == 0) return;
   stalls_[worker] = number;
+  if (several_threads) {
+    several_threads_.insert(worker);
+  } else {
+    several_threads_.erase(worker);
+  }
   if (probe_ || now - last_probe_ < kProbeGap) {
     again_ = true;  // OnTick or EndProbe starts it
     return;
@@ -103,6 +142,10 @@ std::string DeadlockWatch::OnAnswer(const Message& answer, const std::vector<int
       return "";
     }
     if (!probe_->unanswered.empty()) return "";
+    const bool suspected =
+        std::any_of(probe_->deadlock.begin(), probe_->deadlock.end(),
+                    [this](const auto& entry) { return several_threads_.contains(entry.first); });
+    if (suspected) return Suspect(servers, nodes, now);
     const std::string error = DeadlockError(probe_->deadlock, nodes);
     probe_.reset();
     return error;
@@ -125,8 +168,37 @@ std::string DeadlockWatch::OnAnswer(const Message& answer, const std::vector<int
   return "";
 }
 
+std::string DeadlockWatch::Suspect(const std::vector<int>& servers, std::span<const NodeInfo> nodes,
+                                   Clock::time_point now) {
+  std::map<int, std::uint64_t> stalls;
+  for (const auto& [waiter, edge] : probe_->deadlock) stalls[waiter] = edge.waiter_stall;
+  if (!suspicion_ || suspicion_->stalls != stalls) {
+    // Another set of workers, or one that pushed since: the timeout starts again.
+    suspicion_ = Suspicion{std::move(stalls), now};
+  }
+  const auto lasted = now - suspicion_->since;
+  if (stall_timeout_.count() > 0 && lasted >= stall_timeout_) {
+    std::string error = SuspectedDeadlockError(probe_->deadlock, nodes, stall_timeout_);
+    probe_.reset();
+    return error;
+  }
+  // Not at first sight: workers that push the keys in other orders, from threads that
+  // compute between pushes, wait for each other for a while at every step.
+  const auto warn_after = stall_timeout_.count() > 0
+                              ? std::min<Clock::duration>(kWarnAfter, stall_timeout_ / 2)
+                              : Clock::duration(kWarnAfter);
+  if (!suspicion_->warned && lasted >= warn_after) {
+    suspicion_->warned = true;
+    warn_(SuspectedDeadlockWarning(probe_->deadlock, nodes, stall_timeout_));
+  }
+  EndProbe(servers, now);
+  return "";
+}
+
 void DeadlockWatch::Forget(int id, const std::vector<int>& servers, Clock::time_point now) {
   stalls_.erase(id);
+  several_threads_.erase(id);
+  if (suspicion_ && suspicion_->stalls.contains(id)) suspicion_.reset();
   if (probe_ && probe_->unanswered.contains(id)) EndProbe(servers, now);
 }
 

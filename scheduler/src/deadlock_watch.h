@@ -13,9 +13,16 @@
 // its wait needs a round that another worker of the set has not pushed into, as a server saw
 // after that worker stalled, so that push comes only after that worker's own wait ended. The
 // first of them to go on would need another to have gone on before it. The confirmation rules
-// out reports about a wait that ended before a server reported on it. (A worker reports only
-// while its pushes all came from the waiting thread; another thread's first push ends the
-// stall, unless it comes between the worker's confirmation and the end of the job.)
+// out reports about a wait that ended before a server reported on it. (A worker reports so
+// only while its pushes all came from the waiting thread; another thread's first push ends
+// the stall, unless it comes between the worker's confirmation and the end of the job.)
+//
+// A worker whose pushes come from several threads cannot say that it pushes nothing until its
+// wait ends: another thread may still push. It reports a stall whose number changes with each
+// push it sends (kStallOfThreads). A deadlock that such a worker is part of is only suspected:
+// once the same workers stayed in the same stalls (none pushed) for a while, the scheduler
+// logs a warning naming them, and it ends the job once they did for the stall timeout
+// (PS_STALL_TIMEOUT).
 //
 // Threads: the scheduler calls every method under its lock.
 #include <chrono>
@@ -40,25 +47,39 @@ std::map<int, WaitEdge> FindDeadlock(std::span<const WaitEdge> edges,
                                      const std::map<int, std::uint64_t>& stalls);
 // The job's error for FindDeadlock's result; `nodes`: the job's node table, by id.
 std::string DeadlockError(const std::map<int, WaitEdge>& deadlock, std::span<const NodeInfo> nodes);
+// For a deadlock of workers some of whose pushes come from several threads: the warning once
+// it lasted a while (kWarnAfter), and the job's error once it lasted `timeout`
+// (PS_STALL_TIMEOUT; 0: never).
+std::string SuspectedDeadlockWarning(const std::map<int, WaitEdge>& deadlock,
+                                     std::span<const NodeInfo> nodes,
+                                     std::chrono::milliseconds timeout);
+std::string SuspectedDeadlockError(const std::map<int, WaitEdge>& deadlock,
+                                   std::span<const NodeInfo> nodes,
+                                   std::chrono::milliseconds timeout);
 
 class DeadlockWatch {
  public:
   using Clock = std::chrono::steady_clock;
   using Send = std::function<void(Message)>;
+  using Warn = std::function<void(const std::string&)>;
   // A probe unanswered this long is given up (a node stopped, a message lost with a reset
   // connection); the next stall report starts another.
   static constexpr auto kProbeTimeout = std::chrono::seconds(10);
   // Probes start at most this often: stalls reported meanwhile wait for the next (OnTick).
   static constexpr auto kProbeGap = std::chrono::milliseconds(500);
-  // `send` sends one probe (the scheduler's Send).
-  explicit DeadlockWatch(Send send) : send_(std::move(send)) {}
+  // A suspected deadlock is logged once it lasted this long, or half the stall timeout.
+  static constexpr auto kWarnAfter = std::chrono::seconds(10);
+  // `send` sends one probe (the scheduler's Send); `warn` logs a suspected deadlock;
+  // `stall_timeout`: how long one may last before the job ends (0: never).
+  DeadlockWatch(Send send, Warn warn, std::chrono::milliseconds stall_timeout)
+      : send_(std::move(send)), warn_(std::move(warn)), stall_timeout_(stall_timeout) {}
 
-  // Worker `worker` reported stall `number` (a STALLED body). Probes `servers` unless a probe
-  // runs; then another follows it.
+  // Worker `worker` reported a stall (a STALLED body: its number, maybe kStallOfThreads).
+  // Probes `servers` unless a probe runs; then another follows it.
   void OnStalled(int worker, const std::string& body, const std::vector<int>& servers,
                  Clock::time_point now);
   // A WAIT_PROBE answer. Returns the job's error once every worker of a deadlock confirmed
-  // it still waits, else "".
+  // it still waits (a suspected one: for stall_timeout, in the same stalls), else "".
   std::string OnAnswer(const Message& answer, const std::vector<int>& servers,
                        std::span<const NodeInfo> nodes, Clock::time_point now);
   // Node `id` died or finished: its stall goes, and a probe that waits for it is given up.
@@ -81,9 +102,23 @@ class DeadlockWatch {
   void Ask(const std::set<int>& nodes);
   // The probe is over (or given up): the next starts when a stall came meanwhile.
   void EndProbe(const std::vector<int>& servers, Clock::time_point now);
+  // The probe's deadlock was confirmed, and a worker of it may push from another thread.
+  std::string Suspect(const std::vector<int>& servers, std::span<const NodeInfo> nodes,
+                      Clock::time_point now);
+
+  // A suspected deadlock: its workers' stall numbers, and when it was first confirmed.
+  struct Suspicion {
+    std::map<int, std::uint64_t> stalls;
+    Clock::time_point since;
+    bool warned = false;  // warn_ was called
+  };
 
   const Send send_;
+  const Warn warn_;
+  const std::chrono::milliseconds stall_timeout_;
   std::map<int, std::uint64_t> stalls_;  // worker node id -> its latest stall number
+  std::set<int> several_threads_;        // workers whose latest stall is of several threads
+  std::optional<Suspicion> suspicion_;
   std::optional<Probe> probe_;
   bool again_ = false;            // a stall was reported while a probe ran, or within kProbeGap
   Clock::time_point last_probe_;  // when the last probe started

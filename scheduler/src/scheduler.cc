@@ -50,8 +50,9 @@ Message RegisterReply(int recipient, const std::string& connection_key) {
 Scheduler::Scheduler(const ClusterConfig& config)
     : config_(config),
       started_(Clock::now()),
-      deadlocks_(
-          std::make_unique<DeadlockWatch>([this](Message probe) { Send(std::move(probe)); })) {
+      deadlocks_(std::make_unique<DeadlockWatch>(
+          [this](Message probe) { Send(std::move(probe)); },
+          [](const std::string& warning) { LOG(WARNING) << warning; }, config.stall_timeout)) {
   const std::string ip =
       config.use_kubernetes ? "0.0.0.0" : net::ResolveIPv4(config.root_uri, "DMLC_PS_ROOT_URI");
   const TransportOptions options = TransportOptionsFor(config, Role::kScheduler);
@@ -559,8 +560,12 @@ void Scheduler::OnWaitMessage(const Message& msg) {
   if (msg.meta.control == Control::kStalled) {
     if (nodes_[msg.meta.sender].role != Role::kWorker || !msg.meta.request) return;
     if (config_.verbose >= 2) {
-      LOG(INFO) << "stall " << msg.meta.body << " of " << nodes_[msg.meta.sender].Describe()
-                << ": it waits for its dist_sync rounds";
+      const std::string_view body = msg.meta.body;
+      const bool threads = body.ends_with(kStallOfThreads);
+      LOG(INFO) << "stall " << body.substr(0, body.size() - (threads ? kStallOfThreads.size() : 0))
+                << " of " << nodes_[msg.meta.sender].Describe()
+                << ": it waits for its dist_sync rounds"
+                << (threads ? " (its pushes come from several threads)" : "");
     }
     deadlocks_->OnStalled(msg.meta.sender, msg.meta.body, LiveServers(), now);
     return;

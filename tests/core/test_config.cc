@@ -49,6 +49,7 @@ TEST_CASE("config: a complete environment parses with defaults", "[config]") {
   CHECK(config.heartbeat_interval == std::chrono::milliseconds(2000));
   CHECK(config.heartbeat_timeout == std::chrono::milliseconds(20000));
   CHECK(config.register_timeout == std::chrono::milliseconds(60000));
+  CHECK(config.stall_timeout == std::chrono::milliseconds(600000));
   CHECK(config.use_ipc);
   CHECK(config.use_shm);
   CHECK(config.io_threads == 2);
@@ -68,6 +69,7 @@ TEST_CASE("config: optional settings are read", "[config]") {
   settings["PS_HEARTBEAT_INTERVAL"] = "0.5";
   settings["PS_HEARTBEAT_TIMEOUT"] = "3";
   settings["PS_REGISTER_TIMEOUT"] = "7.25";
+  settings["PS_STALL_TIMEOUT"] = "0";
   settings["PS_RANK"] = "3";
   settings["PS_USE_IPC"] = "0";
   settings["PS_USE_SHM"] = "false";
@@ -85,6 +87,7 @@ TEST_CASE("config: optional settings are read", "[config]") {
   CHECK(config.heartbeat_interval == std::chrono::milliseconds(500));
   CHECK(config.heartbeat_timeout == std::chrono::milliseconds(3000));
   CHECK(config.register_timeout == std::chrono::milliseconds(7250));
+  CHECK(config.stall_timeout == std::chrono::milliseconds(0));
   CHECK(config.rank_hint == 3);
   CHECK_FALSE(config.use_ipc);
   CHECK_FALSE(config.use_shm);
@@ -122,6 +125,7 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1' is invalid"},
       {"PS_HEARTBEAT_TIMEOUT", "soon", "PS_HEARTBEAT_TIMEOUT='soon' is invalid"},
       {"PS_REGISTER_TIMEOUT", "0", "PS_REGISTER_TIMEOUT='0' is invalid"},
+      {"PS_STALL_TIMEOUT", "-2", "PS_STALL_TIMEOUT='-2' is invalid: expected a number of seconds"},
       {"PS_RANK", "-3", "PS_RANK='-3' is invalid: expected an integer in 0..65535"},
       {"PS_USE_IPC", "maybe", "PS_USE_IPC='maybe' is invalid: expected 0, 1, true or false"},
       {"PS_USE_SHM", "2", "PS_USE_SHM='2' is invalid: expected 0, 1, true or false"},

@@ -26,6 +26,16 @@ std::vector<ps::NodeInfo> Nodes() {
   return nodes;
 }
 
+// A worker's or a server's answer to `probe`.
+ps::Message ProbeAnswer(const ps::Message& probe, std::string body) {
+  ps::Message answer;
+  answer.meta.control = ps::Control::kWaitProbe;
+  answer.meta.sender = probe.meta.recipient;
+  answer.meta.timestamp = probe.meta.timestamp;
+  answer.meta.body = std::move(body);
+  return answer;
+}
+
 }  // namespace
 
 TEST_CASE("deadlock: two stalled workers that wait for each other", "[deadlock]") {
@@ -73,17 +83,14 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
           "[deadlock]") {
   using namespace std::chrono_literals;
   std::vector<ps::Message> sent;
-  ps::DeadlockWatch watch([&](ps::Message msg) { sent.push_back(std::move(msg)); });
+  std::vector<std::string> warnings;
+  ps::DeadlockWatch watch([&](ps::Message msg) { sent.push_back(std::move(msg)); },
+                          [&](const std::string& warning) { warnings.push_back(warning); }, 60s);
   const std::vector<int> servers{1, 2};
   const std::vector<ps::NodeInfo> nodes = Nodes();
   auto now = std::chrono::steady_clock::now();
   const auto answer = [&](const ps::Message& probe, std::string body) {
-    ps::Message reply;
-    reply.meta.control = ps::Control::kWaitProbe;
-    reply.meta.sender = probe.meta.recipient;
-    reply.meta.timestamp = probe.meta.timestamp;
-    reply.meta.body = std::move(body);
-    return watch.OnAnswer(reply, servers, nodes, now);
+    return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
   };
   const auto report = [](std::vector<WaitEdge> edges) { return ps::wire::EncodeWaitReport(edges); };
   watch.OnStalled(3, "1", servers, now);
@@ -152,4 +159,70 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
   now += 1s;
   watch.OnStalled(4, "5", {1}, now);
   CHECK(sent.size() == 5);  // a new probe, of the one server left
+  CHECK(warnings.empty());  // every stall came from a worker that pushes from one thread
+}
+
+TEST_CASE("deadlock: workers that push from several threads: a warning, then the timeout",
+          "[deadlock]") {
+  // Another thread of such a worker may still push: a deadlock among them is only suspected.
+  // Once the same workers stayed in the same stalls (none of them pushed) for half the stall
+  // timeout (at most kWarnAfter) it is logged, once; after the timeout the job ends. A push
+  // starts it again; a timeout of 0 only warns.
+  using namespace std::chrono_literals;
+  const auto timeout = GENERATE(5000ms, 0ms);
+  INFO("PS_STALL_TIMEOUT " << timeout.count() << " ms");
+  std::vector<ps::Message> sent;
+  std::vector<std::string> warnings;
+  ps::DeadlockWatch watch([&](ps::Message msg) { sent.push_back(std::move(msg)); },
+                          [&](const std::string& warning) { warnings.push_back(warning); },
+                          timeout);
+  const std::vector<int> servers{1};
+  const std::vector<ps::NodeInfo> nodes = Nodes();
+  auto now = std::chrono::steady_clock::now();
+  // 2 s on, worker 3 reports stall `number3` (of several threads), worker 4 `number4` (of
+  // one); the server and both workers answer. Returns the job's error, or "".
+  const auto round = [&](std::uint64_t number3, std::uint64_t number4) {
+    sent.clear();
+    now += 2s;
+    watch.OnStalled(3, std::to_string(number3) + " threads", servers, now);
+    watch.OnStalled(4, std::to_string(number4), servers, now);
+    REQUIRE(sent.size() == 1);
+    const auto reply = [&](const ps::Message& probe, std::string body) {
+      return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
+    };
+    const std::vector<WaitEdge> edges{Edge(3, 4, number3, number4), Edge(4, 3, number4, number3)};
+    CHECK(reply(sent[0], ps::wire::EncodeWaitReport(edges)).empty());
+    REQUIRE(sent.size() == 3);  // both workers asked
+    CHECK(reply(sent[1], std::to_string(number3)).empty());
+    return reply(sent[2], std::to_string(number4));
+  };
+  CHECK(round(1, 1).empty());
+  CHECK(round(2, 1).empty());  // worker 3 pushed: it starts again
+  int rounds = 0;              // 2 s each
+  while (warnings.empty() && rounds < 10) {
+    CHECK(round(2, 1).empty());
+    ++rounds;
+  }
+  CHECK(rounds == (timeout.count() > 0 ? 2 : 5));  // 2.5 s, or kWarnAfter
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0],
+             Catch::Contains("the workers may wait for each other's pushes: worker 3 (node 3 at "
+                             "h:0) waits for round 1 of key 3, which worker 4 (node 4 at h:0) "
+                             "has not pushed") &&
+                 Catch::Contains(timeout.count() > 0
+                                     ? "the job ends once they waited 5 s (PS_STALL_TIMEOUT)"
+                                     : "with PS_STALL_TIMEOUT=0 the job waits for ever"));
+  const std::string late = round(2, 1);  // 6 s, or 12 s
+  if (timeout.count() == 0) {
+    CHECK(late.empty());
+  } else {
+    CHECK_THAT(late, Catch::Contains("the workers waited 5 s (PS_STALL_TIMEOUT) for each other's "
+                                     "pushes, and no thread of theirs pushed: worker 3 (node 3"));
+  }
+  CHECK(warnings.size() == 1);
+  // A worker of it that finishes forgets the suspicion: a new one starts over.
+  watch.Forget(4, servers, now);
+  CHECK(round(2, 2).empty());
+  CHECK(round(2, 2).empty());
+  CHECK(warnings.size() == 1);
 }

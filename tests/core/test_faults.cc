@@ -76,9 +76,10 @@ int ListeningPort(const ChildProcess& process) {
   return std::stoi(match[1]);
 }
 
-std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(const Env& env) {
-  auto scheduler = std::make_unique<ChildProcess>(
-      std::vector<std::string>{ps::test::BinPath("ps-scheduler")}, env);
+std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(const Env& env,
+                                                             std::vector<std::string> args = {}) {
+  args.insert(args.begin(), ps::test::BinPath("ps-scheduler"));
+  auto scheduler = std::make_unique<ChildProcess>(args, env);
   return {std::move(scheduler), ListeningPort(*scheduler)};
 }
 
@@ -1306,6 +1307,40 @@ TEST_CASE("faults: workers that wait for each other's pushes end the job, naming
   for (const auto& server : server_processes) CHECK(server->Wait(30s) != 0);
 }
 
+// A dist_sync job of one server (`job`'s) whose `count` workers, test threads, each Init keys 0
+// and 1 to zeros and run `steps(kv, push)`, where `push(key)` pushes 1 + rank; then each pulls
+// `pulled`, which the test expects to be `sum` everywhere, with no error on any worker.
+void ExpectSumsAfter(
+    int count, const Env& env, ChildProcess& scheduler, ChildProcess& server, ps::Key pulled,
+    float sum,
+    const std::function<void(ps::KVStore&, const std::function<void(ps::Key)>&)>& steps) {
+  std::vector<std::string> errors(static_cast<std::size_t>(count));
+  std::vector<std::vector<float>> values(errors.size(), std::vector<float>(64, 0.0f));
+  const auto worker = [&] {
+    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+    const auto rank = static_cast<std::size_t>(kv->Rank());
+    std::vector<float>& value = values[rank];
+    std::vector<float> grad(value.size(), 1.0f + static_cast<float>(rank));
+    try {
+      kv->Init({0, 1},
+               {ps::Tensor(value.data(), value.size()), ps::Tensor(value.data(), value.size())});
+      steps(*kv, [&](ps::Key key) { kv->Push(key, ps::Tensor(grad.data(), grad.size())); });
+      kv->Pull(pulled, ps::Tensor(value.data(), value.size()));
+      kv->WaitAll();
+    } catch (const ps::Error& e) {
+      errors[rank] = e.what();
+      kv->ReportFailure(e.what());
+    }
+  };
+  REQUIRE(WorkersEnd(count, worker, scheduler));
+  for (std::size_t rank = 0; rank < errors.size(); ++rank) {
+    INFO("worker " << rank << ": " << errors[rank]);
+    CHECK(errors[rank].empty());
+    CHECK(std::all_of(values[rank].begin(), values[rank].end(), [&](float v) { return v == sum; }));
+  }
+  CheckEndedCleanly(scheduler, server);
+}
+
 TEST_CASE("faults: workers that wait long for a slow one are no deadlock", "[faults]") {
   // dist_sync, three workers: worker 0 pushes keys 0 and 1 and waits; worker 1 pushes key 0,
   // waits, then pushes key 1; worker 2, slow, pushes both only once the scheduler heard of
@@ -1317,46 +1352,90 @@ TEST_CASE("faults: workers that wait long for a slow one are no deadlock", "[fau
   auto [scheduler, port] = StartScheduler(scheduler_env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
   auto server = Start("ps-server", env);
-  std::vector<std::string> errors(3);
-  std::vector<std::vector<float>> values(3, std::vector<float>(64, 0.0f));
+  // Key 1's round: 1 + 2 + 3, with no optimizer set.
+  ExpectSumsAfter(3, env, *scheduler, *server, 1, 6.0f, [&](ps::KVStore& kv, const auto& push) {
+    if (kv.Rank() == 0) {
+      push(0);
+      push(1);
+      kv.WaitAll();
+    } else if (kv.Rank() == 1) {
+      push(0);
+      kv.WaitAll();
+      push(1);
+      kv.WaitAll();
+    } else {
+      CHECK(scheduler->WaitForOutput("stall 1 of worker 0 (", 20s));
+      CHECK(scheduler->WaitForOutput("stall 1 of worker 1 (", 20s));
+      push(0);
+      push(1);
+      kv.WaitAll();
+    }
+  });
+}
+
+TEST_CASE("faults: workers that push from other threads and wait for each other end in time",
+          "[faults]") {
+  // dist_sync, as above, but each worker pushes its key from a thread of its own and waits on
+  // its main thread: another thread might still push, so the scheduler only suspects a
+  // deadlock. It warns once that lasted half of the stall timeout (--stall_timeout, 3 s
+  // here), naming both, and ends the job once neither worker pushed for all of it (before,
+  // both waited for ever).
+  Env env = JobEnv(1, 2, 0);
+  auto [scheduler, port] = StartScheduler(env, {"--stall_timeout=3"});
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  std::vector<std::string> errors(2);
   const auto worker = [&] {
     auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
-    const auto rank = static_cast<std::size_t>(kv->Rank());
-    std::vector<float>& value = values[rank];
-    std::vector<float> grad(value.size(), 1.0f + static_cast<float>(rank));
-    const auto push = [&](ps::Key key) { kv->Push(key, ps::Tensor(grad.data(), grad.size())); };
+    std::vector<float> value(64, 0.0f);
+    std::vector<float> grad(value.size(), 1.0f);
     try {
       kv->Init({0, 1},
                {ps::Tensor(value.data(), value.size()), ps::Tensor(value.data(), value.size())});
-      if (rank == 0) {
-        push(0);
-        push(1);
-        kv->WaitAll();
-      } else if (rank == 1) {
-        push(0);
-        kv->WaitAll();
-        push(1);
-        kv->WaitAll();
-      } else {
-        CHECK(scheduler->WaitForOutput("stall 1 of worker 0 (", 20s));
-        CHECK(scheduler->WaitForOutput("stall 1 of worker 1 (", 20s));
-        push(0);
-        push(1);
-        kv->WaitAll();
-      }
-      kv->Pull(1, ps::Tensor(value.data(), value.size()));
+      std::thread pusher([&] {
+        kv->Push(static_cast<ps::Key>(kv->Rank()), ps::Tensor(grad.data(), grad.size()));
+      });
+      pusher.join();
       kv->WaitAll();
     } catch (const ps::Error& e) {
-      errors[rank] = e.what();
-      kv->ReportFailure(e.what());
+      errors[static_cast<std::size_t>(kv->Rank())] = e.what();
     }
   };
-  REQUIRE(WorkersEnd(3, worker, *scheduler));
-  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1] << "\nworker 2: " << errors[2]);
-  for (std::size_t rank = 0; rank < 3; ++rank) {
-    CHECK(errors[rank].empty());
-    // The sum of the round of key 1, 1 + 2 + 3, with no optimizer set.
-    CHECK(std::all_of(values[rank].begin(), values[rank].end(), [](float v) { return v == 6.0f; }));
+  REQUIRE(TwoWorkersEnd(worker, *scheduler));
+  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
+  for (const std::string& error : errors) {
+    CHECK_THAT(error, Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT) for each "
+                                      "other's pushes, and no thread of theirs pushed") &&
+                          Catch::Contains("waits for round 1 of key 0, which worker 1 (node") &&
+                          Catch::Contains("waits for round 1 of key 1, which worker 0 (node"));
   }
-  CheckEndedCleanly(*scheduler, *server);
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK_THAT(scheduler->Output(),
+             Catch::Contains("the workers may wait for each other's pushes: worker ") &&
+                 Catch::Contains("the job ends once they waited 3 s (PS_STALL_TIMEOUT)"));
+  CHECK(server->Wait(30s) != 0);
+}
+
+TEST_CASE("faults: a suspected deadlock ends when another thread pushes", "[faults]") {
+  // The same two workers; once the scheduler warned (after 10 s), a second thread of each
+  // pushes the other key. Every round closes, and the values come out exact: a suspicion never
+  // ends a job whose threads go on pushing (PS_STALL_TIMEOUT 60 s).
+  Env env = JobEnv(1, 2, 0);
+  Env scheduler_env = env;
+  scheduler_env["PS_STALL_TIMEOUT"] = "60";
+  auto [scheduler, port] = StartScheduler(scheduler_env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  // Key 0's round: 1 + 2, with no optimizer set.
+  ExpectSumsAfter(2, env, *scheduler, *server, 0, 3.0f, [&](ps::KVStore& kv, const auto& push) {
+    const auto rank = static_cast<ps::Key>(kv.Rank());
+    std::thread(push, rank).join();
+    std::thread late([&] {
+      CHECK(scheduler->WaitForOutput("the workers may wait for each other's pushes", 20s));
+      push(1 - rank);
+    });
+    kv.WaitAll();
+    late.join();
+    kv.WaitAll();
+  });
 }

@@ -103,10 +103,12 @@ TEST_CASE("processes: --help shows each role's flags with their real defaults", 
                                        "default: 60)"));
     CHECK_THAT(output, Catch::Contains("--verbose (int32; env PS_VERBOSE; default: 0)"));
   }
-  // Only the scheduler reads DMLC_USE_KUBERNETES.
+  // Only the scheduler reads DMLC_USE_KUBERNETES and PS_STALL_TIMEOUT.
   CHECK_THAT(scheduler->Output(), Catch::Contains("--use_kubernetes (bool; env "
                                                   "DMLC_USE_KUBERNETES; default: false)"));
-  CHECK_THAT(server->Output(), !Catch::Contains("kubernetes"));
+  CHECK_THAT(scheduler->Output(), Catch::Contains("--stall_timeout (double; env "
+                                                  "PS_STALL_TIMEOUT; default: 600)"));
+  CHECK_THAT(server->Output(), !Catch::Contains("kubernetes") && !Catch::Contains("stall"));
 }
 
 TEST_CASE("processes: an argument that is not a flag is a one-line error", "[processes]") {

@@ -36,6 +36,11 @@ struct ClusterConfig {
   std::chrono::milliseconds heartbeat_interval{2000};  // PS_HEARTBEAT_INTERVAL (s); 0: off
   std::chrono::milliseconds heartbeat_timeout{20000};  // PS_HEARTBEAT_TIMEOUT (s)
   std::chrono::milliseconds register_timeout{60000};   // PS_REGISTER_TIMEOUT (s)
+  // PS_STALL_TIMEOUT (s), read by the scheduler: how long dist_sync workers whose pushes come
+  // from several threads may wait for each other's pushes, none of their threads pushing,
+  // before the job ends (another thread may still push, so the scheduler cannot be sure
+  // earlier); 0: never. Workers that push from the waiting thread only end the job at once.
+  std::chrono::milliseconds stall_timeout{600000};
   // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are sliced over all
   // servers; smaller ones live whole on one.
   std::size_t big_array_bound = 1000000;

@@ -142,9 +142,11 @@ class Runtime {
   // Worker: the thread that pushes waits for dist_sync rounds and pushes nothing until the
   // wait ends, and every live server has heard so as stall `number` (from 1, growing). Tells
   // the scheduler, which then asks the servers what their rounds wait for and ends the job
-  // when stalled workers wait for each other (scheduler/src/deadlock_watch.h). EndStall: the
-  // wait ended. Not from the receive thread.
-  void ReportStall(std::uint64_t number);
+  // when stalled workers wait for each other (scheduler/src/deadlock_watch.h). With
+  // `several_threads`, other threads push too and no push came since the stall's number was
+  // taken: the scheduler only suspects, and ends the job after PS_STALL_TIMEOUT. EndStall: the
+  // wait ended, or a push came. Not from the receive thread.
+  void ReportStall(std::uint64_t number, bool several_threads);
   void EndStall() { stall_.store(0); }
   bool stalled() const { return stall_.load() != 0; }
   // Server: the scheduler's probes are answered with what `reporter` returns, called on the
