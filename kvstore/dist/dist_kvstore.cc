@@ -176,7 +176,10 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
     if (ops_done_.WaitUntil(ops_mu_, report_at) || done()) continue;
     const StallGate now_gate = Gate();
     if (now_gate == gate) {
-      if (!report) report = std::make_shared<StallReport>(std::this_thread::get_id());
+      if (!report) {
+        report = std::make_shared<StallReport>(std::this_thread::get_id());
+        ++stalled_waiters_;
+      }
       lock.Unlock();  // ReportStall takes other locks of this store (the ring's)
       ReportStall(keys, gate, report);
       lock.Lock();
@@ -186,6 +189,7 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
     report_at = std::chrono::steady_clock::now() + gap;
   }
   if (report) {
+    --stalled_waiters_;
     MutexLock ended(report->mu);
     report->waiting = false;
     if (report->reported) runtime_->EndStall();
@@ -205,29 +209,29 @@ DistKVStore::StallGate DistKVStore::Gate() const {
 
 std::pair<std::uint64_t, std::uint64_t> DistKVStore::StallOfThreads() {
   MutexLock lock(stall_mu_);
-  const std::uint64_t sent = pushes_sent_.load();
-  if (threads_stall_.number == 0 || threads_stall_.pushes_sent != sent) {
-    threads_stall_ = {++stalls_, sent};
+  const std::uint64_t pushes = push_count_.load();
+  if (threads_stall_.number == 0 || threads_stall_.push_count != pushes) {
+    threads_stall_ = {++stalls_, pushes};
   }
-  return {threads_stall_.number, threads_stall_.pushes_sent};
+  return {threads_stall_.number, threads_stall_.push_count};
 }
 
 void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
                               const std::shared_ptr<StallReport>& report) noexcept {
   try {
     if (keys.size() > kv::kMaxSlicesPerMessage) return;
-    // Alone: this wait's own number. Several threads: one that changes with every push sent.
-    const bool alone = OnlyCallerPushes();
+    // Alone (the waiting thread is the only one that pushes, and the only one that waits
+    // this long): this wait's own number. Else one that changes with every push, shared by
+    // the waiting threads, so that their reports agree.
+    const bool alone = OnlyCallerPushes() && stalled_waiters_.load() == 1;
     std::uint64_t number = 0;
-    std::uint64_t sent = 0;
-    {
+    std::uint64_t pushes = 0;
+    if (alone) {
       MutexLock lock(report->mu);
-      if (alone) {
-        if (report->alone_stall == 0) report->alone_stall = ++stalls_;
-        number = report->alone_stall;
-      } else {
-        std::tie(number, sent) = StallOfThreads();
-      }
+      if (report->alone_stall == 0) report->alone_stall = ++stalls_;
+      number = report->alone_stall;
+    } else {
+      std::tie(number, pushes) = StallOfThreads();
     }
     kv::Request request;
     request.command = kv::kStalled;
@@ -246,14 +250,14 @@ void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
     // the wait goes on (the store outlives every wait).
     runtime_->Request(
         messages,
-        [this, report, gate, alone, number, sent](RequestResult&& result) {
+        [this, report, gate, alone, number, pushes](RequestResult&& result) {
           MutexLock lock(report->mu);
           if (!report->waiting || !result.ok() || Gate() != gate) return;
-          // Alone: whether a thread other than the waiting one pushed. Several threads: whether
-          // a push was sent since the number was taken. Issue records its push before it looks
-          // for a stall to end, and this looks after the stall is set.
+          // Alone: whether a thread other than the waiting one pushed. Else: whether a push
+          // began since the number was taken. Issue records its push before it looks for a
+          // stall to end, and this looks after the stall is set.
           const auto pushed = [&] {
-            if (!alone) return pushes_sent_.load() != sent;
+            if (!alone) return push_count_.load() != pushes;
             return several_pushers_.load() || pusher_.load() != report->thread;
           };
           if (pushed()) return;
@@ -262,8 +266,7 @@ void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
           if (pushed()) runtime_->EndStall();
           if (runtime_->config().verbose >= 2) {
             PS_LOG(INFO) << "worker " << Rank() << ": waits for its dist_sync rounds (stall "
-                         << number << (alone ? "" : ", its pushes come from several threads")
-                         << ")";
+                         << number << (alone ? "" : ", other threads push or wait too") << ")";
           }
         },
         std::chrono::steady_clock::now() + kMaxStallReportGap);
@@ -805,6 +808,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
                   command != kv::kPull,
                   command == kv::kPull || command == kv::kPushPull};
   RefuseAfterFailure(call.op);
+  const bool pushing = call.sending && command != kv::kInit;
   // The call's own bookkeeping lives in a buffer on this stack; only calls too big for it
   // (hundreds of keys) reach the heap. What outlives the call (frames, destinations) does not.
   alignas(std::max_align_t) std::byte scratch[kIssueScratchBytes];
@@ -817,7 +821,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
                           : command == kv::kPushPull ? checks::Op::kPushPull
                                                      : checks::Op::kPush,
                           keys, sends, outs, optimizer_set_ && command != kv::kInit, &arena);
-  if (call.sending && command != kv::kInit && !sync_ && !optimizer_set_) {
+  if (pushing && !sync_ && !optimizer_set_) {
     throw Error(checks::Where(kStore, call.op, keys.empty() ? 0 : keys[0]) +
                 "dist_async applies every push at once, so it needs an optimizer: call "
                 "SetOptimizer before the first Push");
@@ -831,36 +835,37 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
       check.CheckKey(i, checks::DeclaredBy(it == keys_.end() ? nullptr : &it->second));
       PlanKey(call, i, it->second, plan, drafts);
     }
-    if (call.sending && command != kv::kInit) {
+    if (pushing) {
       pushed_.store(true);
       std::thread::id first{};
       const std::thread::id me = std::this_thread::get_id();
       if (!pusher_.compare_exchange_strong(first, me) && first != me) several_pushers_.store(true);
       // The thread in a reported stall cannot push: another one does, so that stall no longer
       // says this worker pushes nothing until its wait ends (ReportStall checks the other way).
-      if (runtime_->stalled()) runtime_->EndStall();
+      CountPush();
     }
   } catch (...) {
     ReleaseUnsent(plan, 0);
     throw;
   }
-  if (!call.sending || command == kv::kInit) {
+  if (!pushing) {
     SendPlan(call, plan);
     return;
   }
-  // Counted once sent, failed or not: a stall of several threads (StallOfThreads) numbered
-  // before this push had it sent behind its notice, and so ends.
-  const auto count_push = [this] {
-    pushes_sent_.fetch_add(1);
-    if (runtime_->stalled()) runtime_->EndStall();
-  };
+  // Again once sent, failed or not: a stall numbered while the push was on its way (its
+  // notice maybe ahead of the push on a connection) no longer holds either.
   try {
     SendPlan(call, plan);
   } catch (...) {
-    count_push();
+    CountPush();
     throw;
   }
-  count_push();
+  CountPush();
+}
+
+void DistKVStore::CountPush() {
+  push_count_.fetch_add(1);
+  if (runtime_->stalled()) runtime_->EndStall();
 }
 
 void DistKVStore::PlanKey(const Call& call, std::size_t i, const KeyInfo& info, Plan& plan,

@@ -321,8 +321,10 @@ class DistKVStore final : public KVStore {
   void ReportStall(std::span<const Key> keys, const StallGate& gate,
                    const std::shared_ptr<StallReport>& report) noexcept;
   // The stall number of a worker whose pushes come from several threads: the same for every
-  // wait until a push is sent (pushes_sent_). Returns it and the count it stands for.
+  // wait until a push begins (push_count_). Returns it and the count it stands for.
   std::pair<std::uint64_t, std::uint64_t> StallOfThreads() PS_EXCLUDES(stall_mu_);
+  // A push begins, or was sent: a stall reported before no longer holds.
+  void CountPush();
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
   static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
@@ -403,10 +405,12 @@ class DistKVStore final : public KVStore {
   std::atomic<bool> several_pushers_{false};
   std::atomic<bool> collective_running_{false};  // OneCollective
   std::atomic<std::uint64_t> stalls_{0};         // ReportStall's numbers
-  std::atomic<std::uint64_t> pushes_sent_{0};    // pushes Issue sent (Init's not counted)
+  // Bumped as each push (not Init) begins and again once it was sent (CountPush).
+  std::atomic<std::uint64_t> push_count_{0};
+  std::atomic<int> stalled_waiters_{0};  // waits that made a StallReport and go on
   struct ThreadsStall {
-    std::uint64_t number = 0;       // 0: none yet
-    std::uint64_t pushes_sent = 0;  // pushes_sent_ when it was taken
+    std::uint64_t number = 0;      // 0: none yet
+    std::uint64_t push_count = 0;  // push_count_ when it was taken
   };
   Mutex stall_mu_;
   ThreadsStall threads_stall_ PS_GUARDED_BY(stall_mu_);  // StallOfThreads

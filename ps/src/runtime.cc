@@ -434,8 +434,7 @@ void Runtime::ReportStall(std::uint64_t number, bool several_threads) {
   msg.meta.control = Control::kStalled;
   msg.meta.request = true;  // (unanswered)
   msg.meta.recipient = kSchedulerId;
-  msg.meta.body = std::to_string(number);
-  if (several_threads) msg.meta.body += kStallOfThreads;
+  msg.meta.body = wire::EncodeStalled({number, several_threads});
   // Unacknowledged: a notice lost with a reset connection only leaves a deadlock unfound
   // until the worker's next report (DistKVStore reports again while it waits).
   SendToNode(msg);

@@ -1,6 +1,7 @@
 #include "ps/src/wire.h"
 
 #include <algorithm>
+#include <charconv>
 #include <limits>
 
 #include "ps.pb.h"
@@ -192,6 +193,33 @@ std::optional<std::vector<WaitEdge>> DecodeWaitReport(const std::string& body) {
                              edge.awaited_stall(), edge.what()});
   }
   return edges;
+}
+
+namespace {
+constexpr std::string_view kSeveralThreads = " threads";
+}  // namespace
+
+std::string EncodeStalled(const StalledNotice& notice) {
+  std::string body = std::to_string(notice.stall);
+  if (notice.several_threads) body += kSeveralThreads;
+  return body;
+}
+
+std::optional<StalledNotice> DecodeStalled(std::string_view body) {
+  StalledNotice notice;
+  notice.several_threads = body.ends_with(kSeveralThreads);
+  if (notice.several_threads) body.remove_suffix(kSeveralThreads.size());
+  const auto number = DecodeStallNumber(body);
+  if (!number || *number == 0) return std::nullopt;
+  notice.stall = *number;
+  return notice;
+}
+
+std::optional<std::uint64_t> DecodeStallNumber(std::string_view text) {
+  std::uint64_t number = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (error != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return number;
 }
 
 }  // namespace ps::wire

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/message.h"
@@ -83,5 +84,19 @@ constexpr std::size_t kMaxWaitEdges = 1 << 16;
 constexpr std::size_t kMaxWaitTextBytes = 1024;
 std::string EncodeWaitReport(std::span<const WaitEdge> edges);
 std::optional<std::vector<WaitEdge>> DecodeWaitReport(const std::string& body);
+
+// A STALLED notice's body (Runtime::ReportStall): the stall number, and whether the worker's
+// pushes come from other threads than the waiting one, which may still push (the scheduler
+// then only suspects a deadlock): "7" or "7 threads".
+struct StalledNotice {
+  std::uint64_t stall = 0;
+  bool several_threads = false;
+};
+std::string EncodeStalled(const StalledNotice& notice);
+// nullopt when malformed or the number is 0.
+std::optional<StalledNotice> DecodeStalled(std::string_view body);
+// A number as a worker's WAIT_PROBE answer carries it (its stall, 0: none); nullopt when
+// malformed.
+std::optional<std::uint64_t> DecodeStallNumber(std::string_view text);
 
 }  // namespace ps::wire

@@ -1,20 +1,11 @@
 #include "scheduler/src/deadlock_watch.h"
 
 #include <algorithm>
-#include <charconv>
 
 #include "ps/src/log_text.h"
-#include "ps/src/wire.h"
 
 namespace ps {
 namespace {
-
-// A stall number as a STALLED body or a worker's probe answer carries it; 0 when malformed.
-std::uint64_t ParseStall(std::string_view text) {
-  std::uint64_t number = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), number);
-  return error == std::errc{} && end == text.data() + text.size() ? number : 0;
-}
 
 // "worker 0 (...) waits for round 1 of key 0, which worker 1 (...) has not pushed; ..."
 std::string DescribeWaits(const std::map<int, WaitEdge>& deadlock,
@@ -94,8 +85,9 @@ std::string SuspectedDeadlockWarning(const std::map<int, WaitEdge>& deadlock,
                                         " (PS_STALL_TIMEOUT) with none of them pushing"
                                   : "with PS_STALL_TIMEOUT=0 the job waits for ever";
   return "the workers may wait for each other's pushes: " + DescribeWaits(deadlock, nodes) +
-         ". Their pushes come from several threads, and another thread may still push: " + outcome +
-         ". " + std::string(kRoundRule);
+         ". Some of them push from other threads than the waiting one, and those may still "
+         "push: " +
+         outcome + ". " + std::string(kRoundRule);
 }
 
 std::string SuspectedDeadlockError(const std::map<int, WaitEdge>& deadlock,
@@ -108,14 +100,11 @@ std::string SuspectedDeadlockError(const std::map<int, WaitEdge>& deadlock,
          "ever)";
 }
 
-void DeadlockWatch::OnStalled(int worker, const std::string& body, const std::vector<int>& servers,
-                              Clock::time_point now) {
-  const bool several_threads = body.ends_with(kStallOfThreads);
-  const std::uint64_t number = ParseStall(std::string_view(body).substr(
-      0, body.size() - (several_threads ? kStallOfThreads.size() : 0)));
-  if (number == 0) return;
-  stalls_[worker] = number;
-  if (several_threads) {
+void DeadlockWatch::OnStalled(int worker, const wire::StalledNotice& notice,
+                              const std::vector<int>& servers, Clock::time_point now) {
+  if (notice.stall == 0) return;
+  stalls_[worker] = notice.stall;
+  if (notice.several_threads) {
     several_threads_.insert(worker);
   } else {
     several_threads_.erase(worker);
@@ -137,15 +126,13 @@ std::string DeadlockWatch::OnAnswer(const Message& answer, const std::vector<int
   if (probe_->confirming) {
     // Still in the stall the servers reported about (a later report of the same wait keeps
     // its number; a new wait has another).
-    if (ParseStall(meta.body) != probe_->deadlock.at(meta.sender).waiter_stall) {
+    if (wire::DecodeStallNumber(meta.body).value_or(0) !=
+        probe_->deadlock.at(meta.sender).waiter_stall) {
       EndProbe(servers, now);  // its wait ended: it may push again
       return "";
     }
     if (!probe_->unanswered.empty()) return "";
-    const bool suspected =
-        std::any_of(probe_->deadlock.begin(), probe_->deadlock.end(),
-                    [this](const auto& entry) { return several_threads_.contains(entry.first); });
-    if (suspected) return Suspect(servers, nodes, now);
+    if (probe_->suspected) return Suspect(servers, nodes, now);
     const std::string error = DeadlockError(probe_->deadlock, nodes);
     probe_.reset();
     return error;
@@ -161,6 +148,10 @@ std::string DeadlockWatch::OnAnswer(const Message& answer, const std::vector<int
     EndProbe(servers, now);
     return "";
   }
+  // stalls_ holds the numbers the edges matched: several_threads_ tells their kind.
+  probe_->suspected =
+      std::any_of(probe_->deadlock.begin(), probe_->deadlock.end(),
+                  [this](const auto& entry) { return several_threads_.contains(entry.first); });
   probe_->confirming = true;
   probe_->id = ++probes_;
   for (const auto& [waiter, edge] : probe_->deadlock) probe_->unanswered.insert(waiter);
@@ -177,19 +168,23 @@ std::string DeadlockWatch::Suspect(const std::vector<int>& servers, std::span<co
     suspicion_ = Suspicion{std::move(stalls), now};
   }
   const auto lasted = now - suspicion_->since;
-  if (stall_timeout_.count() > 0 && lasted >= stall_timeout_) {
-    std::string error = SuspectedDeadlockError(probe_->deadlock, nodes, stall_timeout_);
-    probe_.reset();
-    return error;
-  }
+  const bool timed_out = stall_timeout_.count() > 0 && lasted >= stall_timeout_;
   // Not at first sight: workers that push the keys in other orders, from threads that
   // compute between pushes, wait for each other for a while at every step.
   const auto warn_after = stall_timeout_.count() > 0
                               ? std::min<Clock::duration>(kWarnAfter, stall_timeout_ / 2)
                               : Clock::duration(kWarnAfter);
-  if (!suspicion_->warned && lasted >= warn_after) {
+  if (!suspicion_->warned &&
+      (timed_out ||
+       (lasted >= warn_after && (!last_warning_ || now - *last_warning_ >= kWarnGap)))) {
     suspicion_->warned = true;
+    last_warning_ = now;
     warn_(SuspectedDeadlockWarning(probe_->deadlock, nodes, stall_timeout_));
+  }
+  if (timed_out) {
+    std::string error = SuspectedDeadlockError(probe_->deadlock, nodes, stall_timeout_);
+    probe_.reset();
+    return error;
   }
   EndProbe(servers, now);
   return "";

@@ -17,12 +17,12 @@
 // only while its pushes all came from the waiting thread; another thread's first push ends
 // the stall, unless it comes between the worker's confirmation and the end of the job.)
 //
-// A worker whose pushes come from several threads cannot say that it pushes nothing until its
-// wait ends: another thread may still push. It reports a stall whose number changes with each
-// push it sends (kStallOfThreads). A deadlock that such a worker is part of is only suspected:
-// once the same workers stayed in the same stalls (none pushed) for a while, the scheduler
-// logs a warning naming them, and it ends the job once they did for the stall timeout
-// (PS_STALL_TIMEOUT).
+// A worker whose pushes come from several threads, or in which several threads wait, cannot
+// say that it pushes nothing until its wait ends: another thread may still push. It reports a stall
+// whose number changes with each push it sends (StalledNotice::several_threads). A deadlock that
+// such a worker is part of is only suspected: once the same workers stayed in the same stalls (none
+// pushed) for a while, the scheduler logs a warning naming them, and it ends the job once they did
+// for the stall timeout (PS_STALL_TIMEOUT).
 //
 // Threads: the scheduler calls every method under its lock.
 #include <chrono>
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ps/message.h"
+#include "ps/src/wire.h"
 
 namespace ps {
 
@@ -67,16 +68,19 @@ class DeadlockWatch {
   static constexpr auto kProbeTimeout = std::chrono::seconds(10);
   // Probes start at most this often: stalls reported meanwhile wait for the next (OnTick).
   static constexpr auto kProbeGap = std::chrono::milliseconds(500);
-  // A suspected deadlock is logged once it lasted this long, or half the stall timeout.
+  // A suspected deadlock is logged once it lasted this long, or half the stall timeout, and
+  // at most one every kWarnGap (a job whose threads compute long between pushes may stall so
+  // at every step), but always before the job ends for it.
   static constexpr auto kWarnAfter = std::chrono::seconds(10);
+  static constexpr auto kWarnGap = std::chrono::seconds(60);
   // `send` sends one probe (the scheduler's Send); `warn` logs a suspected deadlock;
   // `stall_timeout`: how long one may last before the job ends (0: never).
   DeadlockWatch(Send send, Warn warn, std::chrono::milliseconds stall_timeout)
       : send_(std::move(send)), warn_(std::move(warn)), stall_timeout_(stall_timeout) {}
 
-  // Worker `worker` reported a stall (a STALLED body: its number, maybe kStallOfThreads).
-  // Probes `servers` unless a probe runs; then another follows it.
-  void OnStalled(int worker, const std::string& body, const std::vector<int>& servers,
+  // Worker `worker` reported a stall. Probes `servers` unless a probe runs; then another
+  // follows it.
+  void OnStalled(int worker, const wire::StalledNotice& notice, const std::vector<int>& servers,
                  Clock::time_point now);
   // A WAIT_PROBE answer. Returns the job's error once every worker of a deadlock confirmed
   // it still waits (a suspected one: for stall_timeout, in the same stalls), else "".
@@ -96,6 +100,9 @@ class DeadlockWatch {
     std::set<int> unanswered;  // node ids
     std::vector<WaitEdge> edges;
     std::map<int, WaitEdge> deadlock;  // FindDeadlock's, while confirming
+    // A worker of `deadlock` was, by the stall number FindDeadlock matched, in a stall of
+    // several threads (decided then: a later report may be of another kind).
+    bool suspected = false;
     Clock::time_point started;
   };
   void StartProbe(const std::vector<int>& servers, Clock::time_point now);
@@ -119,6 +126,7 @@ class DeadlockWatch {
   std::map<int, std::uint64_t> stalls_;  // worker node id -> its latest stall number
   std::set<int> several_threads_;        // workers whose latest stall is of several threads
   std::optional<Suspicion> suspicion_;
+  std::optional<Clock::time_point> last_warning_;
   std::optional<Probe> probe_;
   bool again_ = false;            // a stall was reported while a probe ran, or within kProbeGap
   Clock::time_point last_probe_;  // when the last probe started

@@ -9,6 +9,7 @@
 
 #include "ps/error.h"
 #include "ps/src/internal.h"
+#include "ps/src/wire.h"
 #include "scheduler/src/deadlock_watch.h"
 
 namespace ps {
@@ -559,15 +560,14 @@ void Scheduler::OnWaitMessage(const Message& msg) {
   const auto now = Clock::now();
   if (msg.meta.control == Control::kStalled) {
     if (nodes_[msg.meta.sender].role != Role::kWorker || !msg.meta.request) return;
+    const auto notice = wire::DecodeStalled(msg.meta.body);
+    if (!notice) return;
     if (config_.verbose >= 2) {
-      const std::string_view body = msg.meta.body;
-      const bool threads = body.ends_with(kStallOfThreads);
-      LOG(INFO) << "stall " << body.substr(0, body.size() - (threads ? kStallOfThreads.size() : 0))
-                << " of " << nodes_[msg.meta.sender].Describe()
+      LOG(INFO) << "stall " << notice->stall << " of " << nodes_[msg.meta.sender].Describe()
                 << ": it waits for its dist_sync rounds"
-                << (threads ? " (its pushes come from several threads)" : "");
+                << (notice->several_threads ? " (other threads of it push or wait too)" : "");
     }
-    deadlocks_->OnStalled(msg.meta.sender, msg.meta.body, LiveServers(), now);
+    deadlocks_->OnStalled(msg.meta.sender, *notice, LiveServers(), now);
     return;
   }
   const std::string deadlock = deadlocks_->OnAnswer(msg, LiveServers(), nodes_, now);

@@ -93,9 +93,9 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
     return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
   };
   const auto report = [](std::vector<WaitEdge> edges) { return ps::wire::EncodeWaitReport(edges); };
-  watch.OnStalled(3, "1", servers, now);
+  watch.OnStalled(3, {1}, servers, now);
   REQUIRE(sent.size() == 2);  // both servers asked
-  watch.OnStalled(4, "1", servers, now);
+  watch.OnStalled(4, {1}, servers, now);
   CHECK(sent.size() == 2);  // one probe at a time: another follows this one
   CHECK(answer(sent[0], report({Edge(3, 4)})).empty());
   CHECK(answer(sent[0], report({Edge(3, 4)})).empty());  // twice: ignored
@@ -113,8 +113,8 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
     INFO("the worker answers " << moved_on);
     sent.clear();
     now += 1s;
-    watch.OnStalled(3, "2", servers, now);
-    watch.OnStalled(4, "2", servers, now);
+    watch.OnStalled(3, {2}, servers, now);
+    watch.OnStalled(4, {2}, servers, now);
     REQUIRE(sent.size() == 2);
     CHECK(answer(sent[0], report({Edge(3, 4, 2, 2), Edge(4, 3, 2, 2)})).empty());
     CHECK(answer(sent[1], "not a report").empty());  // malformed: adds nothing
@@ -137,8 +137,8 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
   // (after kProbeTimeout) or dies.
   sent.clear();
   now += 1s;
-  watch.OnStalled(3, "3", servers, now);
-  watch.OnStalled(4, "3", servers, now);
+  watch.OnStalled(3, {3}, servers, now);
+  watch.OnStalled(4, {3}, servers, now);
   CHECK(answer(sent[0], report({Edge(3, 4, 3, 3), Edge(4, 3, 3, 3)})).empty());
   CHECK(answer(sent[1], report({})).empty());
   REQUIRE(sent.size() == 4);
@@ -147,17 +147,17 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
   CHECK(answer(sent[3], "3").empty());  // the probe is over
   sent.clear();
   now += 1s;
-  watch.OnStalled(4, "4", servers, now);
+  watch.OnStalled(4, {4}, servers, now);
   REQUIRE(sent.size() == 2);
   CHECK(answer(sent[0], report({})).empty());
   watch.OnTick(servers, now + ps::DeadlockWatch::kProbeTimeout + 1s);
   CHECK(answer(sent[1], report({})).empty());  // too late
   now += ps::DeadlockWatch::kProbeTimeout + 2s;
-  watch.OnStalled(3, "4", servers, now);
+  watch.OnStalled(3, {4}, servers, now);
   REQUIRE(sent.size() == 4);
   watch.Forget(2, {1}, now);
   now += 1s;
-  watch.OnStalled(4, "5", {1}, now);
+  watch.OnStalled(4, {5}, {1}, now);
   CHECK(sent.size() == 5);  // a new probe, of the one server left
   CHECK(warnings.empty());  // every stall came from a worker that pushes from one thread
 }
@@ -184,8 +184,8 @@ TEST_CASE("deadlock: workers that push from several threads: a warning, then the
   const auto round = [&](std::uint64_t number3, std::uint64_t number4) {
     sent.clear();
     now += 2s;
-    watch.OnStalled(3, std::to_string(number3) + " threads", servers, now);
-    watch.OnStalled(4, std::to_string(number4), servers, now);
+    watch.OnStalled(3, {number3, true}, servers, now);
+    watch.OnStalled(4, {number4}, servers, now);
     REQUIRE(sent.size() == 1);
     const auto reply = [&](const ps::Message& probe, std::string body) {
       return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
@@ -220,9 +220,36 @@ TEST_CASE("deadlock: workers that push from several threads: a warning, then the
                                      "pushes, and no thread of theirs pushed: worker 3 (node 3"));
   }
   CHECK(warnings.size() == 1);
-  // A worker of it that finishes forgets the suspicion: a new one starts over.
+  // A worker of it that finishes forgets the suspicion: the same stalls again start over.
   watch.Forget(4, servers, now);
-  CHECK(round(2, 2).empty());
-  CHECK(round(2, 2).empty());
+  CHECK(round(2, 1).empty());
   CHECK(warnings.size() == 1);
+}
+
+TEST_CASE("deadlock: a stall of several threads stays suspected when another kind follows",
+          "[deadlock]") {
+  // Worker 3's deadlock was found by a stall of several threads; while the workers confirm,
+  // another thread of it, the only one that pushes, reports a stall of its own. The
+  // confirmation is about the first: the deadlock is still only suspected.
+  using namespace std::chrono_literals;
+  std::vector<ps::Message> sent;
+  std::vector<std::string> warnings;
+  ps::DeadlockWatch watch([&](ps::Message msg) { sent.push_back(std::move(msg)); },
+                          [&](const std::string& warning) { warnings.push_back(warning); }, 5s);
+  const std::vector<int> servers{1};
+  const std::vector<ps::NodeInfo> nodes = Nodes();
+  const auto now = std::chrono::steady_clock::now();
+  const auto answer = [&](const ps::Message& probe, std::string body) {
+    return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
+  };
+  watch.OnStalled(3, {1, true}, servers, now);
+  watch.OnStalled(4, {1}, servers, now);
+  REQUIRE(sent.size() == 1);
+  const std::vector<WaitEdge> edges{Edge(3, 4), Edge(4, 3)};
+  CHECK(answer(sent[0], ps::wire::EncodeWaitReport(edges)).empty());
+  REQUIRE(sent.size() == 3);
+  CHECK(answer(sent[1], "1").empty());
+  watch.OnStalled(3, {2}, servers, now);
+  CHECK(answer(sent[2], "1").empty());  // a suspicion that just began: no error, no warning
+  CHECK(warnings.empty());
 }

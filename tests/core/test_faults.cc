@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -39,6 +41,7 @@
 #include "ps/kvstore.h"
 #include "ps/runtime.h"
 #include "tests/kvstore/kv_cluster.h"
+#include "tests/kvstore/kv_rounds.h"
 #include "tests/util/child_process.h"
 #include "tests/util/sanitizer.h"
 #include "tests/util/settings_config.h"
@@ -803,6 +806,7 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
   auto server = Start("ps-server", server_env);
   std::promise<void> third_push_sent;
   std::vector<std::string> errors(2);
+  std::vector<std::string> later_errors(2);  // of calls after ReportFailure
   std::vector<float> value(100, 0.0f);
   const auto worker = [&] {
     auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
@@ -827,17 +831,22 @@ TEST_CASE("faults: a worker in a collective while a round waits for its push fai
         kv->SetOptimizer(ps::OptimizerConfig{});
       }
     } catch (const ps::Error& e) {
-      errors[static_cast<std::size_t>(kv->Rank())] = e.what();
+      const auto rank = static_cast<std::size_t>(kv->Rank());
+      errors[rank] = e.what();
       kv->ReportFailure(e.what());  // as ps-train does: the job ends naming it
       // Nothing reaches the other nodes any more: later calls fail at once, saying why.
-      CHECK_THROWS_WITH(kv->Push(0, ps::Tensor(value.data(), value.size())),
-                        Catch::Contains("Push after this worker called ReportFailure"));
-      CHECK_THROWS_WITH(kv->Barrier(), Catch::Contains("Barrier after this worker called "
-                                                       "ReportFailure: the job has ended"));
+      later_errors[rank] =
+          ps::test::ErrorOf([&] { kv->Push(0, ps::Tensor(value.data(), value.size())); }) + "\n" +
+          ps::test::ErrorOf([&] { kv->Barrier(); });
     }
   };
   REQUIRE(TwoWorkersEnd(worker, *server));
   INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
+  for (const std::string& later : later_errors) {
+    CHECK_THAT(later, Catch::Contains("Push after this worker called ReportFailure") &&
+                          Catch::Contains("Barrier after this worker called ReportFailure: the "
+                                          "job has ended"));
+  }
   for (const std::string& error : errors) {
     CHECK_THAT(error, Catch::Contains("key 0: this dist_sync round can never complete: worker 0") &&
                           Catch::Contains("is in a collective (" + collective) &&
@@ -1378,8 +1387,7 @@ TEST_CASE("faults: workers that push from other threads and wait for each other 
   // dist_sync, as above, but each worker pushes its key from a thread of its own and waits on
   // its main thread: another thread might still push, so the scheduler only suspects a
   // deadlock. It warns once that lasted half of the stall timeout (--stall_timeout, 3 s
-  // here), naming both, and ends the job once neither worker pushed for all of it (before,
-  // both waited for ever).
+  // here), naming both, and ends the job once neither worker pushed for all of it.
   Env env = JobEnv(1, 2, 0);
   auto [scheduler, port] = StartScheduler(env, {"--stall_timeout=3"});
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
@@ -1417,7 +1425,7 @@ TEST_CASE("faults: workers that push from other threads and wait for each other 
 }
 
 TEST_CASE("faults: a suspected deadlock ends when another thread pushes", "[faults]") {
-  // The same two workers; once the scheduler warned (after 10 s), a second thread of each
+  // The same two workers; once the scheduler warned (10 s into it), a second thread of each
   // pushes the other key. Every round closes, and the values come out exact: a suspicion never
   // ends a job whose threads go on pushing (PS_STALL_TIMEOUT 60 s).
   Env env = JobEnv(1, 2, 0);
@@ -1426,16 +1434,74 @@ TEST_CASE("faults: a suspected deadlock ends when another thread pushes", "[faul
   auto [scheduler, port] = StartScheduler(scheduler_env);
   env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
   auto server = Start("ps-server", env);
+  std::array<std::atomic<bool>, 2> warned{};  // set by the workers' threads (Catch's are not)
   // Key 0's round: 1 + 2, with no optimizer set.
   ExpectSumsAfter(2, env, *scheduler, *server, 0, 3.0f, [&](ps::KVStore& kv, const auto& push) {
     const auto rank = static_cast<ps::Key>(kv.Rank());
     std::thread(push, rank).join();
-    std::thread late([&] {
-      CHECK(scheduler->WaitForOutput("the workers may wait for each other's pushes", 20s));
-      push(1 - rank);
-    });
-    kv.WaitAll();
-    late.join();
+    {
+      std::jthread late([&] {
+        warned[rank] =
+            scheduler->WaitForOutput("the workers may wait for each other's pushes", 45s);
+        push(1 - rank);
+      });
+      kv.WaitAll();
+    }
     kv.WaitAll();
   });
+  CHECK((warned[0] && warned[1]));
+}
+
+TEST_CASE("faults: a push that cannot close the waited rounds restarts the stall timeout",
+          "[faults]") {
+  // The two workers of the test above; a third thread of worker 0 pushes key 2, which closes
+  // no round either of them waits for, 4 and 5 s into the wait: after the scheduler suspected
+  // the deadlock (its checks come about 1, 3, 7 and 15 s in), before it would end the job.
+  // Each push starts the stall timeout (3 s) again: the job ends, but no sooner than 3 s
+  // after the last of them.
+  Env env = JobEnv(1, 2, 0);
+  auto [scheduler, port] = StartScheduler(env, {"--stall_timeout=3"});
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::string> errors(2);
+  std::vector<Clock::time_point> failed(2);
+  Clock::time_point last_push;
+  const auto worker = [&] {
+    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+    const auto rank = static_cast<std::size_t>(kv->Rank());
+    std::vector<float> value(64, 0.0f);
+    std::vector<float> grad(value.size(), 1.0f);
+    const ps::Tensor zeros(value.data(), value.size());
+    const auto push = [&](ps::Key key) { kv->Push(key, ps::Tensor(grad.data(), grad.size())); };
+    try {
+      kv->Init({0, 1, 2}, {zeros, zeros, zeros});
+      std::thread(push, static_cast<ps::Key>(rank)).join();
+      std::jthread other;
+      if (rank == 0) {
+        other = std::jthread([&] {
+          try {
+            for (const auto pause : {4s, 1s}) {
+              std::this_thread::sleep_for(pause);  // a thread that computes between pushes
+              push(2);
+              last_push = Clock::now();
+            }
+          } catch (const ps::Error&) {  // the job ended before: failed[0] - last_push < 3 s
+          }
+        });
+      }
+      kv->WaitAll();
+    } catch (const ps::Error& e) {
+      failed[rank] = Clock::now();
+      errors[rank] = e.what();
+    }
+  };
+  REQUIRE(TwoWorkersEnd(worker, *scheduler));
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    INFO("worker " << rank << ": " << errors[rank]);
+    CHECK_THAT(errors[rank], Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT)"));
+    CHECK(failed[rank] - last_push >= 3s);
+  }
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK(server->Wait(30s) != 0);
 }

@@ -242,3 +242,19 @@ TEST_CASE("wire: a wait report round-trips, a malformed or oversized one is refu
   for (std::size_t i = 0; i <= ps::wire::kMaxWaitEdges; ++i) many.add_edges();
   CHECK_FALSE(ps::wire::DecodeWaitReport(many.SerializeAsString()));
 }
+
+TEST_CASE("wire: a stall notice round-trips, a malformed one is refused", "[wire]") {
+  for (const bool threads : {false, true}) {
+    const auto decoded = ps::wire::DecodeStalled(ps::wire::EncodeStalled({42, threads}));
+    REQUIRE(decoded);
+    CHECK(decoded->stall == 42);
+    CHECK(decoded->several_threads == threads);
+  }
+  CHECK(ps::wire::EncodeStalled({7, true}) == "7 threads");
+  for (const char* bad : {"", "0", "0 threads", " threads", "7 thread", "-1", "7x", "x7"}) {
+    INFO("'" << bad << "'");
+    CHECK_FALSE(ps::wire::DecodeStalled(bad));
+  }
+  CHECK(ps::wire::DecodeStallNumber("0") == 0u);  // a worker that no longer stalls
+  CHECK_FALSE(ps::wire::DecodeStallNumber("1 threads"));
+}

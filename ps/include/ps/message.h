@@ -6,7 +6,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "ps/config.h"
@@ -101,10 +100,6 @@ class Blob {
   std::size_t bytes_ = 0;
   DType dtype_ = DType::kUInt8;
 };
-
-// A STALLED body is the stall number, followed by this when the worker's pushes come from
-// several threads: another of them may still push (DeadlockWatch only suspects a deadlock).
-inline constexpr std::string_view kStallOfThreads = " threads";
 
 // One stalled worker waiting for another (Runtime::ReportStall, WAIT_PROBE): a request of
 // `waiter` waits for a dist_sync round that `awaited` has not pushed into. Both are node ids;

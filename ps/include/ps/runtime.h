@@ -139,13 +139,14 @@ class Runtime {
   void ReplyError(const Meta& request, const std::string& error);
 
   // --- workers that wait for each other (dist_sync) ---
-  // Worker: the thread that pushes waits for dist_sync rounds and pushes nothing until the
-  // wait ends, and every live server has heard so as stall `number` (from 1, growing). Tells
-  // the scheduler, which then asks the servers what their rounds wait for and ends the job
-  // when stalled workers wait for each other (scheduler/src/deadlock_watch.h). With
-  // `several_threads`, other threads push too and no push came since the stall's number was
-  // taken: the scheduler only suspects, and ends the job after PS_STALL_TIMEOUT. EndStall: the
-  // wait ended, or a push came. Not from the receive thread.
+  // Worker: a thread waits for dist_sync rounds, and every live server has heard so as stall
+  // `number` (from 1, growing). Tells the scheduler, which then asks the servers what their
+  // rounds wait for (scheduler/src/deadlock_watch.h). Without `several_threads`, the waiting
+  // thread is the only one that pushes and so pushes nothing until the wait ends: the job ends
+  // when stalled workers wait for each other. With it, other threads push or wait too, and no
+  // push was sent since `number` was taken: the scheduler only suspects a deadlock, and ends
+  // the job after PS_STALL_TIMEOUT. EndStall: the wait ended, or a push came. Not from the
+  // receive thread.
   void ReportStall(std::uint64_t number, bool several_threads);
   void EndStall() { stall_.store(0); }
   bool stalled() const { return stall_.load() != 0; }
