@@ -50,10 +50,14 @@ std::string Bounded(std::string call) {
   return call + "... (fingerprint " + digest + ")";
 }
 
+// In key order: workers that declare the same keys in another order make the same call.
 std::string DescribeInit(std::span<const Key> keys, std::span<const Tensor> values) {
+  std::vector<std::size_t> order(keys.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [keys](auto a, auto b) { return keys[a] < keys[b]; });
   std::string call = "Init";
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    call += (i == 0 ? " key " : ", key ") + std::to_string(keys[i]) + " (" +
+  for (const std::size_t i : order) {
+    call += (call.size() == 4 ? " key " : ", key ") + std::to_string(keys[i]) + " (" +
             std::to_string(values[i].size()) + " x " + DTypeName(values[i].dtype()) + ")";
   }
   return Bounded(std::move(call));

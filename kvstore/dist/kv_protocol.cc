@@ -37,7 +37,8 @@ void ClearRequest(Request& request) {
 }
 
 // Fills request.slices from the body's three key lists and checks them against the value
-// frames: one per slice for a command that carries values, each inside its key.
+// frames: one per slice for a command that carries values, each inside its key (a Replicate
+// has as many state frames after them: AttachReplicaStates).
 bool DecodeSlices(const pb::KVBody& body, Request& request, const std::vector<Blob>& data,
                   std::string* error) {
   if (body.keys_size() != body.offsets_size() || body.keys_size() != body.totals_size() ||
@@ -50,7 +51,8 @@ bool DecodeSlices(const pb::KVBody& body, Request& request, const std::vector<Bl
     request.slices.push_back(SliceRef{body.keys(i), body.offsets(i), body.totals(i)});
   }
   const std::size_t frames = CarriesValues(request.command) ? request.slices.size() : 0;
-  if (data.size() != frames) {
+  const std::size_t state_frames = request.command == kReplicate ? frames : 0;
+  if (data.size() != frames + state_frames) {
     *error = CommandName(request.command) + " request with " + std::to_string(data.size()) +
              " value frames for " + std::to_string(request.slices.size()) + " keys";
     return false;
@@ -175,7 +177,8 @@ bool DecodePulls(const pb::KVBody& body, Request& request, std::string* error) {
 
 // Fills request.homes, request.seqs and request.replica_ops from the body: each list empty or
 // one entry per slice, and only for the commands that use it.
-bool DecodeReplication(const pb::KVBody& body, Request& request, std::string* error) {
+bool DecodeReplication(const pb::KVBody& body, Request& request, const std::vector<Blob>& data,
+                       std::string* error) {
   const Command command = request.command;
   const auto slices = static_cast<int>(request.slices.size());
   const auto fits = [&](int size, bool allowed) {
@@ -188,8 +191,7 @@ bool DecodeReplication(const pb::KVBody& body, Request& request, std::string* er
   if (!fits(body.homes_size(), routed) || !fits(body.seqs_size(), numbered) ||
       body.replica_kinds_size() != (replicate ? slices : 0) ||
       body.replica_seqs_size() != body.replica_kinds_size() ||
-      body.replica_workers_size() != body.replica_kinds_size() ||
-      body.replica_states_size() != body.replica_kinds_size()) {
+      body.replica_workers_size() != body.replica_kinds_size()) {
     *error = "malformed replication lists in a " + CommandName(command) + " request";
     return false;
   }
@@ -207,8 +209,15 @@ bool DecodeReplication(const pb::KVBody& body, Request& request, std::string* er
       *error = "unknown replica operation " + std::to_string(kind);
       return false;
     }
-    request.replica_ops.push_back(ReplicaOp{static_cast<ReplicaKind>(kind), body.replica_seqs(i),
-                                            body.replica_workers(i), body.replica_states(i)});
+    // DecodeSlices checked that the state frames follow the value frames.
+    const Blob& state = data[request.slices.size() + static_cast<std::size_t>(i)];
+    if (state.dtype() != DType::kUInt8) {
+      *error = "a Replicate request's state frame is not of bytes";
+      return false;
+    }
+    request.replica_ops.push_back(
+        ReplicaOp{static_cast<ReplicaKind>(kind), body.replica_seqs(i), body.replica_workers(i),
+                  std::string(reinterpret_cast<const char*>(state.data()), state.bytes())});
   }
   return true;
 }
@@ -334,7 +343,6 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
     body.add_replica_kinds(static_cast<std::uint32_t>(op.kind));
     body.add_replica_seqs(op.seq);
     body.add_replica_workers(op.worker);
-    body.add_replica_states(op.state);
   }
   if (request.command == kSetOptimizer)
     EncodeOptimizer(request.optimizer, *body.mutable_optimizer());
@@ -387,7 +395,7 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
   request.command = static_cast<Command>(msg.meta.head);
   request.sync = body.sync();
   if (!DecodeSlices(body, request, msg.data, error) || !DecodeShm(body, request, msg.data, error) ||
-      !DecodePulls(body, request, error) || !DecodeReplication(body, request, error) ||
+      !DecodePulls(body, request, error) || !DecodeReplication(body, request, msg.data, error) ||
       !DecodeCheckpoint(body, request, error)) {
     return nullptr;
   }
@@ -416,6 +424,16 @@ const Request* RequestDecoder::Decode(const Message& msg, std::string* error) {
     return nullptr;
   }
   return &request;
+}
+
+void AttachReplicaStates(Request& request, Message& msg) {
+  for (ReplicaOp& op : request.replica_ops) {
+    auto state = std::make_shared<std::string>(std::move(op.state));
+    op.state.clear();
+    const auto* bytes = reinterpret_cast<const std::byte*>(state->data());
+    const std::size_t size = state->size();
+    msg.data.emplace_back(std::move(state), bytes, size, DType::kUInt8);
+  }
 }
 
 std::optional<Request> DecodeRequest(const Message& msg, std::string* error) {

@@ -91,6 +91,9 @@ struct ReplicaOp {
   ReplicaKind kind = ReplicaKind::kState;
   std::uint64_t seq = 0;
   int worker = 0;
+  // kState: the slice's state besides its value (its optimizer buffers: up to twice the bytes
+  // of a float32 value), in a frame of its own after the value frames (AttachReplicaStates),
+  // not in the header, whose size is capped far lower.
   std::string state;
   friend bool operator==(const ReplicaOp&, const ReplicaOp&) = default;
 };
@@ -152,6 +155,10 @@ class RequestDecoder {
   std::unique_ptr<pb::KVBody> body_;
   Request request_;
 };
+
+// kReplicate: appends to `msg`, after its value frames, one frame per op with its state
+// (empty but for kState), which it moves out of `request`.
+void AttachReplicaStates(Request& request, Message& msg);
 
 // A one-off RequestDecoder::Decode.
 std::optional<Request> DecodeRequest(const Message& msg, std::string* error);

@@ -648,6 +648,15 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
                                const std::vector<ShmTarget>& shm) {
   Pending* const pending = StartPending(meta, request, true, shm);
   if (pending == nullptr) return;
+  // A round still open never closes once a worker is gone (OnPeer failed those waiting then).
+  const auto wait_for_round = [&](Slice& slice, std::uint64_t round, const Waiter& waiter) {
+    if (gone_workers_.empty()) {
+      slice.waiters.push_back({round, waiter});
+    } else {
+      FailWaiter(waiter, "server " + std::to_string(runtime_.rank()) + ": " +
+                             UnfinishableRound(slice.key, gone_workers_.begin()->second));
+    }
+  };
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
     Slice& slice = slices_.at({request.slices[i].key, request.slices[i].offset});
     const Waiter waiter{pending, i};
@@ -655,7 +664,7 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
       // After the puller's own pushes: the rounds before its push number.
       const std::uint64_t pushes = request.seqs[i];
       if (pushes > slice.completed) {
-        slice.waiters.push_back({pushes - 1, waiter});
+        wait_for_round(slice, pushes - 1, waiter);
       } else {
         ResolveCurrent(slice, waiter);
       }
@@ -663,7 +672,7 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
     }
     const auto last = slice.last_round.find(meta.sender);
     if (request.sync && last != slice.last_round.end() && last->second >= slice.completed) {
-      slice.waiters.push_back({last->second, waiter});  // after the puller's own push
+      wait_for_round(slice, last->second, waiter);  // after the puller's own push
     } else {
       ResolveCurrent(slice, waiter);
     }
@@ -999,6 +1008,10 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   const std::string why =
       peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
   gone_workers_[peer.id] = why;
+  if (runtime_.config().verbose >= 1) {
+    LOG(INFO) << "server " << runtime_.rank() << ": " << why
+              << ": dist_sync rounds that wait for it fail";
+  }
   // Its segments: requests still holding one keep it mapped until they are answered.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
   for (auto& [id, slice] : slices_) {

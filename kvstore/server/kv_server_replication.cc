@@ -190,6 +190,7 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   request.membership = membership_;
   Message msg = kv::RequestMessage(request, slice.replicated_to);
   msg.data.push_back(std::move(frame));
+  kv::AttachReplicaStates(request, msg);
   const SentForward sent{
       {slice.key, slice.offset}, forward.serial, slice.copies, slice.replicated_to};
   runtime_.Request(std::span<Message>(&msg, 1), [this, sent](RequestResult&& result) {

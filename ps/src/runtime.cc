@@ -842,7 +842,9 @@ std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Call
     msg.meta.timestamp = timestamp;
     const int peer = msg.meta.recipient;
     if (!SendToNode(msg)) {
-      tracker_.FailPeer(peer, "cannot send to " + Describe(peer) + ": the node is shutting down");
+      tracker_.FailPeer(peer, "cannot send to " + Describe(peer) +
+                                  ": this node is shutting down, or the message was refused (see "
+                                  "this node's log)");
     }
   }
   return timestamp;

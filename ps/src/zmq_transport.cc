@@ -17,8 +17,11 @@ namespace ps {
 namespace {
 
 // Frame caps of servers and workers (TransportOptionsFor): the widest element (DTypeSize), and
-// room for the header frame (a request's slice list, the node table, a barrier's votes).
+// room for the header frame (a request's slice list, the node table, a barrier's votes). A
+// slice's optimizer state, copied to its replica, is at most two float32 buffers of a float32
+// value: twice a PS_CHUNK_BYTES slice, 8 bytes per element of a whole key.
 constexpr std::uint64_t kMaxElementBytes = 8;
+constexpr std::uint64_t kMaxStateBytesPerValueByte = 2;
 constexpr std::uint64_t kHeaderBaseBytes = std::uint64_t{1} << 20;
 constexpr std::uint64_t kHeaderBytesPerNode = 1024;
 constexpr std::uint64_t kFrameSlackBytes = std::uint64_t{64} << 10;
@@ -164,8 +167,8 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
     options.receive_hwm = kSchedulerReceiveHwm;
     return options;
   }
-  const std::uint64_t data =
-      std::max<std::uint64_t>(config.chunk_bytes, config.big_array_bound * kMaxElementBytes);
+  const std::uint64_t data = std::max<std::uint64_t>(
+      kMaxStateBytesPerValueByte * config.chunk_bytes, config.big_array_bound * kMaxElementBytes);
   const std::uint64_t frame = std::max(data, header) + kFrameSlackBytes;
   constexpr auto kMost = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   options.max_frame_bytes = static_cast<std::int64_t>(std::min(frame, kMost));
@@ -352,6 +355,13 @@ bool ZmqTransport::Send(const Message& msg) {
   Peer& peer = *it->second;
   MutexLock peer_lock(peer.mu);
   const std::string& header = peer.encoder.Encode(msg.meta, msg.data);
+  if (header.size() > options_.max_header_bytes) {
+    // The peer would drop it unread and never answer: the sender's request fails instead.
+    PS_LOG(ERROR) << "a message to node " << msg.meta.recipient << " has a header of "
+                  << header.size() << " bytes, more than the " << options_.max_header_bytes
+                  << " its receiver reads: not sent (a bug: please report it)";
+    return false;
+  }
   std::uint64_t bytes = header.size();  // what goes on the wire (bytes_sent)
   try {
     const auto more = msg.data.empty() ? zmq::send_flags::none : zmq::send_flags::sndmore;

@@ -49,6 +49,34 @@ TEST_CASE("dist kvstore: an Init whose sizes differ across ranks fails on every 
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist kvstore: an Init of the same keys in another order agrees, rank 0's values",
+          "[dist][collective]") {
+  // Worker 0 declares keys 7 and 3, worker 1 keys 3 and 7: the same call. Rank 0's values are
+  // stored, key by key, and both keys then sum both workers' pushes.
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    const float base = kv.Rank() == 0 ? 1.0f : 100.0f;
+    std::vector<float> three(4, base), seven(6, base + 1.0f);
+    const ps::Tensor t3(three.data(), three.size()), t7(seven.data(), seven.size());
+    if (kv.Rank() == 0) {
+      kv.Init({7, 3}, {t7, t3});
+    } else {
+      kv.Init({3, 7}, {t3, t7});
+    }
+    std::vector<float> out3(4), out7(6);
+    kv.Pull({3, 7}, {ps::Tensor(out3.data(), 4), ps::Tensor(out7.data(), 6)});
+    kv.WaitAll();
+    Expect(out3 == std::vector<float>(4, 1.0f) && out7 == std::vector<float>(6, 2.0f),
+           "rank 0's values of both keys");
+    kv.PushPull({7, 3}, {t7, t3}, {ps::Tensor(out7.data(), 6), ps::Tensor(out3.data(), 4)});
+    kv.WaitAll();
+    Expect(out3 == std::vector<float>(4, 101.0f) && out7 == std::vector<float>(6, 103.0f),
+           "the sums of both workers' pushes");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("dist kvstore: a rank whose own Init checks fail makes Init fail on every rank",
           "[dist][errors][collective]") {
   KVCluster cluster(1, 2);

@@ -334,14 +334,30 @@ TEST_CASE("dist_async: a push before SetOptimizer is an error", "[dist][errors]"
 TEST_CASE("dist_sync: a worker that finishes early fails the round it left open instead of a hang",
           "[dist][errors]") {
   const bool per_key = GENERATE(false, true);  // WaitAll, or Wait on the key
-  INFO((per_key ? "Wait(1)" : "WaitAll()"));
-  KVCluster cluster(1, 2);
+  // Push then Pull (MXNet's way, ps-train's too), on two servers: with replication, a pull
+  // that came after worker 0 finished once waited for its round for ever.
+  const bool separate = GENERATE(false, true);
+  const int servers = GENERATE(1, 2);
+  INFO((per_key ? "Wait(1)" : "WaitAll()")
+       << (separate ? ", Push then Pull" : ", PushPull") << ", " << servers << " server(s)");
+  KVCluster cluster(servers, 2, {{"PS_VERBOSE", "1"}});  // servers log "... has finished"
   const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
     std::vector<float> value(8, 0.0f), grad(8, 1.0f);
     kv.Init(1, ps::Tensor(value.data(), 8));
     const int rounds = kv.Rank() == 0 ? 3 : 4;  // rank 1 pushes one round more
     for (int round = 0; round < rounds; ++round) {
-      kv.PushPull(1, ps::Tensor(grad.data(), 8), ps::Tensor(value.data(), 8));
+      if (round == 3 && separate) {  // after every server heard that worker 0 finished
+        for (auto& server : cluster.servers()) {
+          Expect(server->WaitForOutput("has finished: dist_sync rounds that wait", 20s),
+                 "a server heard that worker 0 finished");
+        }
+      }
+      if (separate) {
+        kv.Push(1, ps::Tensor(grad.data(), 8));
+        kv.Pull(1, ps::Tensor(value.data(), 8));
+      } else {
+        kv.PushPull(1, ps::Tensor(grad.data(), 8), ps::Tensor(value.data(), 8));
+      }
       if (per_key) {
         kv.Wait(1);
       } else {

@@ -309,23 +309,44 @@ TEST_CASE("kv protocol: replication fields round-trip, malformed ones are reject
   CHECK(decoded->homes == push.homes);
   CHECK(decoded->seqs == push.seqs);
 
+  // A full copy's state rides in a frame after the value frames, however big (here 2 MiB, past
+  // the 1 MiB header cap: an Adam state of a 262144-float slice).
   ps::kv::Request replicate;
   replicate.command = ps::kv::kReplicate;
   replicate.slices = {{7, 0, 2}, {9, 0, 2}};
+  std::string big_state(std::size_t{2} << 20, 's');
+  big_state[1] = '\0';
   replicate.replica_ops = {{ps::kv::ReplicaKind::kRound, 4, 0, ""},
-                           {ps::kv::ReplicaKind::kState, 1, 0, std::string("\x01\0state", 7)}};
+                           {ps::kv::ReplicaKind::kState, 1, 0, big_state}};
   replicate.membership = 3;
-  msg.meta.head = ps::kv::kReplicate;
-  msg.meta.body = ps::kv::EncodeBody(replicate);
-  decoded = ps::kv::DecodeRequest(msg, &error);
+  ps::kv::Request sent = replicate;
+  ps::Message copy = ps::kv::RequestMessage(sent, 0);
+  copy.data = msg.data;
+  ps::kv::AttachReplicaStates(sent, copy);
+  CHECK(copy.meta.body.size() < 1024);
+  REQUIRE(copy.data.size() == 4);
+  CHECK(copy.data[2].bytes() == 0);
+  CHECK(copy.data[3].bytes() == big_state.size());
+  decoded = ps::kv::DecodeRequest(copy, &error);
   REQUIRE(decoded);
   CHECK(decoded->replica_ops == replicate.replica_ops);
   CHECK(decoded->membership == 3);
 
+  copy.data.pop_back();  // a state frame missing
+  CHECK_FALSE(ps::kv::DecodeRequest(copy, &error));
+  CHECK_THAT(error, Catch::Contains("Replicate request with 3 value frames for 2 keys"));
+  copy.data.push_back(ps::Blob::Copy(values, 8, ps::DType::kFloat32));  // not bytes
+  CHECK_FALSE(ps::kv::DecodeRequest(copy, &error));
+  CHECK_THAT(error, Catch::Contains("state frame is not of bytes"));
+
   replicate.replica_ops.pop_back();  // one op for two slices
+  msg.meta.head = ps::kv::kReplicate;
   msg.meta.body = ps::kv::EncodeBody(replicate);
+  msg.data.push_back(ps::Blob::Copy(values, 0, ps::DType::kUInt8));
+  msg.data.push_back(ps::Blob::Copy(values, 0, ps::DType::kUInt8));
   CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
   CHECK_THAT(error, Catch::Contains("malformed replication lists in a Replicate request"));
+  msg.data.resize(2);
 
   push.seqs = {5};  // one number for two slices
   msg.meta.head = ps::kv::kPushPull;
@@ -384,6 +405,7 @@ TEST_CASE("kv protocol: a slot's mirror and a forwarded slot's owner round-trip"
   replicate.shm = {{0, 3, 4096, 4 << 20, 9, ps::kNoNode}};
   msg.meta.head = ps::kv::kReplicate;
   msg.meta.body = ps::kv::EncodeBody(replicate);
+  ps::kv::AttachReplicaStates(replicate, msg);
   decoded = ps::kv::DecodeRequest(msg, &error);
   REQUIRE(decoded);
   CHECK(decoded->shm == replicate.shm);
