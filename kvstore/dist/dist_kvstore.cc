@@ -31,6 +31,18 @@ class ServerLost : public Error {
  public:
   using Error::Error;
 };
+// The failure of a request in flight on a connection that was reset: with replication a
+// collective runs again (RunOverLiveServers), however the reset and the retry interleave.
+class ConnectionReset : public Error {
+ public:
+  using Error::Error;
+};
+// What a failed request of `result` says, if its error is `result`'s own.
+DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& error) {
+  if (result.ok() || error != result.error) return DistKVStore::Failure::kOther;
+  if (result.peer_died()) return DistKVStore::Failure::kServerLost;
+  return result.peer_reset ? DistKVStore::Failure::kConnectionReset : DistKVStore::Failure::kOther;
+}
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
 
@@ -137,11 +149,11 @@ void DistKVStore::ReportFinished(const std::string& failure) {
   }
 }
 
-void DistKVStore::Complete(const std::string& error, bool server_lost, std::span<const Key> keys) {
+void DistKVStore::Complete(const std::string& error, Failure failure, std::span<const Key> keys) {
   MutexLock lock(ops_mu_);
   if (!error.empty() && first_error_.empty()) {
     first_error_ = error;
-    first_error_server_lost_ = server_lost;
+    first_error_kind_ = failure;
   }
   bool key_done = false;  // a key with nothing left in flight: a Wait may return
   for (const Key key : keys) key_done = --key_ops_[key] == 0 || key_done;
@@ -163,52 +175,64 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
     while (!poll() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
   }
   MutexLock lock(ops_mu_);
-  // dist_sync: a wait that lasts is reported as a stall (ReportStall), again after twice the
-  // time, up to kMaxStallReportGap apart, while it lasts (a report lost, servers that forgot
-  // it), always with the same number.
-  auto gap = kStallReportAfter;
+  // dist_sync: a wait that lasts is reported as a stall, again after twice the time, up to
+  // kMaxStallReportGap apart, while it lasts (a report lost, servers that forgot it).
+  std::chrono::steady_clock::duration gap = Runtime::kStallReportAfter;
   auto report_at = start + gap;
-  std::shared_ptr<StallReport> report;  // made at the first report
-  // Pushes of this worker sent again after a server death or a connection reset must be in
-  // before the servers hear of the stall: the report waits until neither changed for a gap.
-  StallGate gate = Gate();
+  WaitStall stall(*this, keys, false);
   while (!done()) {
     if (!sync_) {
       ops_done_.Wait(ops_mu_);
       continue;
     }
     if (ops_done_.WaitUntil(ops_mu_, report_at) || done()) continue;
-    const StallGate now_gate = Gate();
-    if (now_gate == gate) {
-      if (!report) {
-        report = std::make_shared<StallReport>(std::this_thread::get_id());
-        ++stalled_waiters_;
-      }
-      lock.Unlock();  // ReportStall takes other locks of this store (the ring's)
-      ReportStall(keys, gate, report);
-      lock.Lock();
-    }
-    gate = now_gate;
-    gap = std::min(2 * gap, kMaxStallReportGap);
+    lock.Unlock();  // reporting takes other locks of this store (the ring's)
+    stall.Tick();
+    lock.Lock();
+    gap = std::min<std::chrono::steady_clock::duration>(2 * gap, Runtime::kMaxStallReportGap);
     report_at = std::chrono::steady_clock::now() + gap;
   }
-  if (report) {
-    --stalled_waiters_;
-    MutexLock ended(report->mu);
-    report->waiting = false;
-    if (report->reported) runtime_->EndStall();
-  }
+  stall.End();
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
     first_error_.clear();
-    if (first_error_server_lost_) throw ServerLost(error);
+    if (first_error_kind_ == Failure::kServerLost) throw ServerLost(error);
+    if (first_error_kind_ == Failure::kConnectionReset) throw ConnectionReset(error);
     throw Error(error);
   }
 }
 
 DistKVStore::StallGate DistKVStore::Gate() const {
   return {runtime_->server_events_applied(), runtime_->connection_reset_count()};
+}
+
+DistKVStore::WaitStall::WaitStall(DistKVStore& store, std::span<const Key> keys, bool in_vote)
+    : store_(store), keys_(keys), in_vote_(in_vote), gate_(store.Gate()) {}
+
+void DistKVStore::WaitStall::Tick() {
+  // Pushes of this worker sent again after a server death or a connection reset must be in
+  // before the servers hear of the stall: it is reported only once neither changed for a gap.
+  const StallGate now = store_.Gate();
+  if (now == gate_) {
+    if (!report_) {
+      report_ = std::make_shared<StallReport>(std::this_thread::get_id());
+      ++store_.stalled_waiters_;
+    }
+    store_.ReportStall(keys_, gate_, report_, in_vote_);
+  }
+  gate_ = now;
+}
+
+void DistKVStore::WaitStall::End() {
+  if (!report_) return;
+  --store_.stalled_waiters_;
+  {
+    MutexLock ended(report_->mu);
+    report_->waiting = false;
+    if (report_->reported) store_.runtime_->EndStall();
+  }
+  report_.reset();  // after its mutex is released: this may be the last reference
 }
 
 std::pair<std::uint64_t, std::uint64_t> DistKVStore::StallOfThreads() {
@@ -221,13 +245,13 @@ std::pair<std::uint64_t, std::uint64_t> DistKVStore::StallOfThreads() {
 }
 
 void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
-                              const std::shared_ptr<StallReport>& report) noexcept {
+                              const std::shared_ptr<StallReport>& report, bool in_vote) noexcept {
   try {
     if (keys.size() > kv::kMaxSlicesPerMessage) return;
     // Alone (the waiting thread is the only one that pushes, and the only one that waits
-    // this long): this wait's own number. Else one that changes with every push, shared by
-    // the waiting threads, so that their reports agree.
-    const bool alone = OnlyCallerPushes() && stalled_waiters_.load() == 1;
+    // this long, not in a vote): this wait's own number. Else one that changes with every
+    // push, shared by the waiting threads, so that their reports agree.
+    const bool alone = !in_vote && OnlyCallerPushes() && stalled_waiters_.load() == 1;
     std::uint64_t number = 0;
     std::uint64_t pushes = 0;
     if (alone) {
@@ -273,7 +297,7 @@ void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
                          << number << (alone ? "" : ", other threads push or wait too") << ")";
           }
         },
-        std::chrono::steady_clock::now() + kMaxStallReportGap);
+        std::chrono::steady_clock::now() + Runtime::kMaxStallReportGap);
   } catch (const std::exception& e) {  // out of memory: the stall goes unreported
     PS_LOG(WARNING) << "worker " << Rank() << ": could not report a stall: " << e.what();
   }
@@ -340,6 +364,12 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
       PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
                       << e.what() << "); running it again on the " << live << " live servers";
       continue;
+    } catch (const ConnectionReset& e) {
+      // A request or its answer may be lost: each collective is safe to run twice.
+      if (!replicated_ || reset_retries++ >= kMaxResetRetries) throw;
+      PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a connection was "
+                      << "reset (" << e.what() << "); running it again";
+      continue;
     } catch (const Error& e) {
       // A connection reset meanwhile may have lost a request or its answer.
       if (replicated_ && runtime_->connection_reset_count() != resets &&
@@ -374,10 +404,19 @@ void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& 
   std::string why = failure;
   if (why.empty() && sync_ && OnlyCallerPushes()) {
     why = AnnounceCollective(call);
-  } else {
-    ++collectives_entered_;  // every worker counts it, failed or not
+    runtime_->Agree(kWorkerGroup, call, why);
+    return;
   }
-  runtime_->Agree(kWorkerGroup, call, why);
+  ++collectives_entered_;  // every worker counts it, failed or not
+  if (!sync_ || !why.empty()) {
+    runtime_->Agree(kWorkerGroup, call, why);
+    return;
+  }
+  // Unannounced, the servers cannot tell that a round waits for this worker's push while it
+  // votes: a vote that lasts is reported as a stall of several threads, for the scheduler to
+  // suspect a deadlock with a worker whose wait needs that push (deadlock_watch.h).
+  WaitStall stall(*this, {}, true);  // ends with the vote, thrown or not
+  runtime_->Agree(kWorkerGroup, call, why, [&stall] { stall.Tick(); });
 }
 
 bool DistKVStore::OnlyCallerPushes() const {
@@ -490,8 +529,14 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {
-        if (result.peer_died()) throw ServerLost(result.error);
-        throw Error(result.error);
+        switch (FailureOf(result, result.error)) {
+          case Failure::kServerLost:
+            throw ServerLost(result.error);
+          case Failure::kConnectionReset:
+            throw ConnectionReset(result.error);
+          case Failure::kOther:
+            throw Error(result.error);
+        }
       }
       const auto& reply = result.responses.at(0);
       if (reply.data.size() != 1 || reply.data[0].count() != 3 ||
@@ -1103,8 +1148,7 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   }
   for (auto& frames : inflight.frames) frames.clear();
   // Before the record goes back to the pool: Complete reads its keys.
-  // A server lost for good (not a connection reset) is ServerLost to the caller.
-  Complete(error, !result.ok() && result.peer_died() && error == result.error, inflight.keys);
+  Complete(error, FailureOf(result, error), inflight.keys);
   inflights_.Give(inflight);
 }
 
@@ -1359,7 +1403,7 @@ void DistKVStore::ReroutedPartDone(const std::shared_ptr<Rerouted>& state,
   // The last part: the request is done. Its slots may have been written by a server that
   // died, or be written by a live one answering a copy sent twice: never used again.
   for (ShmSlot* slot : state->slots) slot->Retire();
-  Complete(first_error, false, state->keys);
+  Complete(first_error, Failure::kOther, state->keys);
 }
 
 }  // namespace ps

@@ -47,6 +47,10 @@ namespace ps {
 
 class DistKVStore final : public KVStore {
  public:
+  // A failed request's kind: a server it waited on died, or its connection was reset (a
+  // collective may run again then, RunOverLiveServers), or anything else.
+  enum class Failure { kOther, kServerLost, kConnectionReset };
+
   DistKVStore(std::unique_ptr<Runtime> runtime, bool sync);
   // Waits for outstanding operations (logging their errors) and tells the scheduler this
   // worker finished.
@@ -285,9 +289,10 @@ class DistKVStore final : public KVStore {
   // Gives a key's slices (`info`, an entry of keys_) their compression state when compression_
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);
-  // One request is done, with `error` ("" for success); `server_lost`: the error is that a
-  // server it waited on died (RunOverLiveServers may run the call again). `keys`: its slices'.
-  void Complete(const std::string& error, bool server_lost, std::span<const Key> keys);
+  // One request is done, with `error` ("" for success) of kind `failure` (a server it waited
+  // on died, or its connection was reset: RunOverLiveServers may run the call again).
+  // `keys`: its slices'.
+  void Complete(const std::string& error, Failure failure, std::span<const Key> keys);
   // WaitAll and Wait: returns once `done()` (called with ops_mu_ held) is true, first polling
   // `poll()` (the same test, called without the lock); then throws the first error reported
   // since the last wait. `keys`: those Wait waits for (empty: WaitAll).
@@ -319,14 +324,31 @@ class DistKVStore final : public KVStore {
   // another thread may still push, and it suspects a deadlock (StallOfThreads,
   // scheduler/src/deadlock_watch.h). Never blocks the waiting thread.
   void ReportStall(std::span<const Key> keys, const StallGate& gate,
-                   const std::shared_ptr<StallReport>& report) noexcept;
+                   const std::shared_ptr<StallReport>& report, bool in_vote) noexcept;
+  // A wait of one thread that lasts (WaitUntil; a collective's vote, `in_vote`, for `keys`
+  // empty): Tick each time it lasted another gap, without this store's locks; End once over.
+  class WaitStall {
+   public:
+    WaitStall(DistKVStore& store, std::span<const Key> keys, bool in_vote);
+    WaitStall(const WaitStall&) = delete;
+    WaitStall& operator=(const WaitStall&) = delete;
+    ~WaitStall() { End(); }
+    // Reports the stall (made at the first), if the gate held still since the last tick.
+    void Tick();
+    void End();
+
+   private:
+    DistKVStore& store_;
+    const std::span<const Key> keys_;
+    const bool in_vote_;
+    StallGate gate_;
+    std::shared_ptr<StallReport> report_;  // made at the first report
+  };
   // The stall number of a worker whose pushes come from several threads: the same for every
   // wait until a push begins (push_count_). Returns it and the count it stands for.
   std::pair<std::uint64_t, std::uint64_t> StallOfThreads() PS_EXCLUDES(stall_mu_);
   // A push begins, or was sent: a stall reported before no longer holds.
   void CountPush();
-  static constexpr auto kStallReportAfter = std::chrono::seconds(1);
-  static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);
   // A collective call: every worker states `call` (the call and its arguments, as text) or the
   // error its own checks found (`local_error`); only when all agree does rank 0 run `work`,
   // whose outcome every worker then shares. Ranks that disagree, or one that fails, make the
@@ -434,7 +456,7 @@ class DistKVStore final : public KVStore {
   // store allocates nothing here.
   std::unordered_map<Key, std::size_t> key_ops_ PS_GUARDED_BY(ops_mu_);
   std::string first_error_ PS_GUARDED_BY(ops_mu_);
-  bool first_error_server_lost_ PS_GUARDED_BY(ops_mu_) = false;
+  Failure first_error_kind_ PS_GUARDED_BY(ops_mu_) = Failure::kOther;
 };
 
 }  // namespace ps

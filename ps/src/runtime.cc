@@ -751,14 +751,17 @@ void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeo
   }
 }
 
-void Runtime::Agree(int groups, const std::string& vote, const std::string& failure) {
-  if (std::string error = VotedBarrier(groups, vote, failure, std::nullopt); !error.empty()) {
+void Runtime::Agree(int groups, const std::string& vote, const std::string& failure,
+                    const std::function<void()>& stalled) {
+  if (std::string error = VotedBarrier(groups, vote, failure, std::nullopt, stalled);
+      !error.empty()) {
     throw Error(error);
   }
 }
 
 std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std::string& failure,
-                                  std::optional<std::chrono::milliseconds> timeout) {
+                                  std::optional<std::chrono::milliseconds> timeout,
+                                  const std::function<void()>& stalled) {
   Message msg;
   msg.meta.control = Control::kBarrier;
   msg.meta.request = true;
@@ -785,12 +788,24 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
     return barrier.released || !failure_.empty() || terminated_;
   };
   bool timed_out = false;
+  SteadyClock::duration gap = kStallReportAfter;
+  auto report_at = start + gap;
   while (!ready() && !timed_out) {
-    if (!timeout) {
-      changed_.Wait(mu_);
-    } else {
-      timed_out = !changed_.WaitUntil(mu_, start + *timeout) && !ready();
+    if (stalled && SteadyClock::now() >= report_at) {
+      lock.Unlock();
+      stalled();
+      lock.Lock();
+      gap = std::min<SteadyClock::duration>(2 * gap, kMaxStallReportGap);
+      report_at = SteadyClock::now() + gap;
+      continue;
     }
+    if (!timeout && !stalled) {
+      changed_.Wait(mu_);
+      continue;
+    }
+    const auto deadline = timeout ? start + *timeout : SteadyClock::time_point::max();
+    changed_.WaitUntil(mu_, stalled ? std::min(deadline, report_at) : deadline);
+    timed_out = timeout && SteadyClock::now() >= deadline && !ready();
   }
   std::string outcome;
   if (timed_out) {

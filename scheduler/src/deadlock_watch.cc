@@ -1,6 +1,7 @@
 #include "scheduler/src/deadlock_watch.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "ps/src/log_text.h"
 
@@ -18,7 +19,7 @@ std::string DescribeWaits(const std::map<int, WaitEdge>& deadlock,
   for (const auto& [waiter, edge] : deadlock) {
     if (!text.empty()) text += "; ";
     text += describe(waiter) + " waits for " + edge.what + ", which " + describe(edge.awaited) +
-            " has not pushed";
+            (edge.collective ? " has not entered" : " has not pushed");
   }
   return text;
 }
@@ -117,7 +118,8 @@ void DeadlockWatch::OnStalled(int worker, const wire::StalledNotice& notice,
 }
 
 std::string DeadlockWatch::OnAnswer(const Message& answer, const std::vector<int>& servers,
-                                    std::span<const NodeInfo> nodes, Clock::time_point now) {
+                                    std::span<const NodeInfo> nodes,
+                                    std::span<const VoteWait> votes, Clock::time_point now) {
   const Meta& meta = answer.meta;
   if (!probe_ || meta.request || meta.timestamp != probe_->id ||
       probe_->unanswered.erase(meta.sender) == 0) {
@@ -143,6 +145,20 @@ std::string DeadlockWatch::OnAnswer(const Message& answer, const std::vector<int
     probe_->edges.insert(probe_->edges.end(), edges->begin(), edges->end());
   }
   if (!probe_->unanswered.empty()) return "";
+  // First: a voter's edge to a worker that has not voted names what it waits for (the edges of
+  // its pushes, which the servers report too, name what those wait for).
+  std::vector<WaitEdge> edges;
+  for (const VoteWait& vote : votes) {
+    const auto waiter = stalls_.find(vote.waiter);
+    const auto awaited = stalls_.find(vote.awaited);
+    if (waiter == stalls_.end() || awaited == stalls_.end()) continue;
+    WaitEdge edge{vote.waiter, waiter->second, vote.awaited, awaited->second,
+                  "the collective " + vote.call};
+    edge.collective = true;
+    edges.push_back(std::move(edge));
+  }
+  probe_->edges.insert(probe_->edges.begin(), std::make_move_iterator(edges.begin()),
+                       std::make_move_iterator(edges.end()));
   probe_->deadlock = FindDeadlock(probe_->edges, stalls_);
   if (probe_->deadlock.empty()) {
     EndProbe(servers, now);

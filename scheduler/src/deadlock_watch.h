@@ -46,6 +46,17 @@ namespace ps {
 // stale and ignored. Returns, per such worker, one edge to another of them; empty: none.
 std::map<int, WaitEdge> FindDeadlock(std::span<const WaitEdge> edges,
                                      const std::map<int, std::uint64_t>& stalls);
+// A worker that waits in a collective's vote for another worker, which has not voted yet: the
+// scheduler's own part of the picture, beside the servers' WaitEdges. A worker that votes
+// without having announced the collective to the servers (its pushes come from other threads)
+// reports a stall of several threads while it waits; with a worker whose wait needs its push,
+// that makes a suspected deadlock.
+struct VoteWait {
+  int waiter = kNoNode;
+  int awaited = kNoNode;
+  std::string call;  // the collective ("Barrier")
+};
+
 // The job's error for FindDeadlock's result; `nodes`: the job's node table, by id.
 std::string DeadlockError(const std::map<int, WaitEdge>& deadlock, std::span<const NodeInfo> nodes);
 // For a deadlock of workers some of whose pushes come from several threads: the warning once
@@ -82,10 +93,12 @@ class DeadlockWatch {
   // follows it.
   void OnStalled(int worker, const wire::StalledNotice& notice, const std::vector<int>& servers,
                  Clock::time_point now);
-  // A WAIT_PROBE answer. Returns the job's error once every worker of a deadlock confirmed
-  // it still waits (a suspected one: for stall_timeout, in the same stalls), else "".
+  // A WAIT_PROBE answer; `votes`: the workers waiting in a vote now. Returns the job's error
+  // once every worker of a deadlock confirmed it still waits (a suspected one: for
+  // stall_timeout, in the same stalls), else "".
   std::string OnAnswer(const Message& answer, const std::vector<int>& servers,
-                       std::span<const NodeInfo> nodes, Clock::time_point now);
+                       std::span<const NodeInfo> nodes, std::span<const VoteWait> votes,
+                       Clock::time_point now);
   // Node `id` died or finished: its stall goes, and a probe that waits for it is given up.
   void Forget(int id, const std::vector<int>& servers, Clock::time_point now);
   // Gives up a probe older than kProbeTimeout; starts one asked for, once kProbeGap passed.

@@ -92,6 +92,11 @@ Scheduler::~Scheduler() {
 
 void Scheduler::PrintListeningLine() const {
   std::cout << "ps-scheduler: listening on " << config_.root_uri << ":" << port_ << std::endl;
+  if (config_.heartbeat_interval.count() == 0) {
+    LOG(WARNING) << "PS_HEARTBEAT_INTERVAL=0 turns heartbeats off: a node that stops (SIGSTOP, "
+                    "a frozen machine, a network partition) is never declared dead, and every "
+                    "wait on it lasts for ever";
+  }
 }
 
 ClusterConfig Scheduler::NodeConfig(Role role) const {
@@ -570,7 +575,24 @@ void Scheduler::OnWaitMessage(const Message& msg) {
     deadlocks_->OnStalled(msg.meta.sender, *notice, LiveServers(), now);
     return;
   }
-  const std::string deadlock = deadlocks_->OnAnswer(msg, LiveServers(), nodes_, now);
+  // Workers in the workers' vote (DistKVStore's collectives), each waiting for every live
+  // worker that has not voted.
+  std::vector<VoteWait> votes;
+  if (const auto arrived = barriers_.find(kWorkerGroup); arrived != barriers_.end()) {
+    constexpr std::size_t kCallChars = 60;
+    const std::vector<int> workers = GroupMembers(kWorkerGroup);
+    for (const auto& [waiter, arrival] : arrived->second) {
+      const std::string call = arrival.vote.size() <= kCallChars
+                                   ? arrival.vote
+                                   : arrival.vote.substr(0, kCallChars) + "...";
+      for (const int worker : workers) {
+        if (!arrived->second.contains(worker) && IsLive(worker)) {
+          votes.push_back({waiter, worker, call});
+        }
+      }
+    }
+  }
+  const std::string deadlock = deadlocks_->OnAnswer(msg, LiveServers(), nodes_, votes, now);
   if (!deadlock.empty()) Finish(1, deadlock);
 }
 

@@ -90,7 +90,7 @@ TEST_CASE("deadlock: the probe asks the servers, then the workers, then ends the
   const std::vector<ps::NodeInfo> nodes = Nodes();
   auto now = std::chrono::steady_clock::now();
   const auto answer = [&](const ps::Message& probe, std::string body) {
-    return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
+    return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, {}, now);
   };
   const auto report = [](std::vector<WaitEdge> edges) { return ps::wire::EncodeWaitReport(edges); };
   watch.OnStalled(3, {1}, servers, now);
@@ -188,7 +188,7 @@ TEST_CASE("deadlock: workers that push from several threads: a warning, then the
     watch.OnStalled(4, {number4}, servers, now);
     REQUIRE(sent.size() == 1);
     const auto reply = [&](const ps::Message& probe, std::string body) {
-      return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
+      return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, {}, now);
     };
     const std::vector<WaitEdge> edges{Edge(3, 4, number3, number4), Edge(4, 3, number4, number3)};
     CHECK(reply(sent[0], ps::wire::EncodeWaitReport(edges)).empty());
@@ -240,7 +240,7 @@ TEST_CASE("deadlock: a stall of several threads stays suspected when another kin
   const std::vector<ps::NodeInfo> nodes = Nodes();
   const auto now = std::chrono::steady_clock::now();
   const auto answer = [&](const ps::Message& probe, std::string body) {
-    return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, now);
+    return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, {}, now);
   };
   watch.OnStalled(3, {1, true}, servers, now);
   watch.OnStalled(4, {1}, servers, now);
@@ -252,4 +252,50 @@ TEST_CASE("deadlock: a stall of several threads stays suspected when another kin
   watch.OnStalled(3, {2}, servers, now);
   CHECK(answer(sent[2], "1").empty());  // a suspicion that just began: no error, no warning
   CHECK(warnings.empty());
+}
+
+TEST_CASE("deadlock: a worker in a vote waits for those that have not voted", "[deadlock]") {
+  // Worker 3 votes in a Barrier it could not announce (a stall of several threads); worker 4
+  // waits for a round that worker 3 has not pushed into. The servers know only the second;
+  // the scheduler adds the first (VoteWait): a suspected deadlock, which names the vote.
+  using namespace std::chrono_literals;
+  std::vector<ps::Message> sent;
+  std::vector<std::string> warnings;
+  ps::DeadlockWatch watch([&](ps::Message msg) { sent.push_back(std::move(msg)); },
+                          [&](const std::string& warning) { warnings.push_back(warning); }, 4s);
+  const std::vector<int> servers{1};
+  const std::vector<ps::NodeInfo> nodes = Nodes();
+  auto now = std::chrono::steady_clock::now();
+  const std::vector<ps::VoteWait> votes{{3, 4, "Barrier"}};
+  const std::vector<WaitEdge> edges{Edge(4, 3)};
+  // Both report stall 1 again; the server and then (when a deadlock is found) both workers
+  // answer. Returns the job's error, or "".
+  const auto round = [&](std::span<const ps::VoteWait> voting) {
+    sent.clear();
+    now += 2s;
+    watch.OnStalled(3, {1, true}, servers, now);
+    watch.OnStalled(4, {1}, servers, now);
+    REQUIRE(sent.size() == 1);
+    const auto reply = [&](const ps::Message& probe, std::string body) {
+      return watch.OnAnswer(ProbeAnswer(probe, std::move(body)), servers, nodes, voting, now);
+    };
+    std::string error = reply(sent[0], ps::wire::EncodeWaitReport(edges));
+    if (sent.size() == 3) {  // a deadlock: both workers asked
+      CHECK(reply(sent[1], "1").empty());
+      error = reply(sent[2], "1");
+    }
+    return error;
+  };
+  CHECK(round({}).empty());
+  CHECK(sent.size() == 1);  // worker 4's edge alone: nobody asked
+  CHECK(round(votes).empty());
+  CHECK(sent.size() == 3);
+  CHECK(round(votes).empty());  // 2 s of the 4: warned
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("worker 3 (node 3 at h:0) waits for the collective "
+                                          "Barrier, which worker 4 (node 4 at h:0) has not "
+                                          "entered; worker 4 (node 4 at h:0) waits for round 1 "
+                                          "of key 4, which worker 3 (node 3 at h:0) has not "
+                                          "pushed"));
+  CHECK_THAT(round(votes), Catch::Contains("the workers waited 4 s (PS_STALL_TIMEOUT)"));
 }

@@ -1383,46 +1383,74 @@ TEST_CASE("faults: workers that wait long for a slow one are no deadlock", "[fau
   });
 }
 
+// A dist_sync job of one server and two workers (test threads) whose scheduler ends a
+// suspected deadlock after 3 s (--stall_timeout).
+struct StallTimeoutJob {
+  struct Outcome {
+    std::string error;  // "" if none
+    Clock::time_point failed;
+  };
+  using Push = std::function<void(ps::Key)>;
+
+  StallTimeoutJob() {
+    auto [started, port] = StartScheduler(env, {"--stall_timeout=3"});
+    scheduler = std::move(started);
+    env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+    server = Start("ps-server", env);
+  }
+  // Each worker Inits keys 0, 1 and 2 to zeros and runs `steps(kv, push)`, where `push(key)`
+  // pushes ones; what it threw and when, by rank.
+  std::vector<Outcome> Run(const std::function<void(ps::KVStore&, const Push&)>& steps) {
+    std::vector<Outcome> outcomes(2);
+    const auto worker = [&] {
+      auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
+      std::vector<float> value(64, 0.0f);
+      std::vector<float> grad(value.size(), 1.0f);
+      const ps::Tensor zeros(value.data(), value.size());
+      try {
+        kv->Init({0, 1, 2}, {zeros, zeros, zeros});
+        steps(*kv, [&](ps::Key key) { kv->Push(key, ps::Tensor(grad.data(), grad.size())); });
+      } catch (const ps::Error& e) {
+        outcomes[static_cast<std::size_t>(kv->Rank())] = {e.what(), Clock::now()};
+      }
+    };
+    REQUIRE(TwoWorkersEnd(worker, *scheduler));
+    return outcomes;
+  }
+  // The job failed: the scheduler exits 1, the server not 0.
+  void CheckFailed() {
+    CHECK(scheduler->Wait(30s) == 1);
+    CHECK(server->Wait(30s) != 0);
+  }
+
+  Env env = JobEnv(1, 2, 0);
+  std::unique_ptr<ChildProcess> scheduler;
+  std::unique_ptr<ChildProcess> server;
+};
+
 TEST_CASE("faults: workers that push from other threads and wait for each other end in time",
           "[faults]") {
   // dist_sync, as above, but each worker pushes its key from a thread of its own and waits on
   // its main thread: another thread might still push, so the scheduler only suspects a
   // deadlock. It warns once that lasted half of the stall timeout (--stall_timeout, 3 s
   // here), naming both, and ends the job once neither worker pushed for all of it.
-  Env env = JobEnv(1, 2, 0);
-  auto [scheduler, port] = StartScheduler(env, {"--stall_timeout=3"});
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  auto server = Start("ps-server", env);
-  std::vector<std::string> errors(2);
-  const auto worker = [&] {
-    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
-    std::vector<float> value(64, 0.0f);
-    std::vector<float> grad(value.size(), 1.0f);
-    try {
-      kv->Init({0, 1},
-               {ps::Tensor(value.data(), value.size()), ps::Tensor(value.data(), value.size())});
-      std::thread pusher([&] {
-        kv->Push(static_cast<ps::Key>(kv->Rank()), ps::Tensor(grad.data(), grad.size()));
-      });
-      pusher.join();
-      kv->WaitAll();
-    } catch (const ps::Error& e) {
-      errors[static_cast<std::size_t>(kv->Rank())] = e.what();
-    }
-  };
-  REQUIRE(TwoWorkersEnd(worker, *scheduler));
-  INFO("worker 0: " << errors[0] << "\nworker 1: " << errors[1]);
-  for (const std::string& error : errors) {
-    CHECK_THAT(error, Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT) for each "
-                                      "other's pushes, and no thread of theirs pushed") &&
-                          Catch::Contains("waits for round 1 of key 0, which worker 1 (node") &&
-                          Catch::Contains("waits for round 1 of key 1, which worker 0 (node"));
+  StallTimeoutJob job;
+  const auto outcomes = job.Run([](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
+    std::thread(push, static_cast<ps::Key>(kv.Rank())).join();
+    kv.WaitAll();
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_THAT(outcome.error,
+               Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT) for each other's "
+                               "pushes, and no thread of theirs pushed") &&
+                   Catch::Contains("waits for round 1 of key 0, which worker 1 (node") &&
+                   Catch::Contains("waits for round 1 of key 1, which worker 0 (node"));
   }
-  CHECK(scheduler->Wait(30s) == 1);
-  CHECK_THAT(scheduler->Output(),
+  job.CheckFailed();
+  CHECK_THAT(job.scheduler->Output(),
              Catch::Contains("the workers may wait for each other's pushes: worker ") &&
                  Catch::Contains("the job ends once they waited 3 s (PS_STALL_TIMEOUT)"));
-  CHECK(server->Wait(30s) != 0);
 }
 
 TEST_CASE("faults: a suspected deadlock ends when another thread pushes", "[faults]") {
@@ -1460,50 +1488,31 @@ TEST_CASE("faults: a push that cannot close the waited rounds restarts the stall
   // the deadlock (its checks come about 1, 3, 7 and 15 s in), before it would end the job.
   // Each push starts the stall timeout (3 s) again: the job ends, but no sooner than 3 s
   // after the last of them.
-  Env env = JobEnv(1, 2, 0);
-  auto [scheduler, port] = StartScheduler(env, {"--stall_timeout=3"});
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
-  auto server = Start("ps-server", env);
-  std::vector<std::string> errors(2);
-  std::vector<Clock::time_point> failed(2);
+  StallTimeoutJob job;
   Clock::time_point last_push;
-  const auto worker = [&] {
-    auto kv = ps::KVStore::Create("dist_sync", JobConfig(env, "worker"));
-    const auto rank = static_cast<std::size_t>(kv->Rank());
-    std::vector<float> value(64, 0.0f);
-    std::vector<float> grad(value.size(), 1.0f);
-    const ps::Tensor zeros(value.data(), value.size());
-    const auto push = [&](ps::Key key) { kv->Push(key, ps::Tensor(grad.data(), grad.size())); };
-    try {
-      kv->Init({0, 1, 2}, {zeros, zeros, zeros});
-      std::thread(push, static_cast<ps::Key>(rank)).join();
-      std::jthread other;
-      if (rank == 0) {
-        other = std::jthread([&] {
-          try {
-            for (const auto pause : {4s, 1s}) {
-              std::this_thread::sleep_for(pause);  // a thread that computes between pushes
-              push(2);
-              last_push = Clock::now();
-            }
-          } catch (const ps::Error&) {  // the job ended before: failed[0] - last_push < 3 s
+  const auto outcomes = job.Run([&](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
+    std::thread(push, static_cast<ps::Key>(kv.Rank())).join();
+    std::jthread other;
+    if (kv.Rank() == 0) {
+      other = std::jthread([&] {
+        try {
+          for (const auto pause : {4s, 1s}) {
+            std::this_thread::sleep_for(pause);  // a thread that computes between pushes
+            push(2);
+            last_push = Clock::now();
           }
-        });
-      }
-      kv->WaitAll();
-    } catch (const ps::Error& e) {
-      failed[rank] = Clock::now();
-      errors[rank] = e.what();
+        } catch (const ps::Error&) {  // the job ended before: failed - last_push < 3 s
+        }
+      });
     }
-  };
-  REQUIRE(TwoWorkersEnd(worker, *scheduler));
-  for (std::size_t rank = 0; rank < 2; ++rank) {
-    INFO("worker " << rank << ": " << errors[rank]);
-    CHECK_THAT(errors[rank], Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT)"));
-    CHECK(failed[rank] - last_push >= 3s);
+    kv.WaitAll();
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_THAT(outcome.error, Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT)"));
+    CHECK(outcome.failed - last_push >= 3s);
   }
-  CHECK(scheduler->Wait(30s) == 1);
-  CHECK(server->Wait(30s) != 0);
+  job.CheckFailed();
 }
 
 TEST_CASE("faults: a new replica gets slices whose optimizer state outgrows a header", "[faults]") {
@@ -1547,4 +1556,32 @@ TEST_CASE("faults: a new replica gets slices whose optimizer state outgrows a he
   };
   const auto undisturbed = run(false);
   CHECK(run(true) == undisturbed);
+}
+
+TEST_CASE("faults: a worker that votes while another waits for its push ends in time", "[faults]") {
+  // dist_sync: worker 0 pushes key 0 from a thread of its own, then calls Barrier; worker 1
+  // pushes key 1 and waits for its round, which needs worker 0's push. Worker 0 did not tell
+  // the servers of its collective (its pushes come from another thread, which may still push
+  // key 1), so they cannot fail the round; it reports its vote as a stall instead, and the
+  // scheduler, which knows that it waits for worker 1 to vote, suspects a deadlock and ends
+  // the job after the stall timeout (3 s here), naming both.
+  StallTimeoutJob job;
+  const auto outcomes = job.Run([](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
+    if (kv.Rank() == 0) {
+      std::thread(push, ps::Key{0}).join();
+      kv.Barrier();
+    } else {
+      push(1);
+      kv.WaitAll();
+    }
+  });
+  for (const auto& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK_THAT(outcome.error,
+               Catch::Contains("waited 3 s (PS_STALL_TIMEOUT) for each other") &&
+                   Catch::Contains("waits for the collective Barrier, which worker 1 (") &&
+                   Catch::Contains("has not entered") &&
+                   Catch::Contains("waits for round 1 of key 1, which worker 0 ("));
+  }
+  job.CheckFailed();
 }

@@ -72,6 +72,24 @@ TEST_CASE("processes: a job of the real binaries runs 100 barriers and everyone 
   CHECK_THAT(scheduler->Output(), Catch::Contains("every worker finished"));
 }
 
+TEST_CASE("processes: heartbeats turned off are a warning, and a job still runs", "[processes]") {
+  Env scheduler_env = JobEnv(1, 1, 0);
+  scheduler_env["PS_HEARTBEAT_INTERVAL"] = "0";
+  auto [scheduler, port] = StartSchedulerWith(scheduler_env);
+  CHECK(
+      scheduler->WaitForOutput("PS_HEARTBEAT_INTERVAL=0 turns heartbeats off: a node that "
+                               "stops (SIGSTOP, a frozen machine, a network partition) is "
+                               "never declared dead",
+                               10s));
+  Env env = JobEnv(1, 1, port);
+  env["PS_HEARTBEAT_INTERVAL"] = "0";
+  auto server = Start("ps-server", env);
+  auto worker = Start("ps-test-node", env, {"--barriers", "3"});
+  CHECK(worker->Wait(60s) == 0);
+  CHECK(server->Wait(20s) == 0);
+  CHECK(scheduler->Wait(20s) == 0);
+}
+
 TEST_CASE("processes: --help and --version answer", "[processes]") {
   for (const std::string binary : {"ps-scheduler", "ps-server"}) {
     auto help = Start(binary, {}, {"--help"});

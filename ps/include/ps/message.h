@@ -110,6 +110,9 @@ struct WaitEdge {
   int awaited = kNoNode;
   std::uint64_t awaited_stall = 0;
   std::string what;  // what the waiter waits for, for the job's error ("round 2 of key 7")
+  // The scheduler's own: the waiter votes in a collective (`what`) that `awaited` has not
+  // entered, instead of a round it has not pushed into. Never on the wire.
+  bool collective = false;
   friend bool operator==(const WaitEdge&, const WaitEdge&) = default;
 };
 

@@ -99,7 +99,14 @@ class Runtime {
   // `groups` arrived with the same vote and none failed; otherwise throws ps::Error on every
   // member, naming the members that failed and why, or each distinct vote and who gave it. So
   // a collective whose ranks disagree fails everywhere instead of leaving some waiting.
-  void Agree(int groups, const std::string& vote, const std::string& failure = "");
+  // `stalled`, if given, is called by the waiting thread (no lock held) when the wait has
+  // lasted kStallReportAfter, then after twice as long each time, at most kMaxStallReportGap.
+  void Agree(int groups, const std::string& vote, const std::string& failure = "",
+             const std::function<void()>& stalled = {});
+  // How long a wait lasts before a worker reports it as a stall (ReportStall), then between
+  // its reports while it lasts: twice as long each time, at most kMaxStallReportGap.
+  static constexpr auto kStallReportAfter = std::chrono::seconds(1);
+  static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);
 
   // --- application messages ---
   using RequestHandler = std::function<void(Message&&)>;
@@ -201,7 +208,8 @@ class Runtime {
   std::string SchedulerProbe(bool* accepted = nullptr) const;
   // Barrier / Agree: "" when released cleanly, else why not.
   std::string VotedBarrier(int groups, const std::string& vote, const std::string& failure,
-                           std::optional<std::chrono::milliseconds> timeout);
+                           std::optional<std::chrono::milliseconds> timeout,
+                           const std::function<void()>& stalled = {});
   // Register's wait for the node table: true once it came, the scheduler refused this node or
   // the job ended.
   bool RegistrationAnswered() const PS_REQUIRES(mu_);
