@@ -43,6 +43,18 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
   if (result.peer_died()) return DistKVStore::Failure::kServerLost;
   return result.peer_reset ? DistKVStore::Failure::kConnectionReset : DistKVStore::Failure::kOther;
 }
+// Throws `error` as the exception its kind calls for (RunOverLiveServers tells them apart).
+[[noreturn]] void ThrowFailure(DistKVStore::Failure failure, const std::string& error) {
+  switch (failure) {
+    case DistKVStore::Failure::kServerLost:
+      throw ServerLost(error);
+    case DistKVStore::Failure::kConnectionReset:
+      throw ConnectionReset(error);
+    case DistKVStore::Failure::kOther:
+      break;
+  }
+  throw Error(error);
+}
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
 
@@ -197,9 +209,7 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
     first_error_.clear();
-    if (first_error_kind_ == Failure::kServerLost) throw ServerLost(error);
-    if (first_error_kind_ == Failure::kConnectionReset) throw ConnectionReset(error);
-    throw Error(error);
+    ThrowFailure(first_error_kind_, error);
   }
 }
 
@@ -529,14 +539,7 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {
-        switch (FailureOf(result, result.error)) {
-          case Failure::kServerLost:
-            throw ServerLost(result.error);
-          case Failure::kConnectionReset:
-            throw ConnectionReset(result.error);
-          case Failure::kOther:
-            throw Error(result.error);
-        }
+        ThrowFailure(FailureOf(result, result.error), result.error);
       }
       const auto& reply = result.responses.at(0);
       if (reply.data.size() != 1 || reply.data[0].count() != 3 ||
