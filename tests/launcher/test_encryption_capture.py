@@ -26,6 +26,8 @@ CAPTURE_LIMIT = 256 << 20  # bytes of packets kept, at most
 CAPTURE = r"""
 import os, select, socket, sys
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+# A deep queue (root may exceed rmem_max): a reader slowed by a busy machine drops nothing.
+s.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_RCVBUFFORCE", 33), 64 << 20)
 if sys.argv[3]:
     s.bind((sys.argv[3], 0))
 print("capturing", flush=True)
