@@ -257,7 +257,6 @@ std::pair<std::uint64_t, std::uint64_t> DistKVStore::StallOfThreads() {
 void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
                               const std::shared_ptr<StallReport>& report, bool in_vote) noexcept {
   try {
-    if (keys.size() > kv::kMaxSlicesPerMessage) return;
     // Alone (the waiting thread is the only one that pushes, and the only one that waits
     // this long, not in a vote): this wait's own number. Else one that changes with every
     // push, shared by the waiting threads, so that their reports agree.
@@ -271,43 +270,52 @@ void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
     } else {
       std::tie(number, pushes) = StallOfThreads();
     }
-    kv::Request request;
-    request.command = kv::kStalled;
-    request.stall = number;
-    request.membership = gate.server_events;
-    const std::set<Key> waited(keys.begin(), keys.end());  // a key named twice is refused
-    for (const Key key : waited) request.slices.push_back(kv::SliceRef{key, 0, 0});
-    std::vector<Message> messages;
-    for (const int s : LiveServerRanks()) {
-      messages.push_back(kv::RequestMessage(request, runtime_->ServerId(s)));
+    // The keys waited for (none: WaitAll, every key), in notices of at most the slices one
+    // message holds (a key named twice in one is refused), which the servers add up.
+    const std::set<Key> waited(keys.begin(), keys.end());
+    std::vector<kv::Request> notices(1);
+    for (const Key key : waited) {
+      if (notices.back().slices.size() == kv::kMaxSlicesPerMessage) notices.emplace_back();
+      notices.back().slices.push_back(kv::SliceRef{key, 0, 0});
     }
-    if (messages.empty()) return;
-    // Every push this worker sent is ahead of its notice on the same connection (none was sent
-    // again meanwhile: the gate held still); once every server answered, the scheduler may ask
-    // them what this worker's requests wait for. The callback touches this store only while
-    // the wait goes on (the store outlives every wait).
-    runtime_->Request(
-        messages,
-        [this, report, gate, alone, number, pushes](RequestResult&& result) {
-          MutexLock lock(report->mu);
-          if (!report->waiting || !result.ok() || Gate() != gate) return;
-          // Alone: whether a thread other than the waiting one pushed. Else: whether a push
-          // began since the number was taken. Issue records its push before it looks for a
-          // stall to end, and this looks after the stall is set.
-          const auto pushed = [&] {
-            if (!alone) return push_count_.load() != pushes;
-            return several_pushers_.load() || pusher_.load() != report->thread;
-          };
-          if (pushed()) return;
-          runtime_->ReportStall(number, !alone);
-          report->reported = true;
-          if (pushed()) runtime_->EndStall();
-          if (runtime_->config().verbose >= 2) {
-            PS_LOG(INFO) << "worker " << Rank() << ": waits for its dist_sync rounds (stall "
-                         << number << (alone ? "" : ", other threads push or wait too") << ")";
-          }
-        },
-        std::chrono::steady_clock::now() + Runtime::kMaxStallReportGap);
+    const std::vector<int> servers = LiveServerRanks();
+    if (servers.empty()) return;
+    const auto send = [&](kv::Request& notice, RequestTracker::Callback done) {
+      notice.command = kv::kStalled;
+      notice.stall = number;
+      notice.membership = gate.server_events;
+      std::vector<Message> messages;
+      for (const int s : servers)
+        messages.push_back(kv::RequestMessage(notice, runtime_->ServerId(s)));
+      runtime_->Request(messages, std::move(done),
+                        std::chrono::steady_clock::now() + Runtime::kMaxStallReportGap);
+    };
+    // Each server handles a connection's messages in order: the last notice's answers say
+    // that the others arrived too.
+    for (std::size_t n = 0; n + 1 < notices.size(); ++n) send(notices[n], [](RequestResult&&) {});
+    // Every push this worker sent is ahead of its notices on the same connection (none was
+    // sent again meanwhile: the gate held still); once every server answered, the scheduler
+    // may ask them what this worker's requests wait for. The callback touches this store only
+    // while the wait goes on (the store outlives every wait).
+    send(notices.back(), [this, report, gate, alone, number, pushes](RequestResult&& result) {
+      MutexLock lock(report->mu);
+      if (!report->waiting || !result.ok() || Gate() != gate) return;
+      // Alone: whether a thread other than the waiting one pushed. Else: whether a push
+      // began since the number was taken. Issue records its push before it looks for a
+      // stall to end, and this looks after the stall is set.
+      const auto pushed = [&] {
+        if (!alone) return push_count_.load() != pushes;
+        return several_pushers_.load() || pusher_.load() != report->thread;
+      };
+      if (pushed()) return;
+      runtime_->ReportStall(number, !alone);
+      report->reported = true;
+      if (pushed()) runtime_->EndStall();
+      if (runtime_->config().verbose >= 2) {
+        PS_LOG(INFO) << "worker " << Rank() << ": waits for its dist_sync rounds (stall " << number
+                     << (alone ? "" : ", other threads push or wait too") << ")";
+      }
+    });
   } catch (const std::exception& e) {  // out of memory: the stall goes unreported
     PS_LOG(WARNING) << "worker " << Rank() << ": could not report a stall: " << e.what();
   }

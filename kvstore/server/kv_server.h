@@ -432,7 +432,8 @@ class KVServerStore {
   // thread.
   struct Stall {
     std::uint64_t number = 0;
-    std::set<Key> keys;
+    bool every_key = false;  // a WaitAll, or a notice that listed no keys
+    std::set<Key> keys;      // the keys its notices listed
   };
   std::map<int, Stall> stalled_;
   // (worker node id, segment id) -> the worker's attached shared memory.

@@ -17,10 +17,12 @@ void KVServerStore::HandleStalled(const Meta& meta, const kv::Request& request) 
   // A worker that has not heard of every server death or join this server knows of may still
   // send pushes here again (after the death) that were meant for the dead server: its stall
   // does not say that all its pushes are in. It reports again once it heard.
+  // A wait for more keys than one notice lists comes in several with the same number: they
+  // add up, as do the reports of threads that share a number. No keys: every key.
   if (request.membership == membership_) {
     Stall& stall = stalled_[meta.sender];
-    stall.number = request.stall;
-    stall.keys.clear();
+    if (stall.number != request.stall) stall = Stall{request.stall, false, {}};
+    stall.every_key = stall.every_key || request.slices.empty();
     for (const kv::SliceRef& ref : request.slices) stall.keys.insert(ref.key);
   }
   runtime_.Reply(meta, Message{});
@@ -36,7 +38,7 @@ std::vector<WaitEdge> KVServerStore::StalledWaits() const {
   const auto add = [&](const Slice& slice, int waiter) {
     const auto waiting = stalled_.find(waiter);
     if (waiting == stalled_.end() ||
-        !(waiting->second.keys.empty() || waiting->second.keys.contains(slice.key))) {
+        !(waiting->second.every_key || waiting->second.keys.contains(slice.key))) {
       return;
     }
     // Every later round closes after the open one, which waits for each worker not in it.

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -1422,6 +1423,23 @@ struct StallTimeoutJob {
     CHECK(scheduler->Wait(30s) == 1);
     CHECK(server->Wait(30s) != 0);
   }
+  // Worker 0 pushed key 0 and worker 1 key 1, then each waited in a way that makes the
+  // scheduler only suspect a deadlock: it warned, then ended the job after the stall timeout,
+  // naming both on each.
+  void CheckSuspectedDeadlockEnded(const std::vector<Outcome>& outcomes) {
+    for (const auto& outcome : outcomes) {
+      INFO(outcome.error);
+      CHECK_THAT(outcome.error,
+                 Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT) for each other's "
+                                 "pushes, and no thread of theirs pushed") &&
+                     Catch::Contains("waits for round 1 of key 0, which worker 1 (node") &&
+                     Catch::Contains("waits for round 1 of key 1, which worker 0 (node"));
+    }
+    CheckFailed();
+    CHECK_THAT(scheduler->Output(),
+               Catch::Contains("the workers may wait for each other's pushes: worker ") &&
+                   Catch::Contains("the job ends once they waited 3 s (PS_STALL_TIMEOUT)"));
+  }
 
   Env env = JobEnv(1, 2, 0);
   std::unique_ptr<ChildProcess> scheduler;
@@ -1435,22 +1453,34 @@ TEST_CASE("faults: workers that push from other threads and wait for each other 
   // deadlock. It warns once that lasted half of the stall timeout (--stall_timeout, 3 s
   // here), naming both, and ends the job once neither worker pushed for all of it.
   StallTimeoutJob job;
-  const auto outcomes = job.Run([](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
+  job.CheckSuspectedDeadlockEnded(job.Run([](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
     std::thread(push, static_cast<ps::Key>(kv.Rank())).join();
     kv.WaitAll();
+  }));
+}
+
+TEST_CASE("faults: workers that wait for more keys than a stall notice lists end the job",
+          "[faults]") {
+  // The deadlock of the first case, on one thread each, but each waits for 9000 keys, its own
+  // among them: more than one stall notice lists (kv::kMaxSlicesPerMessage, 4000). Before,
+  // such a wait was never reported, and the job waited for ever. Now it goes in three notices
+  // that the server adds up (the later ones keep the first one's keys): the deadlock is
+  // certain, and ends the job at once.
+  StallTimeoutJob job;
+  const auto outcomes = job.Run([](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
+    push(static_cast<ps::Key>(kv.Rank()));
+    std::vector<ps::Key> keys(9000);
+    std::iota(keys.begin(), keys.end(), ps::Key{0});  // its own in the first notice
+    kv.Wait(keys);
   });
   for (const auto& outcome : outcomes) {
     INFO(outcome.error);
     CHECK_THAT(outcome.error,
-               Catch::Contains("the workers waited 3 s (PS_STALL_TIMEOUT) for each other's "
-                               "pushes, and no thread of theirs pushed") &&
+               Catch::Contains("the workers wait for each other's pushes") &&
                    Catch::Contains("waits for round 1 of key 0, which worker 1 (node") &&
                    Catch::Contains("waits for round 1 of key 1, which worker 0 (node"));
   }
   job.CheckFailed();
-  CHECK_THAT(job.scheduler->Output(),
-             Catch::Contains("the workers may wait for each other's pushes: worker ") &&
-                 Catch::Contains("the job ends once they waited 3 s (PS_STALL_TIMEOUT)"));
 }
 
 TEST_CASE("faults: a suspected deadlock ends when another thread pushes", "[faults]") {
