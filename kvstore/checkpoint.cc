@@ -9,11 +9,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <system_error>
 
 #include "ps/error.h"
+#include "ps/src/internal.h"
 
 namespace ps::checkpoint {
 namespace {
@@ -42,13 +42,18 @@ class Checksum {
 
 // A file that appears under its final name only when Commit() succeeds: written to a temporary
 // name in the same directory, flushed to disk, renamed over the final name, and the directory
-// flushed. Destroyed uncommitted, it removes the temporary file.
+// flushed. Destroyed uncommitted, it removes the temporary file. Writes go out in pieces of
+// kIoPieceBytes, flushed to disk every kFlushEveryBytes, each followed by `progress`: so no
+// single call waits for gigabytes, the last flush included.
 class AtomicFile {
  public:
-  AtomicFile(const std::string& dir, const std::string& name)
+  static constexpr std::uint64_t kFlushEveryBytes = std::uint64_t{64} << 20;
+
+  AtomicFile(const std::string& dir, const std::string& name, const IoProgress& progress = {})
       : final_(dir + "/" + name),
         temporary_(dir + "/." + name + ".tmp." + std::to_string(getpid())),
-        dir_(dir) {
+        dir_(dir),
+        progress_(progress) {
     fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(SystemError("cannot create", temporary_));
   }
@@ -63,12 +68,18 @@ class AtomicFile {
     checksum_.Add(data, bytes);
     const auto* p = static_cast<const char*>(data);
     while (bytes > 0) {
-      const ssize_t written = ::write(fd_, p, bytes);
+      const ssize_t written = ::write(fd_, p, std::min(bytes, kIoPieceBytes));
       if (written < 0 && errno == EINTR) continue;
       if (written <= 0) throw Error(SystemError("cannot write", temporary_));
       p += written;
       bytes -= static_cast<std::size_t>(written);
       size_ += static_cast<std::uint64_t>(written);
+      unflushed_ += static_cast<std::uint64_t>(written);
+      if (unflushed_ >= kFlushEveryBytes) {
+        if (::fdatasync(fd_) != 0) throw Error(SystemError("cannot flush", temporary_));
+        unflushed_ = 0;
+      }
+      if (progress_) progress_();
     }
   }
   template <class T>
@@ -101,9 +112,11 @@ class AtomicFile {
   std::string final_;
   std::string temporary_;
   std::string dir_;
+  const IoProgress& progress_;
   int fd_ = -1;
   bool committed_ = false;
   std::uint64_t size_ = 0;
+  std::uint64_t unflushed_ = 0;  // bytes written since the last flush to disk
   Checksum checksum_;
 };
 
@@ -113,13 +126,29 @@ void MakeDirectory(const std::string& dir) {
   if (error) throw Error("cannot create the checkpoint directory " + dir + ": " + error.message());
 }
 
-std::string ReadWhole(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(SystemError("cannot open " + what, path));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) throw Error(SystemError("cannot read " + what, path));
-  return std::move(bytes).str();
+// Reads in pieces of kIoPieceBytes, each followed by `progress`.
+std::string ReadWhole(const std::string& path, const std::string& what,
+                      const IoProgress& progress = {}) {
+  const ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw Error(SystemError("cannot open " + what, path));
+  std::string bytes;
+  struct stat info {};
+  if (::fstat(fd.get(), &info) == 0 && info.st_size > 0) {  // room for the read that sees EOF
+    bytes.reserve(static_cast<std::size_t>(info.st_size) + kIoPieceBytes);
+  }
+  for (;;) {
+    const std::size_t had = bytes.size();
+    bytes.resize(had + kIoPieceBytes);
+    const ssize_t got = ::read(fd.get(), bytes.data() + had, kIoPieceBytes);
+    if (got < 0 && errno == EINTR) {
+      bytes.resize(had);
+      continue;
+    }
+    if (got < 0) throw Error(SystemError("cannot read " + what, path));
+    bytes.resize(had + static_cast<std::size_t>(got));
+    if (got == 0) return bytes;
+    if (progress) progress();
+  }
 }
 
 // Reads values out of a data file's bytes; any read past the end is a truncated file.
@@ -208,10 +237,11 @@ std::string DataFileName(int rank, int servers) {
   return "server-" + std::to_string(rank) + "-of-" + std::to_string(servers) + ".psckpt";
 }
 
-FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents) {
+FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents,
+                          const IoProgress& progress) {
   MakeDirectory(dir);
   const std::string name = DataFileName(rank, servers);
-  AtomicFile file(dir, name);
+  AtomicFile file(dir, name, progress);
   file.Write(kMagic, sizeof(kMagic));
   file.WriteValue(kFormatVersion);
   WriteOptimizer(file, contents.optimizer);
@@ -235,14 +265,15 @@ FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const C
   return FileSummary{name, bytes, checksum};
 }
 
-Contents ReadDataFile(const std::string& dir, const FileSummary& expected) {
+Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
+                      const IoProgress& progress) {
   const std::string path = dir + "/" + expected.name;
   if (::access(path.c_str(), F_OK) != 0) {
     throw Error("checkpoint file " + path +
                 " is missing (the MANIFEST lists it; on several hosts the checkpoint directory "
                 "must be one that every server sees)");
   }
-  const std::string bytes = ReadWhole(path, "checkpoint file");
+  const std::string bytes = ReadWhole(path, "checkpoint file", progress);
   if (bytes.size() != expected.bytes) {
     throw Error("checkpoint file " + path + " has " + std::to_string(bytes.size()) +
                 " bytes, the MANIFEST says " + std::to_string(expected.bytes) +

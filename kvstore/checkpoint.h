@@ -15,6 +15,7 @@
 // another number of servers (another slicing) loads it too.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -57,13 +58,20 @@ struct FileSummary {
   std::uint64_t checksum = 0;
 };
 
+// Called after each piece of a data file's I/O (at most kIoPieceBytes, or a flush to disk):
+// how a caller tells work that goes on from a file system that stopped answering.
+using IoProgress = std::function<void()>;
+constexpr std::size_t kIoPieceBytes = std::size_t{8} << 20;
+
 // Writes `contents` as `dir`/DataFileName(rank, servers), atomically; creates `dir` (and its
 // parents) when missing. Throws ps::Error naming the file and the system's reason.
-FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents);
+FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents,
+                          const IoProgress& progress = {});
 
 // Reads and checks one data file against its manifest entry. Throws ps::Error naming the file
 // when it is missing, truncated, corrupt, or not what the manifest says.
-Contents ReadDataFile(const std::string& dir, const FileSummary& expected);
+Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
+                      const IoProgress& progress = {});
 
 struct Manifest {
   int servers = 0;

@@ -849,8 +849,10 @@ def describe(bed, out):
         if h.get("sshd_pid"):
             alive = proc_alive(h["sshd_pid"], h.get("sshd_start"))
             sshd = f"  sshd pid {h['sshd_pid']}{'' if alive else ' (not running)'}"
+        blocked = f"  blocked from {','.join(h['blocked'])}" if h.get("blocked") else ""
         out.write(f"  {h['name']:>4}  {h['addr']:<15} ns {h['ns']:<18} link "
-                  f"{fmt_rate(h['rate_bit'])}, delay {fmt_delay(h['delay_us'])}{sshd}\n")
+                  f"{fmt_rate(h['rate_bit'])}, delay {fmt_delay(h['delay_us'])}{sshd}"
+                  f"{blocked}\n")
     if st.get("delay_method") == "nfqueue":
         out.write("  delays:      by a delay line in each host (tools/delayline.py; this kernel "
                   "has no tc netem)\n")
@@ -1115,6 +1117,30 @@ def cmd_link(args):
     return 0
 
 
+def cmd_block(args):
+    """A firewall between two hosts: each drops every packet from the other on arrival, so
+    neither kernel hears of it (no reset, no ICMP) while both still reach every other host."""
+    bed = open_bed(args)
+    pair = (bed.host(args.host), bed.host(args.peer))
+    if pair[0] is pair[1]:
+        raise UsageError(f"block {args.host} {args.peer}: name two different hosts")
+    for h, other in (pair, pair[::-1]):
+        rule = ["INPUT", "-s", other["addr"], "-j", "DROP"]
+        ipt = ["ip", "netns", "exec", h["ns"], IPTABLES, "-w"]
+        present = run(ipt + ["-C"] + rule, check=False).returncode == 0
+        if args.state == "on" and not present:
+            run(ipt + ["-I"] + rule)
+        elif args.state == "off" and present:
+            run(ipt + ["-D"] + rule)
+        blocked = set(h.get("blocked", []))
+        (blocked.add if args.state == "on" else blocked.discard)(other["name"])
+        h["blocked"] = sorted(blocked)
+    bed.save()
+    say(f"{pair[0]['name']} ({pair[0]['addr']}) and {pair[1]['name']} ({pair[1]['addr']}): "
+        f"traffic between them {'dropped' if args.state == 'on' else 'flows again'}")
+    return 0
+
+
 def cmd_kill(args):
     bed = open_bed(args)
     h = bed.host(args.host)
@@ -1354,6 +1380,14 @@ def build_parser():
     s.add_argument("host", metavar="HOST")
     s.add_argument("state", choices=("up", "down"))
     s.set_defaults(func=cmd_link)
+
+    s = sub.add_parser("block", help="drop all traffic between two hosts, or let it flow "
+                       "again (a firewall between them)")
+    s.add_argument("bed", metavar="BED")
+    s.add_argument("host", metavar="HOST")
+    s.add_argument("peer", metavar="PEER")
+    s.add_argument("state", choices=("on", "off"))
+    s.set_defaults(func=cmd_block)
 
     s = sub.add_parser("kill", help="kill every process on a host (its sshd survives)",
                        description="Signal every process in HOST's namespace: the job's "

@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -422,8 +423,11 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
   }
   checkpoint::FileSummary written;
   try {
-    written =
-        checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(), contents);
+    const std::string name = checkpoint::DataFileName(runtime_.rank(), runtime_.num_servers());
+    Runtime::SlowWork work =
+        runtime_.BeginSlowWork("writing checkpoint file " + request.path + "/" + name);
+    written = checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(),
+                                        contents, [&work] { work.Progress(); });
   } catch (const Error& e) {
     runtime_.ReplyError(meta, server + ": " + e.what());
     return;
@@ -458,16 +462,20 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     const auto rank = static_cast<std::size_t>(runtime_.rank());
     bool own_file = manifest.servers == servers && !runtime_.config().replicated() &&
                     manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers);
+    const auto read = [&](const checkpoint::FileSummary& file) {
+      Runtime::SlowWork work =
+          runtime_.BeginSlowWork("reading checkpoint file " + request.path + "/" + file.name);
+      return checkpoint::ReadDataFile(request.path, file, [&work] { work.Progress(); });
+    };
     if (own_file) {
-      index.Add(checkpoint::ReadDataFile(request.path, manifest.files[rank]));
+      index.Add(read(manifest.files[rank]));
       own_file = std::all_of(slices_.begin(), slices_.end(), [&](const auto& entry) {
         return index.Covers(entry.first.first, entry.first.second, entry.second.length);
       });
     }
     if (!own_file) {
       index = checkpoint::Index();
-      for (const auto& file : manifest.files)
-        index.Add(checkpoint::ReadDataFile(request.path, file));
+      for (const auto& file : manifest.files) index.Add(read(file));
     }
     // A server holding nothing (one that took a dead one's rank and was sent no copy yet, so
     // no settings either) has no state to load.
@@ -1068,6 +1076,15 @@ int RunServer(const ClusterConfig& config) {
     why_failed = failed.why;
   }
   if (!why_failed.empty()) runtime->ReportFailure(why_failed);
+  if (runtime->receive_thread_stuck()) {
+    // Held in a call the file system never answers: joining it would wait for ever, and
+    // nothing that thread owns can be released safely meanwhile. The scheduler was told; once
+    // it ended the job with that news (not with this process's exit), the process goes.
+    LOG(ERROR) << failure << " (exiting without that thread)";
+    runtime->AwaitSchedulerGone(config.heartbeat_timeout);
+    google::FlushLogFiles(google::GLOG_INFO);
+    std::_Exit(1);
+  }
   runtime.reset();  // joins the receive thread before the store goes
   if (!failure.empty()) {
     // The store's own failures name this server already; the runtime's do not.

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ps/error.h"
+#include "ps/src/internal.h"
 
 namespace ps {
 namespace {
@@ -19,22 +20,6 @@ namespace {
 constexpr const char* kMemfdName = "ps-kvstore-values";
 
 std::string SystemError(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-// Closes a file descriptor on every path out of a scope unless released.
-class ScopedFd {
- public:
-  explicit ScopedFd(int fd) : fd_(fd) {}
-  ~ScopedFd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  ScopedFd(const ScopedFd&) = delete;
-  ScopedFd& operator=(const ScopedFd&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
 
 // Where a /proc/.../fd/<fd> link points; throws when it cannot be read.
 std::string LinkTarget(const std::string& path) {

@@ -17,8 +17,10 @@
 //                                      (log_text.h)
 //   PS_LOG                             logging from code a worker process runs, before or
 //                                      after the program sets glog up (glog_or_stderr.h)
+//   ScopedFd                           a file descriptor closed with its scope (scoped_fd.h)
 #include "ps/src/glog_or_stderr.h"
 #include "ps/src/log_text.h"
 #include "ps/src/net_util.h"
 #include "ps/src/node_threads.h"
+#include "ps/src/scoped_fd.h"
 #include "ps/src/zmq_transport.h"

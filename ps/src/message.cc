@@ -37,6 +37,8 @@ std::string ControlName(Control control) {
       return "stalled";
     case Control::kWaitProbe:
       return "wait-probe";
+    case Control::kPeerUnreachable:
+      return "peer-unreachable";
   }
   return "unknown";
 }

@@ -21,6 +21,7 @@
 
 #include "ps/error.h"
 #include "ps/src/log_text.h"
+#include "ps/src/scoped_fd.h"
 
 namespace ps::net {
 namespace {
@@ -30,21 +31,6 @@ std::string ToString(const in_addr& addr) {
   inet_ntop(AF_INET, &addr, text, sizeof(text));
   return text;
 }
-
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 struct IfAddrsDeleter {
   void operator()(ifaddrs* list) const { freeifaddrs(list); }
@@ -127,7 +113,7 @@ std::string ResolveIPv4Until(const std::string& host, const std::string& what,
 }
 
 ProbeResult ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds timeout) {
-  const Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  const ScopedFd fd(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   sockaddr_in target{};
   target.sin_family = AF_INET;
   target.sin_port = htons(static_cast<std::uint16_t>(port));
@@ -173,7 +159,7 @@ std::string InterfaceAddress(const std::string& interface) {
 }
 
 std::string RouteSourceAddress(const std::string& ip) {
-  const Fd fd(socket(AF_INET, SOCK_DGRAM, 0));
+  const ScopedFd fd(socket(AF_INET, SOCK_DGRAM, 0));
   sockaddr_in target{};
   target.sin_family = AF_INET;
   target.sin_port = htons(9);  // any port: a UDP connect only picks the route

@@ -203,10 +203,16 @@ void Runtime::ConnectTo(const NodeInfo& node) {
   // Same kernel and network namespace: the peer's abstract ipc socket is reachable.
   const bool same_host = config_.use_ipc && !self_.host_id.empty() &&
                          node.host_id == self_.host_id && !node.ipc_endpoint.empty();
-  if (same_host) {
-    transport_->ConnectEndpoint(node.id, node.ipc_endpoint);
-  } else {
-    transport_->Connect(node.id, node.host, node.port);
+  {
+    MutexLock lock(reset_mu_);  // before the socket exists, so its first event finds the entry
+    closed_peers_.try_emplace(node.id, ClosedPeer{RequestTracker::Clock::now(), true});
+  }
+  const bool watched = same_host ? transport_->ConnectEndpoint(node.id, node.ipc_endpoint)
+                                 : transport_->Connect(node.id, node.host, node.port);
+  if (!watched) {  // no event will say it opened: this node cannot tell
+    MutexLock lock(reset_mu_);
+    const auto entry = closed_peers_.find(node.id);
+    if (entry != closed_peers_.end() && entry->second.never_connected) closed_peers_.erase(entry);
   }
 }
 
@@ -362,7 +368,13 @@ void Runtime::OnControl(Message&& msg) {
       break;
     case Control::kWorkerDone:
       if (meta.request) {  // the scheduler's notice that a worker finished
-        for (const NodeInfo& peer : meta.nodes) NotifyPeer(peer, PeerEvent::kFinished);
+        for (const NodeInfo& peer : meta.nodes) {
+          {
+            MutexLock lock(reset_mu_);  // its connection closes as it exits: no news
+            finished_peers_.insert(peer.id);
+          }
+          NotifyPeer(peer, PeerEvent::kFinished);
+        }
       } else {  // the acknowledgement of our own FinishWorker
         tracker_.OnResponse(std::move(msg));
       }
@@ -385,6 +397,17 @@ void Runtime::OnControl(Message&& msg) {
       break;
     case Control::kWaitProbe:
       if (meta.request && meta.sender == kSchedulerId) OnWaitProbe(meta);
+      break;
+    case Control::kPeerUnreachable:
+      // The scheduler asks whether this node lives (another cannot reach it): answered here,
+      // so the answer also says that this receive thread reads.
+      if (meta.request && meta.sender == kSchedulerId) {
+        Message answer;
+        answer.meta.control = Control::kPeerUnreachable;
+        answer.meta.recipient = kSchedulerId;
+        answer.meta.timestamp = meta.timestamp;
+        SendToNode(answer);
+      }
       break;
     case Control::kNodeJoined:
       for (const NodeInfo& joined : meta.nodes) OnNodeJoined(joined);
@@ -621,10 +644,15 @@ void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
 void Runtime::OnPeerConnection(int node_id, bool connected) {
   MutexLock lock(reset_mu_);
   if (!connected) {
-    closed_peers_.insert(node_id);
-  } else if (closed_peers_.erase(node_id) != 0) {
-    reset_peers_.push_back(node_id);
+    closed_peers_.try_emplace(node_id, ClosedPeer{RequestTracker::Clock::now()});
+    peer_closed_.NotifyAll();
+    return;
   }
+  const auto closed = closed_peers_.find(node_id);
+  if (closed == closed_peers_.end()) return;
+  const bool reset = !closed->second.never_connected;
+  closed_peers_.erase(closed);
+  if (reset) reset_peers_.push_back(node_id);
 }
 
 void Runtime::OnSchedulerReset(const std::string& why) {
@@ -644,7 +672,9 @@ void Runtime::OnSchedulerReset(const std::string& why) {
 
 bool Runtime::ConnectionResetPending(int node_id) {
   MutexLock lock(reset_mu_);
-  return closed_peers_.contains(node_id) || announced_resets_.contains(node_id) ||
+  const auto closed = closed_peers_.find(node_id);
+  return (closed != closed_peers_.end() && !closed->second.never_connected) ||
+         announced_resets_.contains(node_id) ||
          std::find(reset_peers_.begin(), reset_peers_.end(), node_id) != reset_peers_.end();
 }
 
@@ -669,6 +699,70 @@ void Runtime::AnnounceResets() {
     notice.meta.control = Control::kConnectionReset;
     notice.meta.request = true;
     notice.meta.recipient = peer;
+    SendToNode(notice);
+  }
+}
+
+void Runtime::ReportUnreachablePeers(RequestTracker::Clock::time_point now) {
+  // A peer that died or exited is declared dead by the scheduler within about a second of its
+  // connection closing (ps/scheduler); a live one is back within ZeroMQ's reconnect interval
+  // after a reset, and a new one connects at once (a handshake takes a few round trips, longer
+  // on a starved machine: hence the floors below). A connection closed (or never opened) for
+  // a heartbeat timeout is neither: the network between the two drops their traffic (TCP gave
+  // up on it: ZMQ_TCP_MAXRT), or a firewall keeps ZeroMQ from connecting. The scheduler asks
+  // the peer whether it lives before it believes it. Called with heartbeats on only: without
+  // them the scheduler cannot tell whether the peer lives.
+  constexpr std::chrono::milliseconds kMinUnreachableAfter{2000};
+  // A first connection waits its turn at a busy peer (at most 32 handshakes at once, each up
+  // to kHandshakeInterval, 5 s): longer before it counts.
+  constexpr std::chrono::milliseconds kMinNeverConnectedAfter{10000};
+  const auto closed_after = std::max(config_.heartbeat_timeout, kMinUnreachableAfter);
+  const auto never_after = std::max(config_.heartbeat_timeout, kMinNeverConnectedAfter);
+  // This process's own pause (SIGSTOP, a frozen machine) held its ZeroMQ threads too: time to
+  // reconnect is counted from its end.
+  const auto resumed = pause_watch_.last_pause_ended();
+  struct Report {
+    int peer;
+    wire::UnreachableNotice notice;
+    bool first;
+  };
+  std::vector<Report> reports;
+  {
+    MutexLock lock(reset_mu_);
+    for (auto& [peer, closed] : closed_peers_) {
+      const auto since = std::max(closed.since, resumed);
+      if (peer == kSchedulerId || finished_peers_.contains(peer) ||
+          now - since < (closed.never_connected ? never_after : closed_after)) {
+        continue;
+      }
+      const auto closed_ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count();
+      reports.push_back({peer,
+                         {static_cast<std::uint64_t>(closed_ms), closed.never_connected},
+                         !closed.reported});
+      closed.reported = true;
+    }
+  }
+  for (const Report& report : reports) {
+    const NodeInfo* peer = Node(report.peer);
+    // Workers send each other nothing: their connection closes only when one exits.
+    if (peer == nullptr || IsDead(report.peer) ||
+        (peer->role == Role::kWorker && self_.role == Role::kWorker)) {
+      continue;
+    }
+    if (report.first && config_.verbose >= 1) {
+      PS_LOG(WARNING) << "the connection from " << self_.Describe() << " to " << peer->Describe()
+                      << (report.notice.never_connected ? " has not opened for "
+                                                        : " has been closed for ")
+                      << FormatSeconds(std::chrono::milliseconds(report.notice.closed_ms))
+                      << ": asking the scheduler whether it lives";
+    }
+    Message notice;
+    notice.meta.control = Control::kPeerUnreachable;
+    notice.meta.request = true;  // the peer's answer to the scheduler's question is not
+    notice.meta.recipient = kSchedulerId;
+    notice.meta.nodes.push_back(*peer);
+    notice.meta.body = wire::EncodeUnreachable(report.notice);
     SendToNode(notice);
   }
 }
@@ -701,11 +795,28 @@ void Runtime::OnTick() {
   tracker_.ExpireOverdue(now);
   AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) return;
+  auto reading_since = now;
+  const std::string stuck = StuckWork(now, reading_since);
   bool lost = false;
   {
     MutexLock lock(mu_);
     if (terminated_ || !failure_.empty()) return;
-    lost = now - last_scheduler_contact_ > config_.heartbeat_timeout;
+    // Answers that came while the receive thread was held by a SlowWork wait unread.
+    lost = now - std::max(last_scheduler_contact_, reading_since) > config_.heartbeat_timeout;
+  }
+  if (!stuck.empty()) {
+    const std::string why = self_.Describe() + ": " + stuck;
+    receive_thread_stuck_.store(true);
+    Fail(why);
+    // Not ReportFailure: its answer would come to the held receive thread. The scheduler ends
+    // the job on reading this; should it be lost, the heartbeats stop from here on.
+    Message notice;
+    notice.meta.control = Control::kNodeFailed;
+    notice.meta.request = true;
+    notice.meta.recipient = kSchedulerId;
+    notice.meta.error = why;
+    SendToNode(notice);
+    return;
   }
   const auto pause = pause_watch_.last_pause();
   if (lost && pause > pause.zero() &&
@@ -722,6 +833,7 @@ void Runtime::OnTick() {
          FormatSeconds(config_.heartbeat_timeout) + ": it exited or the network failed");
     return;
   }
+  ReportUnreachablePeers(now);
   Message beat;
   beat.meta.control = Control::kHeartbeat;
   beat.meta.request = true;

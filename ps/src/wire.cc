@@ -197,22 +197,47 @@ std::optional<std::vector<WaitEdge>> DecodeWaitReport(const std::string& body) {
 
 namespace {
 constexpr std::string_view kSeveralThreads = " threads";
+constexpr std::string_view kNeverConnected = " never";
+
+// The bodies of STALLED and PEER_UNREACHABLE: a decimal number, then `suffix` when `flag`.
+struct FlaggedNumber {
+  std::uint64_t number = 0;
+  bool flag = false;
+};
+std::string EncodeFlagged(const FlaggedNumber& value, std::string_view suffix) {
+  std::string body = std::to_string(value.number);
+  if (value.flag) body += suffix;
+  return body;
+}
+std::optional<FlaggedNumber> DecodeFlagged(std::string_view body, std::string_view suffix) {
+  FlaggedNumber value;
+  value.flag = body.ends_with(suffix);
+  if (value.flag) body.remove_suffix(suffix.size());
+  const auto number = DecodeStallNumber(body);
+  if (!number) return std::nullopt;
+  value.number = *number;
+  return value;
+}
 }  // namespace
 
 std::string EncodeStalled(const StalledNotice& notice) {
-  std::string body = std::to_string(notice.stall);
-  if (notice.several_threads) body += kSeveralThreads;
-  return body;
+  return EncodeFlagged({notice.stall, notice.several_threads}, kSeveralThreads);
 }
 
 std::optional<StalledNotice> DecodeStalled(std::string_view body) {
-  StalledNotice notice;
-  notice.several_threads = body.ends_with(kSeveralThreads);
-  if (notice.several_threads) body.remove_suffix(kSeveralThreads.size());
-  const auto number = DecodeStallNumber(body);
-  if (!number || *number == 0) return std::nullopt;
-  notice.stall = *number;
-  return notice;
+  const auto value = DecodeFlagged(body, kSeveralThreads);
+  if (!value || value->number == 0) return std::nullopt;
+  return StalledNotice{value->number, value->flag};
+}
+
+std::string EncodeUnreachable(const UnreachableNotice& notice) {
+  return EncodeFlagged({notice.closed_ms, notice.never_connected}, kNeverConnected);
+}
+
+std::optional<UnreachableNotice> DecodeUnreachable(std::string_view body) {
+  const auto value = DecodeFlagged(body, kNeverConnected);
+  if (!value) return std::nullopt;
+  return UnreachableNotice{value->number, value->flag};
 }
 
 std::optional<std::uint64_t> DecodeStallNumber(std::string_view text) {

@@ -99,4 +99,14 @@ std::optional<StalledNotice> DecodeStalled(std::string_view body);
 // malformed.
 std::optional<std::uint64_t> DecodeStallNumber(std::string_view text);
 
+// A PEER_UNREACHABLE notice's body (Runtime::ReportUnreachablePeers): how long the reporter's
+// connection to the peer has been closed, in milliseconds, and whether it never opened (the
+// reporter could not connect at all): "12000" or "12000 never".
+struct UnreachableNotice {
+  std::uint64_t closed_ms = 0;
+  bool never_connected = false;
+};
+std::string EncodeUnreachable(const UnreachableNotice& notice);
+std::optional<UnreachableNotice> DecodeUnreachable(std::string_view body);  // nullopt: malformed
+
 }  // namespace ps::wire

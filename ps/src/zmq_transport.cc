@@ -47,6 +47,9 @@ constexpr auto kHandshakeInterval = std::chrono::milliseconds(5000);
 // peers that no longer wait for it, often because they are gone: a short linger lets it reach
 // the kernel without holding up the exit of a job whose peers are gone.
 constexpr int kSchedulerLingerMs = 2000;
+// The shortest ZMQ_TCP_MAXRT: a few of TCP's retransmission timeouts (200 ms at least, each
+// doubling), so that one lost packet never closes a connection, whatever PS_HEARTBEAT_TIMEOUT.
+constexpr std::chrono::milliseconds kMinUnacknowledgedTimeout{5000};
 constexpr int kNodeLingerMs = 100;
 // Below this size a payload is copied into the frame: cheaper than reference bookkeeping.
 constexpr std::size_t kZeroCopyMinBytes = 512;
@@ -153,6 +156,15 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
       kHeaderBaseBytes + kHeaderBytesPerNode * static_cast<std::uint64_t>(options.job_nodes);
   options.max_header_bytes = static_cast<std::size_t>(header);
   options.linger_ms = role == Role::kScheduler ? kSchedulerLingerMs : kNodeLingerMs;
+  // A live peer's kernel acknowledges within a heartbeat timeout, even when its process is
+  // slow (a zero window answers the probes; one that stays shut that long is a frozen peer,
+  // declared dead anyway). Without heartbeats nobody can tell a broken path from a slow peer.
+  if (config.heartbeat_interval.count() > 0) {
+    options.unacknowledged_timeout_ms =
+        static_cast<int>(std::max(config.heartbeat_timeout, kMinUnacknowledgedTimeout).count());
+    options.keepalive_s = static_cast<int>(
+        std::max<std::int64_t>(1, (config.heartbeat_timeout.count() + 999) / 1000));
+  }
   options.job_secret = config.job_secret;
   options.encrypt = config.encrypt;
   if (config.encrypt) {
@@ -203,6 +215,12 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   receiver_.set(zmq::sockopt::affinity, receive_affinity_);
   receiver_.set(zmq::sockopt::handshake_ivl, static_cast<int>(monitor_.limits().handshake.count()));
   receiver_.set(zmq::sockopt::backlog, kListenBacklog);
+  if (options_.keepalive_s > 0) {
+    receiver_.set(zmq::sockopt::tcp_keepalive, 1);
+    receiver_.set(zmq::sockopt::tcp_keepalive_idle, options_.keepalive_s);
+    receiver_.set(zmq::sockopt::tcp_keepalive_intvl, options_.keepalive_s);
+    receiver_.set(zmq::sockopt::tcp_keepalive_cnt, 3);
+  }
   // Set on the listening socket, so every accepted connection starts with it (ZeroMQ applies
   // it to each accepted descriptor); the kernel caps it at net.core.rmem_max.
   if (options_.tcp_receive_buffer > 0) {
@@ -258,8 +276,8 @@ std::string ZmqTransport::BindIpc(const std::string& name) {
   return endpoint;
 }
 
-void ZmqTransport::Connect(int node_id, const std::string& host, int port) {
-  ConnectEndpoint(node_id, "tcp://" + host + ":" + std::to_string(port));
+bool ZmqTransport::Connect(int node_id, const std::string& host, int port) {
+  return ConnectEndpoint(node_id, "tcp://" + host + ":" + std::to_string(port));
 }
 
 std::string ZmqTransport::EndpointOf(int node_id) const {
@@ -268,7 +286,7 @@ std::string ZmqTransport::EndpointOf(int node_id) const {
   return it == peers_.end() ? "" : it->second->endpoint;
 }
 
-void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
+bool ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   // The socket is this thread's alone until the Peer holding it is published in peers_.
   zmq::socket_t socket;
   try {
@@ -280,6 +298,7 @@ void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
   socket.set(zmq::sockopt::linger, options_.linger_ms);
   socket.set(zmq::sockopt::sndhwm, 0);
   socket.set(zmq::sockopt::affinity, send_affinity_);
+  socket.set(zmq::sockopt::tcp_maxrt, options_.unacknowledged_timeout_ms);
   if (options_.encrypt) {
     socket.set(zmq::sockopt::curve_serverkey, options_.job_keys.public_key);
     socket.set(zmq::sockopt::curve_publickey, options_.node_keys.public_key);
@@ -306,6 +325,7 @@ void ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
     slot = std::move(peer);
   }
   if (replaced) Unwatch(*replaced);
+  return watch != 0;
 }
 
 void ZmqTransport::Unwatch(Peer& peer) {

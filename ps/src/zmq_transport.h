@@ -52,6 +52,15 @@ struct TransportOptions {
   int job_nodes = 1;
   // ZMQ_LINGER of the send sockets: how long closing one may wait to flush what is queued.
   int linger_ms = 2000;
+  // ZMQ_TCP_MAXRT of the send sockets (TCP_USER_TIMEOUT): a TCP connection whose data stays
+  // unacknowledged this long is closed (0: the kernel's retransmission limit, about 15 min).
+  // A network that silently drops a peer's traffic then shows as a closed connection.
+  int unacknowledged_timeout_ms = 0;
+  // TCP keepalive of the receive socket's connections, which never send data: probes after
+  // this many idle seconds, three of them this far apart, and a connection whose sender is
+  // gone is closed (0: off). A sender whose kernel gave up on a broken path (above) sends no
+  // reset, and its end would otherwise stay open here for ever.
+  int keepalive_s = 0;
   // PS_JOB_SECRET: the password every connection must give ("" : the job has none); and this
   // node's connection key, the user name its send sockets give (job_authenticator.h).
   std::string job_secret;
@@ -90,9 +99,11 @@ class ZmqTransport {
 
   // Opens (or replaces) the send socket for `node_id`, connected to host:port. Throws
   // ps::Error when the socket cannot be opened (out of descriptors: EMFILE) or connected.
-  void Connect(int node_id, const std::string& host, int port);
+  // Returns whether the peer watcher follows its connection (SetPeerWatcher; false without a
+  // watcher, or when ZeroMQ could not set the monitor up).
+  bool Connect(int node_id, const std::string& host, int port);
   // The same, to a full ZeroMQ endpoint ("tcp://h:p" or "ipc://@name").
-  void ConnectEndpoint(int node_id, const std::string& endpoint);
+  bool ConnectEndpoint(int node_id, const std::string& endpoint);
   // The endpoint the send socket for `node_id` is connected to ("" if none).
   std::string EndpointOf(int node_id) const;
   bool IsConnected(int node_id) const;

@@ -184,6 +184,9 @@ void Scheduler::OnMessage(Message&& msg) {
     case Control::kWaitProbe:
       OnWaitMessage(msg);
       break;
+    case Control::kPeerUnreachable:
+      OnPeerUnreachable(msg);
+      break;
     case Control::kNodeFailed: {
       Message reply;
       reply.meta.control = Control::kNodeFailed;
@@ -758,8 +761,10 @@ void Scheduler::OnTick() {
                  << " (stopped, e.g. by SIGSTOP, or its machine frozen): heartbeats are counted "
                     "from now, no node is judged on that silence";
     std::fill(last_seen_.begin(), last_seen_.end(), now);
+    unreachable_.clear();  // judged by last_seen_, just reset: the nodes report again
     return;
   }
+  if (EndJobOverUnreachablePeers(now)) return;
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
       DeclareDead(static_cast<int>(id), "no heartbeat for over " +
@@ -830,6 +835,75 @@ bool Scheduler::DeclareClosedConnectionsDead(Clock::time_point now) {
     } else {
       ++it;
     }
+  }
+  return false;
+}
+
+void Scheduler::OnPeerUnreachable(const Message& msg) {
+  const Meta& meta = msg.meta;
+  const Clock::time_point now = Clock::now();
+  if (!meta.request) {  // a peer's answer: it lives
+    for (auto& [pair, report] : unreachable_) {
+      if (pair.second == meta.sender && report.probe == meta.timestamp) report.answered = now;
+    }
+    return;
+  }
+  const auto notice = wire::DecodeUnreachable(meta.body);
+  const int peer = meta.nodes.size() == 1 ? meta.nodes[0].id : kNoNode;
+  if (!notice || peer <= 0 || static_cast<std::size_t>(peer) >= nodes_.size() ||
+      peer == meta.sender ||
+      (nodes_[static_cast<std::size_t>(peer)].role == Role::kWorker &&
+       nodes_[static_cast<std::size_t>(meta.sender)].role == Role::kWorker)) {
+    if (LogOccurrence(++dropped_)) {
+      LOG(WARNING) << "dropped a malformed message (#" << dropped_ << "): " << msg.DebugString();
+    }
+    return;
+  }
+  if (!IsLive(peer)) return;  // its death was the cause, and is handled
+  UnreachableReport& report = unreachable_[{meta.sender, peer}];
+  report.reported = now;
+  // At most a day: a larger figure is garbage, and would overflow as milliseconds.
+  report.closed_ms = std::min<std::uint64_t>(notice->closed_ms, 86'400'000);
+  report.never_connected = notice->never_connected;
+  if (report.probe != 0) return;
+  report.probe = ++unreachable_probes_;
+  Message question;
+  question.meta.control = Control::kPeerUnreachable;
+  question.meta.request = true;
+  question.meta.recipient = peer;
+  question.meta.timestamp = report.probe;
+  Send(std::move(question));
+}
+
+bool Scheduler::EndJobOverUnreachablePeers(Clock::time_point now) {
+  for (auto it = unreachable_.begin(); it != unreachable_.end();) {
+    const auto [reporter, peer] = it->first;
+    const UnreachableReport& report = it->second;
+    if (!IsLive(reporter) || !IsLive(peer) || now - report.reported > config_.heartbeat_timeout) {
+      it = unreachable_.erase(it);
+      continue;
+    }
+    if (!report.answered || report.reported <= *report.answered) {
+      ++it;
+      continue;
+    }
+    const NodeInfo& from = nodes_[static_cast<std::size_t>(reporter)];
+    const NodeInfo& to = nodes_[static_cast<std::size_t>(peer)];
+    const std::string closed = FormatSeconds(std::chrono::milliseconds(report.closed_ms));
+    const std::string path = from.host == to.host
+                                 ? "the network on " + from.host
+                                 : "the network between " + from.host + " and " + to.host;
+    Finish(1, from.Describe() + " cannot reach " + to.Describe() + ": " +
+                  (report.never_connected
+                       ? "its connection to it has not opened in " + closed
+                       : "its connection to it closed and has stayed closed for " + closed) +
+                  ", while " + to.Describe() + " still answers the scheduler: " + path +
+                  (report.never_connected
+                       ? " does not let them connect (a firewall rule or a route)"
+                       : " drops their traffic (a firewall rule, a route or a link down)") +
+                  "; let every host of the job reach every other on the ports its nodes listen "
+                  "on");
+    return true;
   }
   return false;
 }

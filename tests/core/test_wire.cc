@@ -258,3 +258,17 @@ TEST_CASE("wire: a stall notice round-trips, a malformed one is refused", "[wire
   CHECK(ps::wire::DecodeStallNumber("0") == 0u);  // a worker that no longer stalls
   CHECK_FALSE(ps::wire::DecodeStallNumber("1 threads"));
 }
+
+TEST_CASE("wire: an unreachable-peer notice round-trips, a malformed one is refused", "[wire]") {
+  for (const bool never : {false, true}) {
+    const auto decoded = ps::wire::DecodeUnreachable(ps::wire::EncodeUnreachable({12000, never}));
+    REQUIRE(decoded);
+    CHECK(decoded->closed_ms == 12000u);
+    CHECK(decoded->never_connected == never);
+  }
+  CHECK(ps::wire::EncodeUnreachable({3000, true}) == "3000 never");
+  for (const char* bad : {"", " never", "3000 nver", "-1", "3000x", "x3000", "3000 never never"}) {
+    INFO("'" << bad << "'");
+    CHECK_FALSE(ps::wire::DecodeUnreachable(bad));
+  }
+}

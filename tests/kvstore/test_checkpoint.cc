@@ -4,12 +4,16 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -67,6 +71,19 @@ void InitKeys(ps::KVStore& kv) {
 }
 
 ps::test::Env SlicedEnv() { return {{"MXNET_KVSTORE_BIGARRAY_BOUND", "1000"}}; }
+
+// Puts a FIFO in the place of `file` (a file system that answers only as fast as someone
+// writes into it, or never); returns what the file held.
+std::string ReplaceWithFifo(const std::string& file) {
+  std::string bytes;
+  {
+    std::ifstream in(file, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::filesystem::remove(file);
+  Expect(mkfifo(file.c_str(), 0600) == 0, "mkfifo " + file);
+  return bytes;
+}
 
 }  // namespace
 
@@ -300,4 +317,73 @@ TEST_CASE("checkpoint: a save that cannot hold every slice fails and keeps the l
                                               "that held them)"));
   CHECK_FALSE(manifest_before.empty());
   CHECK(read_manifest() == manifest_before);
+}
+
+TEST_CASE("checkpoint: a load whose file never answers ends the job naming it, bounded",
+          "[dist][checkpoint][errors]") {
+  // A file system that stops answering, played by a FIFO that nobody writes: opening server
+  // 0's file blocks for ever. Its receive thread, held there, reads nothing, the scheduler's
+  // heartbeat answers included: before, the server failed with "lost contact with the
+  // scheduler ... the network failed" and its process never exited. Now the server names the
+  // file once the read made no progress for the heartbeat timeout (3 s here), the job ends
+  // with that, and the server exits.
+  TempDir dir;
+  KVCluster cluster(1, 1);
+  const std::string file = dir.path() + "/server-0-of-1.psckpt";
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    InitKeys(kv);
+    kv.SaveCheckpoint(dir.path());
+    ReplaceWithFifo(file);
+    kv.LoadCheckpoint(dir.path());
+  });
+  CHECK_THAT(outcomes[0],
+             Catch::Contains("reading checkpoint file " + file + " has made no progress for") &&
+                 Catch::Contains("the file system does not answer"));
+  CHECK(cluster.scheduler().Wait(std::chrono::seconds(20)) == 1);
+  CHECK(cluster.servers()[0]->Wait(std::chrono::seconds(20)) == 1);
+}
+
+TEST_CASE("checkpoint: a load slower than the heartbeat timeout succeeds while it progresses",
+          "[dist][checkpoint]") {
+  // The same server file, served through a FIFO by a writer that takes about twice the
+  // heartbeat timeout (3 s) over it, in pieces. The receive thread reads nothing else
+  // meanwhile; before, the server took that for lost contact with the scheduler and failed.
+  // Now every piece read counts as progress: the load succeeds, and the values are the saved.
+  TempDir dir;
+  KVCluster cluster(1, 1);
+  const std::string file = dir.path() + "/server-0-of-1.psckpt";
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    InitKeys(kv);
+    const auto saved = Run(kv, 0, 1);
+    kv.SaveCheckpoint(dir.path());
+    Run(kv, 1, 1);  // values past the checkpoint
+    const std::string bytes = ReplaceWithFifo(file);
+    std::thread writer([&] {
+      std::ofstream out(file, std::ios::binary);  // opens once the server opens to read
+      constexpr int kPieces = 30;
+      const std::size_t piece = bytes.size() / kPieces + 1;
+      for (std::size_t at = 0; at < bytes.size(); at += piece) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the slow disk's pace
+        out.write(bytes.data() + at,
+                  static_cast<std::streamsize>(std::min(piece, bytes.size() - at)));
+        out.flush();
+      }
+    });
+    const auto started = std::chrono::steady_clock::now();
+    try {
+      kv.LoadCheckpoint(dir.path());
+    } catch (...) {
+      writer.join();
+      throw;
+    }
+    writer.join();
+    Expect(std::chrono::steady_clock::now() - started > std::chrono::seconds(4),
+           "the load took longer than the heartbeat timeout");
+    std::vector<float> small(kSmall), big(kBig);
+    kv.Pull({1, 2}, {ps::Tensor(small.data(), kSmall), ps::Tensor(big.data(), kBig)});
+    kv.WaitAll();
+    Expect(small == saved[0] && big == saved[1], "the loaded values are the saved ones");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
 }

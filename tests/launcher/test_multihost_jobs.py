@@ -9,7 +9,8 @@ each host's sshd, each advertising its own 198.18.x address.
   with h3 at server_weight=0.25, h3's link carries a quarter of h2's;
 - a host whose processes are killed: the job ends with an error naming that host, well within
   the heartbeat timeout; a host whose link is cut: the heartbeat timeout finds it, and the
-  launcher names it;
+  launcher names it; a worker's host and a server's host that cannot reach each other (a
+  firewall between them): the job ends naming both;
 - PS_ENCRYPT=1: a capture of every packet through the bed's switch holds none of the pushed
   gradient's bytes (and does in clear).
 Needs root and `ip netns` (ctest label `multihost`; exits 77, "skipped", otherwise).
@@ -37,6 +38,12 @@ class BedJobs(BedJobTest):
             for line in lines:
                 self.assertIn(f"workers={workers}", line)
                 self.assertIn(f"rounds={rounds}", line)
+
+    def byteps_layout(self):
+        """launch.py arguments for 2 workers on h0 h1 and 2 servers on h2 h3."""
+        workers = self.bed.write_hostfile(os.path.join(self.tmp, "workers"), ["h0", "h1"])
+        servers = self.bed.write_hostfile(os.path.join(self.tmp, "servers"), ["h2", "h3"])
+        return ["-n", "2", "--server-hostfile", servers] + self.bed_args(workers)
 
     @unittest.skipIf(KV, KV)
     def test_kvstore_check_4_workers_4_servers(self):
@@ -93,11 +100,8 @@ class BedJobs(BedJobTest):
 
     @unittest.skipIf(KV, KV)
     def test_servers_on_hosts_of_their_own(self):
-        workers = self.bed.write_hostfile(os.path.join(self.tmp, "workers"), ["h0", "h1"])
-        servers = self.bed.write_hostfile(os.path.join(self.tmp, "servers"), ["h2", "h3"])
         before = self.bed.port_counters()
-        r = self.run_launcher(["-n", "2", "--server-hostfile", servers]
-                              + self.bed_args(workers)
+        r = self.run_launcher(self.byteps_layout()
                               + ["--env", "PS_VERBOSE=1",
                                  binary("ps-kvstore-check"), "--rounds", "20", "--size", "20000"],
                               env=self.real_env(), timeout=90)
@@ -199,6 +203,68 @@ class BedJobs(BedJobTest):
         # the operator would, then nothing of the job is left anywhere
         self.bed.tool("link", self.bed.id, "h2", "up")
         self.bed.tool("kill", self.bed.id, "h2")
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(KV, KV)
+    def test_hosts_that_cannot_reach_each_other_are_named(self):
+        """A firewall between a worker's host and a server's host, both still reaching the
+        scheduler: nobody dies and no connection is reset (the packets just vanish), so only
+        TCP's unacknowledged-data limit (the heartbeat timeout) and the scheduler's check that
+        the peer lives can end the job; it ends naming both hosts."""
+        heartbeat_timeout = 6
+        proc = self.start_launcher(self.byteps_layout()
+                                   + ["--env", f"PS_HEARTBEAT_TIMEOUT={heartbeat_timeout}",
+                                      binary("ps-kvstore-check"), "--rounds", "1000000",
+                                      "--report-every", "20"],
+                                   env=self.real_env())
+        wait_for(lambda: proc.poll() is not None or
+                 self.launcher_output(proc).out.count("kvstore-check: round 40") >= 2,
+                 60, "both workers to run 40 rounds")
+        self.assertIsNone(proc.poll(), self.launcher_output(proc))
+        self.addCleanup(self.bed.tool, "block", self.bed.id, "h1", "h3", "off", check=False)
+        t0 = time.monotonic()
+        self.bed.tool("block", self.bed.id, "h1", "h3", "on")
+        r = self.finish_launcher(proc, timeout=90)
+        elapsed = time.monotonic() - t0
+        self.assertNotEqual(r.rc, 0, r)
+        h1, h3 = (re.escape(self.bed.addr(h)) for h in ("h1", "h3"))
+        node = r"(?:worker|server) 1 \(node \d+ at (?:{}):\d+\)"
+        self.assertRegex(r.out + r.err,
+                         rf"{node.format(h1)} cannot reach {node.format(h3)}: its connection "
+                         rf"to it closed and has stayed closed for [0-9.]+ s, while .* still "
+                         rf"answers the scheduler: the network between {h1} and {h3} drops "
+                         r"their traffic|"
+                         rf"{node.format(h3)} cannot reach {node.format(h1)}: .* the network "
+                         rf"between {h3} and {h1} drops their traffic")
+        # TCP gives up after the heartbeat timeout, the report follows a timeout later, and the
+        # scheduler has the peer's answer and a second report within a heartbeat interval or
+        # two (without any of it, TCP retries for about 15 minutes)
+        self.assertLess(elapsed, 3 * heartbeat_timeout + 10, r)
+        self.bed.tool("block", self.bed.id, "h1", "h3", "off")
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(KV, KV)
+    def test_hosts_blocked_from_the_start_are_named(self):
+        """The firewall is there before the job starts: every node registers (all reach h0),
+        but worker 1 never connects to server 1; the job ends naming both, not waiting for
+        ever on the first request (a first connection gets at least 10 s)."""
+        heartbeat_timeout = 6
+        self.addCleanup(self.bed.tool, "block", self.bed.id, "h1", "h3", "off", check=False)
+        self.bed.tool("block", self.bed.id, "h1", "h3", "on")
+        t0 = time.monotonic()
+        r = self.run_launcher(self.byteps_layout()
+                              + ["--env", f"PS_HEARTBEAT_TIMEOUT={heartbeat_timeout}",
+                                 binary("ps-kvstore-check"), "--rounds", "5"],
+                              env=self.real_env(), timeout=90)
+        elapsed = time.monotonic() - t0
+        self.assertNotEqual(r.rc, 0, r)
+        self.assertRegex(r.out + r.err,
+                         r"(worker|server) 1 \(node \d+ at [0-9.:]+\) cannot reach "
+                         r"(server|worker) 1 \(node \d+ at [0-9.:]+\): its connection to it "
+                         r"has not opened in [0-9.]+ s, while .* still answers the scheduler: "
+                         r"the network between [0-9.]+ and [0-9.]+ does not let them connect")
+        self.assertLess(elapsed, 3 * heartbeat_timeout + 20, r)
+        self.bed.tool("block", self.bed.id, "h1", "h3", "off")
         self.assert_nothing_left_here()
 
 

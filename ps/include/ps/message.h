@@ -43,6 +43,7 @@ enum class Control {
   kConnectionReset = 12,
   kStalled = 13,
   kWaitProbe = 14,
+  kPeerUnreachable = 15,
 };
 std::string ControlName(Control control);
 

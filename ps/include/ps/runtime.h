@@ -179,6 +179,34 @@ class Runtime {
   // Why this node failed ("" while healthy): lost scheduler, terminated with an error.
   std::string failure() const;
   bool terminated() const;
+
+  // --- long work on the receive thread ---
+  // While a request handler runs, the receive thread reads nothing, the scheduler's heartbeat
+  // answers included. A handler that may take long (checkpoint file I/O) holds a SlowWork and
+  // calls Progress() whenever it gets something done. While it progresses, the scheduler's
+  // silence is not lost contact. Once it has made no progress for PS_HEARTBEAT_TIMEOUT (a file
+  // system that does not answer), the node fails naming `what` and tells the scheduler, which
+  // ends the job; receive_thread_stuck() is then true, and the process must exit without
+  // waiting for that thread. Receive thread only; one at a time.
+  class SlowWork {
+   public:
+    void Progress();
+    ~SlowWork();
+    SlowWork(const SlowWork&) = delete;
+    SlowWork& operator=(const SlowWork&) = delete;
+
+   private:
+    friend class Runtime;
+    explicit SlowWork(Runtime& runtime) : runtime_(runtime) {}
+    Runtime& runtime_;
+  };
+  // `what`: "reading checkpoint file /a/b", for the message.
+  [[nodiscard]] SlowWork BeginSlowWork(std::string what);
+  bool receive_thread_stuck() const { return receive_thread_stuck_.load(); }
+  // Once receive_thread_stuck(): waits until the scheduler, told why, ended the job (its
+  // connection closes as it exits), at most `timeout`, so that the news left this process
+  // before it exits. False at the timeout.
+  bool AwaitSchedulerGone(std::chrono::milliseconds timeout) PS_EXCLUDES(reset_mu_);
   std::size_t dropped_messages() const;
   // Connections turned away for a wrong or missing PS_JOB_SECRET, or another PS_ENCRYPT.
   std::size_t refused_connections() const;
@@ -221,8 +249,9 @@ class Runtime {
   void OnNodeJoined(const NodeInfo& node) PS_EXCLUDES(mu_);  // receive thread
   // The server that held `node`'s rank before it, if this node does not count it dead yet.
   std::optional<NodeInfo> LiveHolderBefore(const NodeInfo& node) const PS_REQUIRES(mu_);
-  // Connects the send socket for `node`: its ipc endpoint when on this host, else TCP.
-  void ConnectTo(const NodeInfo& node);
+  // Connects the send socket for `node`: its ipc endpoint when on this host, else TCP. The
+  // peer counts as closed (never connected) until the connection completes its handshake.
+  void ConnectTo(const NodeInfo& node) PS_EXCLUDES(reset_mu_);
   // The node with id `node_id`, or nullptr: reads the published part of nodes_.
   const NodeInfo* Node(int node_id) const;
   void NotifyPeer(const NodeInfo& peer, PeerEvent event);  // receive thread
@@ -238,11 +267,20 @@ class Runtime {
   void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
   // Tells each peer whose connection came back after a close (timer thread).
   void AnnounceResets() PS_EXCLUDES(reset_mu_);
+  // Tells the scheduler of each live peer whose connection has stayed closed, or not opened,
+  // for PS_HEARTBEAT_TIMEOUT (timer thread, every tick while it lasts): the scheduler, which
+  // hears from the peer, ends the job if it lives (a broken network path).
+  void ReportUnreachablePeers(RequestTracker::Clock::time_point now) PS_EXCLUDES(reset_mu_);
   // A connection between this node and `node_id` was reset: fails what waits on it and tells
   // the peer handler (receive thread, on the peer's CONNECTION_RESET or its answer).
   void OnConnectionReset(int node_id);
   void OnTick() PS_EXCLUDES(mu_);  // timer thread
-  bool SendToNode(Message& msg);   // sets msg.meta.sender
+  // OnTick's look at the SlowWork in progress: why the node gives up on it ("" when none, or
+  // it progresses), and since when the receive thread has been free to read (now while a
+  // SlowWork progresses).
+  std::string StuckWork(RequestTracker::Clock::time_point now,
+                        RequestTracker::Clock::time_point& reading_since) PS_EXCLUDES(slow_mu_);
+  bool SendToNode(Message& msg);  // sets msg.meta.sender
 
   const ClusterConfig config_;
   std::string scheduler_ip_;
@@ -302,12 +340,32 @@ class Runtime {
   // Worker: the stall ReportStall last reported, until EndStall (0: none); a probe's answer.
   std::atomic<std::uint64_t> stall_{0};
 
-  // Send-socket connections to peers, as the monitor thread reports them: closed and not back
-  // yet, and back after a close (a reset, unless the peer died) but not yet announced.
+  // Send-socket connections to peers, as the monitor thread reports them: not open yet or
+  // closed and not back yet, and back after a close (a reset, unless the peer died) but not yet
+  // announced.
   Mutex reset_mu_;
-  std::set<int> closed_peers_ PS_GUARDED_BY(reset_mu_);
+  // A peer's send socket from when it closed, or from when ConnectTo opened it (never_connected)
+  // until its first connection: the first is no reset.
+  struct ClosedPeer {
+    RequestTracker::Clock::time_point since;
+    bool never_connected = false;
+    bool reported = false;  // to the scheduler as unreachable (logged once)
+  };
+  std::map<int, ClosedPeer> closed_peers_ PS_GUARDED_BY(reset_mu_);
+  std::set<int> finished_peers_ PS_GUARDED_BY(reset_mu_);  // workers done (servers hear of it)
+  CondVar peer_closed_;  // a connection closed: AwaitSchedulerGone's
   std::vector<int> reset_peers_ PS_GUARDED_BY(reset_mu_);
   std::set<int> announced_resets_ PS_GUARDED_BY(reset_mu_);  // told, not answered yet
+
+  // The SlowWork in progress, if any (the receive thread's, read by the timer thread).
+  struct SlowWorkState {
+    std::string what;
+    RequestTracker::Clock::time_point progressed;  // its start or last Progress()
+  };
+  Mutex slow_mu_;
+  std::optional<SlowWorkState> slow_work_ PS_GUARDED_BY(slow_mu_);
+  RequestTracker::Clock::time_point slow_work_ended_ PS_GUARDED_BY(slow_mu_){};
+  std::atomic<bool> receive_thread_stuck_{false};
 
   // Declared last: destroyed first, so no thread runs while the members above die.
   std::unique_ptr<PeriodicTask> timer_;

@@ -141,6 +141,17 @@ class Scheduler {
   std::vector<int> LiveServers() const PS_REQUIRES(mu_);
   // STALLED and WAIT_PROBE answers: dist_sync workers that wait for each other end the job.
   void OnWaitMessage(const Message& msg) PS_REQUIRES(mu_);
+  // PEER_UNREACHABLE from a node (Runtime::ReportUnreachablePeers; the request): its
+  // connection to a peer has stayed closed, or never opened. Recorded, and the peer asked
+  // (PEER_UNREACHABLE to it, once per report) whether it lives; its answer (the response) is
+  // recorded too. EndJobOverUnreachablePeers decides.
+  void OnPeerUnreachable(const Message& msg) PS_REQUIRES(mu_);
+  // Ends the job, naming both nodes and the network between them, once a reported peer
+  // answered and the reporter reported again after the answer: the peer lives and the path
+  // between the two is still broken. Reports whose reporter or peer died or finished, or that
+  // were not repeated for a heartbeat timeout (the connection came back), are dropped. True:
+  // it ended the job.
+  bool EndJobOverUnreachablePeers(Clock::time_point now) PS_REQUIRES(mu_);
 
   const ClusterConfig config_;
   std::unique_ptr<ZmqTransport> transport_;
@@ -177,6 +188,17 @@ class Scheduler {
   int rejoins_ PS_GUARDED_BY(mu_) = 0;  // servers admitted in the place of dead ones
   // Live nodes whose connection closed, and when.
   std::map<int, Clock::time_point> suspected_ PS_GUARDED_BY(mu_);
+  // PEER_UNREACHABLE reports by (reporter, peer): the latest one's arrival and content, and
+  // the question to the peer (its timestamp) and when it answered.
+  struct UnreachableReport {
+    Clock::time_point reported;
+    std::uint64_t closed_ms = 0;
+    bool never_connected = false;
+    std::uint64_t probe = 0;
+    std::optional<Clock::time_point> answered;
+  };
+  std::map<std::pair<int, int>, UnreachableReport> unreachable_ PS_GUARDED_BY(mu_);
+  std::uint64_t unreachable_probes_ PS_GUARDED_BY(mu_) = 0;  // numbers the questions
   // What OnPeerConnection reported, for OnTick. A leaf lock (never held while taking mu_ or
   // calling the transport), so the monitor thread never waits for mu_.
   struct ConnectionEvent {
