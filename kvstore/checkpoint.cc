@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <system_error>
+#include <vector>
 
 #include "ps/error.h"
 #include "ps/src/internal.h"
@@ -25,6 +27,11 @@ constexpr const char* kManifestHeader = "ps-checkpoint 1";
 
 std::string SystemError(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
+}
+
+// Where AtomicFile writes `name` until it commits it.
+std::string TemporaryName(const std::string& name, pid_t pid) {
+  return "." + name + ".tmp." + std::to_string(pid);
 }
 
 // FNV-1a, 64 bits: detects a flipped or lost byte; not a defence against a forger.
@@ -43,17 +50,15 @@ class Checksum {
 // A file that appears under its final name only when Commit() succeeds: written to a temporary
 // name in the same directory, flushed to disk, renamed over the final name, and the directory
 // flushed. Destroyed uncommitted, it removes the temporary file. Writes go out in pieces of
-// kIoPieceBytes, flushed to disk every kFlushEveryBytes, each followed by `progress`: so no
-// single call waits for gigabytes, the last flush included.
+// at most kIoPieceBytes, each checksummed, written and flushed to disk (fdatasync) before
+// `progress` is called: no single step waits for more than a piece, the last flush included.
 class AtomicFile {
  public:
-  static constexpr std::uint64_t kFlushEveryBytes = std::uint64_t{64} << 20;
-
-  AtomicFile(const std::string& dir, const std::string& name, const IoProgress& progress = {})
+  AtomicFile(const std::string& dir, const std::string& name, IoProgress progress = {})
       : final_(dir + "/" + name),
-        temporary_(dir + "/." + name + ".tmp." + std::to_string(getpid())),
+        temporary_(dir + "/" + TemporaryName(name, getpid())),
         dir_(dir),
-        progress_(progress) {
+        progress_(std::move(progress)) {
     fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(SystemError("cannot create", temporary_));
   }
@@ -65,21 +70,21 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void Write(const void* data, std::size_t bytes) {
-    checksum_.Add(data, bytes);
     const auto* p = static_cast<const char*>(data);
     while (bytes > 0) {
-      const ssize_t written = ::write(fd_, p, std::min(bytes, kIoPieceBytes));
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) throw Error(SystemError("cannot write", temporary_));
-      p += written;
-      bytes -= static_cast<std::size_t>(written);
-      size_ += static_cast<std::uint64_t>(written);
-      unflushed_ += static_cast<std::uint64_t>(written);
-      if (unflushed_ >= kFlushEveryBytes) {
-        if (::fdatasync(fd_) != 0) throw Error(SystemError("cannot flush", temporary_));
-        unflushed_ = 0;
+      const std::size_t piece = std::min(bytes, kIoPieceBytes);
+      checksum_.Add(p, piece);
+      for (std::size_t done = 0; done < piece;) {
+        const ssize_t written = ::write(fd_, p + done, piece - done);
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0) throw Error(SystemError("cannot write", temporary_));
+        done += static_cast<std::size_t>(written);
       }
-      if (progress_) progress_();
+      p += piece;
+      bytes -= piece;
+      size_ += piece;
+      unflushed_ += piece;
+      if (unflushed_ >= kIoPieceBytes) Flush();
     }
   }
   template <class T>
@@ -90,6 +95,7 @@ class AtomicFile {
   std::uint64_t size() const { return size_; }
 
   void Commit() {
+    Flush();
     if (::fsync(fd_) != 0) throw Error(SystemError("cannot flush", temporary_));
     if (::close(fd_) != 0) {
       fd_ = -1;
@@ -112,7 +118,16 @@ class AtomicFile {
   std::string final_;
   std::string temporary_;
   std::string dir_;
-  const IoProgress& progress_;
+  // Flushes what was written to disk, then counts it as progress.
+  void Flush() {
+    if (unflushed_ > 0 && ::fdatasync(fd_) != 0) {
+      throw Error(SystemError("cannot flush", temporary_));
+    }
+    unflushed_ = 0;
+    if (progress_) progress_();
+  }
+
+  IoProgress progress_;
   int fd_ = -1;
   bool committed_ = false;
   std::uint64_t size_ = 0;
@@ -126,43 +141,56 @@ void MakeDirectory(const std::string& dir) {
   if (error) throw Error("cannot create the checkpoint directory " + dir + ": " + error.message());
 }
 
-// Reads in pieces of kIoPieceBytes, each followed by `progress`.
+// Reads in pieces of at most kIoPieceBytes, each followed by `progress`; at most `most` bytes
+// and one more (so that a longer file shows as longer, without reading it all).
 std::string ReadWhole(const std::string& path, const std::string& what,
-                      const IoProgress& progress = {}) {
+                      const IoProgress& progress = {},
+                      std::uint64_t most = std::numeric_limits<std::uint64_t>::max() - 1) {
   const ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) throw Error(SystemError("cannot open " + what, path));
   std::string bytes;
   struct stat info {};
-  if (::fstat(fd.get(), &info) == 0 && info.st_size > 0) {  // room for the read that sees EOF
-    bytes.reserve(static_cast<std::size_t>(info.st_size) + kIoPieceBytes);
+  if (::fstat(fd.get(), &info) == 0 && info.st_size > 0) {
+    bytes.reserve(static_cast<std::size_t>(
+        std::min<std::uint64_t>(static_cast<std::uint64_t>(info.st_size), most + 1)));
   }
-  for (;;) {
-    const std::size_t had = bytes.size();
-    bytes.resize(had + kIoPieceBytes);
-    const ssize_t got = ::read(fd.get(), bytes.data() + had, kIoPieceBytes);
-    if (got < 0 && errno == EINTR) {
-      bytes.resize(had);
-      continue;
-    }
+  std::vector<char> piece(kIoPieceBytes);
+  while (bytes.size() <= most) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), most + 1 - bytes.size()));
+    const ssize_t got = ::read(fd.get(), piece.data(), want);
+    if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw Error(SystemError("cannot read " + what, path));
-    bytes.resize(had + static_cast<std::size_t>(got));
-    if (got == 0) return bytes;
+    if (got == 0) break;
+    bytes.append(piece.data(), static_cast<std::size_t>(got));
     if (progress) progress();
   }
+  return bytes;
 }
 
 // Reads values out of a data file's bytes; any read past the end is a truncated file.
+// Calls `progress` after each kIoPieceBytes read.
 class Reader {
  public:
-  Reader(const std::string& bytes, std::string path) : bytes_(bytes), path_(std::move(path)) {}
+  Reader(const std::string& bytes, std::string path, IoProgress progress = {})
+      : bytes_(bytes), path_(std::move(path)), progress_(std::move(progress)) {}
   void Read(void* out, std::size_t bytes) {
     if (bytes > bytes_.size() - position_) {
       throw Error("checkpoint file " + path_ +
                   " is truncated or corrupt (a record runs past "
                   "its end)");
     }
-    std::memcpy(out, bytes_.data() + position_, bytes);
-    position_ += bytes;
+    auto* to = static_cast<char*>(out);
+    while (bytes > 0) {
+      const std::size_t piece = std::min(bytes, kIoPieceBytes);
+      std::memcpy(to, bytes_.data() + position_, piece);
+      to += piece;
+      bytes -= piece;
+      position_ += piece;
+      if (progress_ && position_ / kIoPieceBytes != (position_ - piece) / kIoPieceBytes) {
+        progress_();
+      }
+    }
   }
   template <class T>
   T Value() {
@@ -178,6 +206,7 @@ class Reader {
  private:
   const std::string& bytes_;
   std::string path_;
+  IoProgress progress_;
   std::size_t position_ = 0;
 };
 
@@ -218,13 +247,21 @@ std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const M
     return std::any_of(manifest.files.begin(), manifest.files.end(),
                        [&](const FileSummary& file) { return file.name == name; });
   };
+  // A data file's temporary (".server-0-of-2.psckpt.tmp.PID"), left by a server that exited
+  // mid-save: every server's file of this checkpoint is committed by now.
+  const auto is_stale_temporary = [&](const std::string& name) {
+    const auto tmp = name.find(".psckpt.tmp.");
+    return name.starts_with(".") && tmp != std::string::npos &&
+           is_data_file(name.substr(1, tmp + 7 - 1));
+  };
   std::vector<std::string> removed;
   std::error_code error;
   for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
        it.increment(error)) {
     const std::string name = it->path().filename().string();
     std::error_code ignored;  // one file that cannot go stays, harmless beside the MANIFEST
-    if (is_data_file(name) && !listed(name) && std::filesystem::remove(it->path(), ignored)) {
+    if (((is_data_file(name) && !listed(name)) || is_stale_temporary(name)) &&
+        std::filesystem::remove(it->path(), ignored)) {
       removed.push_back(name);
     }
   }
@@ -273,7 +310,7 @@ Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
                 " is missing (the MANIFEST lists it; on several hosts the checkpoint directory "
                 "must be one that every server sees)");
   }
-  const std::string bytes = ReadWhole(path, "checkpoint file", progress);
+  const std::string bytes = ReadWhole(path, "checkpoint file", progress, expected.bytes);
   if (bytes.size() != expected.bytes) {
     throw Error("checkpoint file " + path + " has " + std::to_string(bytes.size()) +
                 " bytes, the MANIFEST says " + std::to_string(expected.bytes) +
@@ -284,13 +321,16 @@ Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
     throw Error("checkpoint file " + path + " is too short to be one");
   }
   const std::size_t body = bytes.size() - sizeof(std::uint64_t);
-  checksum.Add(bytes.data(), body);
+  for (std::size_t at = 0; at < body; at += kIoPieceBytes) {
+    checksum.Add(bytes.data() + at, std::min(kIoPieceBytes, body - at));
+    if (progress) progress();
+  }
   std::uint64_t stored = 0;
   std::memcpy(&stored, bytes.data() + body, sizeof(stored));
   if (checksum.value() != stored || stored != expected.checksum) {
     throw Error("checkpoint file " + path + " is corrupt: its checksum does not match");
   }
-  Reader in(bytes, path);
+  Reader in(bytes, path, progress);
   char magic[sizeof(kMagic)];
   in.Read(magic, sizeof(magic));
   if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) in.Corrupt("not a ps checkpoint file");

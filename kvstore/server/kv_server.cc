@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -402,10 +403,14 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
     runtime_.ReplyError(meta, server + ": " + busy);
     return;
   }
+  const std::string name = checkpoint::DataFileName(runtime_.rank(), runtime_.num_servers());
+  Runtime::SlowWork work = runtime_.BeginSlowWork("saving checkpoint file " + request.path + "/" +
+                                                  name + " (copying the slices)");
   checkpoint::Contents contents;
   if (optimizer_) contents.optimizer = optimizer_->config();
   for (const auto& [id, slice] : slices_) {
     if (!Serves(slice)) continue;  // a replica's copy: its primary writes it
+    work.Progress();
     checkpoint::Record record;
     record.key = id.first;
     record.offset = id.second;
@@ -423,9 +428,7 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
   }
   checkpoint::FileSummary written;
   try {
-    const std::string name = checkpoint::DataFileName(runtime_.rank(), runtime_.num_servers());
-    Runtime::SlowWork work =
-        runtime_.BeginSlowWork("writing checkpoint file " + request.path + "/" + name);
+    work.Doing("writing checkpoint file " + request.path + "/" + name);
     written = checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(),
                                         contents, [&work] { work.Progress(); });
   } catch (const Error& e) {
@@ -451,6 +454,7 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
   // Everything is read, checked and assembled before any slice changes: a load that fails
   // leaves this server as it was.
   std::vector<std::pair<Slice*, checkpoint::Index::Slice>> loaded;
+  Runtime::SlowWork work = runtime_.BeginSlowWork("loading checkpoint " + request.path);
   try {
     const auto manifest = checkpoint::Manifest::Parse(request.manifest, request.path + "/MANIFEST");
     checkpoint::Index index;
@@ -463,8 +467,7 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
     bool own_file = manifest.servers == servers && !runtime_.config().replicated() &&
                     manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers);
     const auto read = [&](const checkpoint::FileSummary& file) {
-      Runtime::SlowWork work =
-          runtime_.BeginSlowWork("reading checkpoint file " + request.path + "/" + file.name);
+      work.Doing("reading checkpoint file " + request.path + "/" + file.name);
       return checkpoint::ReadDataFile(request.path, file, [&work] { work.Progress(); });
     };
     if (own_file) {
@@ -483,7 +486,9 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
       checkpoint::CheckOptimizerMatches(index.optimizer(),
                                         optimizer_ ? &optimizer_->config() : nullptr);
     }
+    work.Doing("loading checkpoint " + request.path + " (assembling the slices)");
     for (auto& [id, slice] : slices_) {
+      work.Progress();
       auto assembled = index.Assemble(id.first, id.second, slice.length, slice.total, slice.dtype);
       if (!assembled.state.empty() &&
           assembled.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
@@ -1076,13 +1081,16 @@ int RunServer(const ClusterConfig& config) {
     why_failed = failed.why;
   }
   if (!why_failed.empty()) runtime->ReportFailure(why_failed);
-  if (runtime->receive_thread_stuck()) {
-    // Held in a call the file system never answers: joining it would wait for ever, and
-    // nothing that thread owns can be released safely meanwhile. The scheduler was told; once
-    // it ended the job with that news (not with this process's exit), the process goes.
-    LOG(ERROR) << failure << " (exiting without that thread)";
-    runtime->AwaitSchedulerGone(config.heartbeat_timeout);
+  // A receive thread held in a call the file system never answers: joining it would wait for
+  // ever, and nothing it owns can be released safely meanwhile. When the node gave up on it,
+  // the scheduler was told: the process goes once it ended the job with that news (not with
+  // this process's exit).
+  if (runtime->receive_thread_stuck() || !runtime->AwaitSlowWorkEnd(config.heartbeat_timeout)) {
+    LOG(ERROR) << "server " << rank
+               << ": its receive thread is held in a slow call; exiting without it";
+    if (runtime->receive_thread_stuck()) runtime->AwaitSchedulerGone(config.heartbeat_timeout);
     google::FlushLogFiles(google::GLOG_INFO);
+    std::fflush(nullptr);
     std::_Exit(1);
   }
   runtime.reset();  // joins the receive thread before the store goes

@@ -796,27 +796,18 @@ void Runtime::OnTick() {
   AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) return;
   auto reading_since = now;
-  const std::string stuck = StuckWork(now, reading_since);
+  // Whatever else happened (the node failed, or the job ended, meanwhile): a receive thread
+  // held for good must be known, or the process waits for it for ever.
+  if (const std::string stuck = StuckWork(now, reading_since); !stuck.empty()) {
+    GiveUpOnStuckWork(stuck);
+    return;
+  }
   bool lost = false;
   {
     MutexLock lock(mu_);
     if (terminated_ || !failure_.empty()) return;
     // Answers that came while the receive thread was held by a SlowWork wait unread.
     lost = now - std::max(last_scheduler_contact_, reading_since) > config_.heartbeat_timeout;
-  }
-  if (!stuck.empty()) {
-    const std::string why = self_.Describe() + ": " + stuck;
-    receive_thread_stuck_.store(true);
-    Fail(why);
-    // Not ReportFailure: its answer would come to the held receive thread. The scheduler ends
-    // the job on reading this; should it be lost, the heartbeats stop from here on.
-    Message notice;
-    notice.meta.control = Control::kNodeFailed;
-    notice.meta.request = true;
-    notice.meta.recipient = kSchedulerId;
-    notice.meta.error = why;
-    SendToNode(notice);
-    return;
   }
   const auto pause = pause_watch_.last_pause();
   if (lost && pause > pause.zero() &&

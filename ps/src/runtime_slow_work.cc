@@ -6,6 +6,7 @@ namespace ps {
 
 Runtime::SlowWork Runtime::BeginSlowWork(std::string what) {
   MutexLock lock(slow_mu_);
+  ++slow_work_depth_;
   slow_work_ = SlowWorkState{std::move(what), RequestTracker::Clock::now()};
   return SlowWork(*this);
 }
@@ -15,10 +16,17 @@ void Runtime::SlowWork::Progress() {
   if (runtime_.slow_work_) runtime_.slow_work_->progressed = RequestTracker::Clock::now();
 }
 
+void Runtime::SlowWork::Doing(std::string what) {
+  MutexLock lock(runtime_.slow_mu_);
+  runtime_.slow_work_ = SlowWorkState{std::move(what), RequestTracker::Clock::now()};
+}
+
 Runtime::SlowWork::~SlowWork() {
   MutexLock lock(runtime_.slow_mu_);
+  if (--runtime_.slow_work_depth_ > 0) return;  // an outer one goes on
   runtime_.slow_work_.reset();
   runtime_.slow_work_ended_ = RequestTracker::Clock::now();
+  runtime_.slow_work_changed_.NotifyAll();
 }
 
 std::string Runtime::StuckWork(RequestTracker::Clock::time_point now,
@@ -29,12 +37,35 @@ std::string Runtime::StuckWork(RequestTracker::Clock::time_point now,
     return "";
   }
   reading_since = now;
-  const auto still = now - slow_work_->progressed;
+  // A pause of this process (SIGSTOP, a frozen machine) held the work too.
+  const auto still = now - std::max(slow_work_->progressed, pause_watch_.last_pause_ended());
   if (still < config_.heartbeat_timeout) return "";
   return slow_work_->what + " has made no progress for " +
          FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(still)) +
          " (PS_HEARTBEAT_TIMEOUT): the file system does not answer (a hung network mount, a "
          "failing disk?); this node gives up, as its receive thread is held there";
+}
+
+void Runtime::GiveUpOnStuckWork(const std::string& why) {
+  receive_thread_stuck_.store(true);
+  // First the news (the log may be on the same stuck file system). Not ReportFailure: its
+  // answer would come to the held receive thread.
+  Message notice;
+  notice.meta.control = Control::kNodeFailed;
+  notice.meta.request = true;
+  notice.meta.recipient = kSchedulerId;
+  notice.meta.error = why;  // the scheduler names this node before it
+  SendToNode(notice);
+  Fail(self_.Describe() + ": " + why);
+}
+
+bool Runtime::AwaitSlowWorkEnd(std::chrono::milliseconds timeout) {
+  const auto deadline = RequestTracker::Clock::now() + timeout;
+  MutexLock lock(slow_mu_);
+  while (slow_work_depth_ > 0) {
+    if (!slow_work_changed_.WaitUntil(slow_mu_, deadline)) return slow_work_depth_ == 0;
+  }
+  return true;
 }
 
 bool Runtime::AwaitSchedulerGone(std::chrono::milliseconds timeout) {

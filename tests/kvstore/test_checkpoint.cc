@@ -3,6 +3,7 @@
 // number of servers; damaged checkpoints are clear errors on every worker and change nothing.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -343,6 +344,33 @@ TEST_CASE("checkpoint: a load whose file never answers ends the job naming it, b
   CHECK(cluster.servers()[0]->Wait(std::chrono::seconds(20)) == 1);
 }
 
+TEST_CASE("checkpoint: a save whose file never answers ends the job, the next save tidies up",
+          "[dist][checkpoint][errors]") {
+  // The same for a save: a FIFO where server 0 opens its temporary file. The job ends naming
+  // the file; a later save into the directory (the local store's, as server 0 of 1) removes
+  // the temporary a server left behind.
+  TempDir dir;
+  KVCluster cluster(1, 1);
+  const std::string temporary =
+      dir.path() + "/.server-0-of-1.psckpt.tmp." + std::to_string(cluster.servers()[0]->pid());
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    InitKeys(kv);
+    Expect(mkfifo(temporary.c_str(), 0600) == 0, "mkfifo " + temporary);
+    kv.SaveCheckpoint(dir.path());
+  });
+  CHECK_THAT(outcomes[0], Catch::Contains("writing checkpoint file " + dir.path() +
+                                          "/server-0-of-1.psckpt has made no progress for"));
+  CHECK(cluster.scheduler().Wait(std::chrono::seconds(20)) == 1);
+  CHECK(cluster.servers()[0]->Wait(std::chrono::seconds(20)) == 1);
+  REQUIRE(std::filesystem::exists(temporary));
+  ps::LocalKVStore local;
+  std::vector<float> value(kSmall, 1.0f);
+  local.Init(7, ps::Tensor(value.data(), kSmall));
+  local.SaveCheckpoint(dir.path());
+  CHECK_FALSE(std::filesystem::exists(temporary));
+  CHECK(std::filesystem::exists(dir.path() + "/server-0-of-1.psckpt"));
+}
+
 TEST_CASE("checkpoint: a load slower than the heartbeat timeout succeeds while it progresses",
           "[dist][checkpoint]") {
   // The same server file, served through a FIFO by a writer that takes about twice the
@@ -358,16 +386,24 @@ TEST_CASE("checkpoint: a load slower than the heartbeat timeout succeeds while i
     kv.SaveCheckpoint(dir.path());
     Run(kv, 1, 1);  // values past the checkpoint
     const std::string bytes = ReplaceWithFifo(file);
+    // Writes the file's bytes into the FIFO once the server opens it to read, in pieces; gives
+    // up after 30 s without a reader (the load failed before it read), so it never hangs.
     std::thread writer([&] {
-      std::ofstream out(file, std::ios::binary);  // opens once the server opens to read
+      int fd = -1;
+      for (int tries = 0; fd < 0 && tries < 3000; ++tries) {
+        fd = ::open(file.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // ENXIO: no reader yet
+        if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (fd < 0) return;
+      ::fcntl(fd, F_SETFL, 0);  // blocking from here: the server reads at its pace
       constexpr int kPieces = 30;
       const std::size_t piece = bytes.size() / kPieces + 1;
       for (std::size_t at = 0; at < bytes.size(); at += piece) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the slow disk's pace
-        out.write(bytes.data() + at,
-                  static_cast<std::streamsize>(std::min(piece, bytes.size() - at)));
-        out.flush();
+        const std::size_t size = std::min(piece, bytes.size() - at);
+        if (::write(fd, bytes.data() + at, size) != static_cast<ssize_t>(size)) break;
       }
+      ::close(fd);
     });
     const auto started = std::chrono::steady_clock::now();
     try {

@@ -339,7 +339,7 @@ TEST_CASE("the schedule's epochs become updates where the optimizer runs", "[tra
   CHECK_NOTHROW(ValidateConfig(c));
 }
 
-TEST_CASE("settings not given take the model's defaults; given ones stay", "[trainer]") {
+TEST_CASE("settings not given take the model's defaults, given ones stay", "[trainer]") {
   const auto nothing_given = [](std::string_view) { return false; };
   TrainConfig mlp;
   ApplyModelDefaults(mlp, nothing_given);

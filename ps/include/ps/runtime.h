@@ -183,14 +183,17 @@ class Runtime {
   // --- long work on the receive thread ---
   // While a request handler runs, the receive thread reads nothing, the scheduler's heartbeat
   // answers included. A handler that may take long (checkpoint file I/O) holds a SlowWork and
-  // calls Progress() whenever it gets something done. While it progresses, the scheduler's
-  // silence is not lost contact. Once it has made no progress for PS_HEARTBEAT_TIMEOUT (a file
-  // system that does not answer), the node fails naming `what` and tells the scheduler, which
-  // ends the job; receive_thread_stuck() is then true, and the process must exit without
-  // waiting for that thread. Receive thread only; one at a time.
+  // calls Progress() whenever it gets something done (a piece of at most a few MiB). While it
+  // progresses, the scheduler's silence is not lost contact. Once it has made no progress for
+  // PS_HEARTBEAT_TIMEOUT (this process's own pauses not counted: a file system that does not
+  // answer), receive_thread_stuck() is true, the node fails naming what the work was doing and
+  // tells the scheduler, which ends the job; the process must then exit without waiting for
+  // that thread (AwaitSlowWorkEnd). Receive thread only; nested ones count as one.
   class SlowWork {
    public:
     void Progress();
+    // What it does from now on ("reading checkpoint file /a/b"), for the message; progress.
+    void Doing(std::string what);
     ~SlowWork();
     SlowWork(const SlowWork&) = delete;
     SlowWork& operator=(const SlowWork&) = delete;
@@ -200,9 +203,11 @@ class Runtime {
     explicit SlowWork(Runtime& runtime) : runtime_(runtime) {}
     Runtime& runtime_;
   };
-  // `what`: "reading checkpoint file /a/b", for the message.
   [[nodiscard]] SlowWork BeginSlowWork(std::string what);
   bool receive_thread_stuck() const { return receive_thread_stuck_.load(); }
+  // Before a node's objects go (the receive thread is joined): waits until no SlowWork runs,
+  // at most `timeout`; false when one still does, and the process must exit without them.
+  bool AwaitSlowWorkEnd(std::chrono::milliseconds timeout) PS_EXCLUDES(slow_mu_);
   // Once receive_thread_stuck(): waits until the scheduler, told why, ended the job (its
   // connection closes as it exits), at most `timeout`, so that the news left this process
   // before it exits. False at the timeout.
@@ -280,6 +285,9 @@ class Runtime {
   // SlowWork progresses).
   std::string StuckWork(RequestTracker::Clock::time_point now,
                         RequestTracker::Clock::time_point& reading_since) PS_EXCLUDES(slow_mu_);
+  // The receive thread is stuck in `why`: fails the node (once) and tells the scheduler (every
+  // tick, until it ends the job: a message may be lost, and the scheduler takes the first).
+  void GiveUpOnStuckWork(const std::string& why);
   bool SendToNode(Message& msg);  // sets msg.meta.sender
 
   const ClusterConfig config_;
@@ -363,7 +371,9 @@ class Runtime {
     RequestTracker::Clock::time_point progressed;  // its start or last Progress()
   };
   Mutex slow_mu_;
+  CondVar slow_work_changed_;  // a SlowWork ended
   std::optional<SlowWorkState> slow_work_ PS_GUARDED_BY(slow_mu_);
+  int slow_work_depth_ PS_GUARDED_BY(slow_mu_) = 0;  // nested SlowWorks alive
   RequestTracker::Clock::time_point slow_work_ended_ PS_GUARDED_BY(slow_mu_){};
   std::atomic<bool> receive_thread_stuck_{false};
 
