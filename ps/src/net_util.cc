@@ -60,13 +60,28 @@ Resolved Lookup(const std::string& host) {
   return {0, ToString(reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr)};
 }
 
-[[noreturn]] void ThrowUnresolved(const std::string& host, const std::string& what, int rc,
-                                  const std::string& waited) {
+// An IPv6 address as people write them: "::1", "[::1]", "fe80::1%eth0" (with a zone).
+bool IsIPv6Literal(const std::string& host) {
+  std::string address = host;
+  if (address.size() > 2 && address.front() == '[' && address.back() == ']') {
+    address = address.substr(1, address.size() - 2);
+  }
+  address = address.substr(0, address.find('%'));
   in6_addr ipv6{};
-  if (inet_pton(AF_INET6, host.c_str(), &ipv6) == 1) {
+  return inet_pton(AF_INET6, address.c_str(), &ipv6) == 1;
+}
+
+// Refuses an IPv6 address at once: no wait makes it an IPv4 one.
+void RefuseIPv6(const std::string& host, const std::string& what) {
+  if (IsIPv6Literal(host)) {
     throw Error(what + "='" + host + "' is an IPv6 address, and the job's nodes speak IPv4: " +
                 "set it to an IPv4 address or to a host name with one");
   }
+}
+
+[[noreturn]] void ThrowUnresolved(const std::string& host, const std::string& what, int rc,
+                                  const std::string& waited) {
+  RefuseIPv6(host, what);
   throw Error("cannot resolve " + what + "='" + host + "'" + waited + ": " + gai_strerror(rc) +
               ": set it to a host name this machine can resolve to an IPv4 address, or to an "
               "IPv4 address");
@@ -75,6 +90,7 @@ Resolved Lookup(const std::string& host) {
 }  // namespace
 
 std::string ResolveIPv4(const std::string& host, const std::string& what) {
+  RefuseIPv6(host, what);
   const Resolved resolved = Lookup(host);
   if (resolved.rc != 0) ThrowUnresolved(host, what, resolved.rc, "");
   return resolved.ip;
@@ -86,6 +102,7 @@ std::string ResolveIPv4Until(const std::string& host, const std::string& what,
                              const std::function<void(const std::string& why)>& waiting) {
   using Clock = std::chrono::steady_clock;
   constexpr auto kRetryEvery = std::chrono::milliseconds(250);
+  RefuseIPv6(host, what);
   const auto start = Clock::now();
   auto next_report = start + report_every;
   while (true) {

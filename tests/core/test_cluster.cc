@@ -461,13 +461,18 @@ TEST_CASE("cluster: a DMLC_NODE_HOST nobody can resolve is a clear error at the 
                Catch::Contains("cannot resolve DMLC_NODE_HOST='no-such-host.invalid' within 1") &&
                    Catch::Contains("to an IPv4 address"));
   }
-  config.node_host = "::1";  // refused at once, with the reason: nodes speak IPv4
-  try {
-    ps::Runtime::Start(config);
-    FAIL("Start succeeded with an IPv6 DMLC_NODE_HOST");
-  } catch (const ps::Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("DMLC_NODE_HOST='::1' is an IPv6 address, and the "
-                                         "job's nodes speak IPv4"));
+  // Refused at once, with the reason (nodes speak IPv4), also with brackets or a zone, which
+  // the resolver does not recognise as addresses.
+  for (const char* ipv6 : {"::1", "[::1]", "fe80::1%lo"}) {
+    INFO(ipv6);
+    config.node_host = ipv6;
+    try {
+      ps::Runtime::Start(config);
+      FAIL("Start succeeded with an IPv6 DMLC_NODE_HOST");
+    } catch (const ps::Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("DMLC_NODE_HOST='" + std::string(ipv6) +
+                                           "' is an IPv6 address, and the job's nodes speak IPv4"));
+    }
   }
 }
 
