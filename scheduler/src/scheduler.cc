@@ -761,7 +761,9 @@ void Scheduler::OnTick() {
                  << " (stopped, e.g. by SIGSTOP, or its machine frozen): heartbeats are counted "
                     "from now, no node is judged on that silence";
     std::fill(last_seen_.begin(), last_seen_.end(), now);
-    unreachable_.clear();  // judged by last_seen_, just reset: the nodes report again
+    // Reports and answers read after the pause arrived in no telling order: the nodes that
+    // still cannot reach a peer report again, and the peers are asked again.
+    unreachable_.clear();
     return;
   }
   if (EndJobOverUnreachablePeers(now)) return;
@@ -865,8 +867,10 @@ void Scheduler::OnPeerUnreachable(const Message& msg) {
   // At most a day: a larger figure is garbage, and would overflow as milliseconds.
   report.closed_ms = std::min<std::uint64_t>(notice->closed_ms, 86'400'000);
   report.never_connected = notice->never_connected;
-  if (report.probe != 0) return;
-  report.probe = ++unreachable_probes_;
+  // Asked again with each report until it answers: a question lost (a reset of the connection
+  // to the peer) must not leave the report waiting for ever.
+  if (report.answered) return;
+  if (report.probe == 0) report.probe = ++unreachable_probes_;
   Message question;
   question.meta.control = Control::kPeerUnreachable;
   question.meta.request = true;

@@ -143,8 +143,8 @@ class Scheduler {
   void OnWaitMessage(const Message& msg) PS_REQUIRES(mu_);
   // PEER_UNREACHABLE from a node (Runtime::ReportUnreachablePeers; the request): its
   // connection to a peer has stayed closed, or never opened. Recorded, and the peer asked
-  // (PEER_UNREACHABLE to it, once per report) whether it lives; its answer (the response) is
-  // recorded too. EndJobOverUnreachablePeers decides.
+  // (PEER_UNREACHABLE to it, with each report until it answers) whether it lives; its answer
+  // (the response) is recorded too. EndJobOverUnreachablePeers decides.
   void OnPeerUnreachable(const Message& msg) PS_REQUIRES(mu_);
   // Ends the job, naming both nodes and the network between them, once a reported peer
   // answered and the reporter reported again after the answer: the peer lives and the path
