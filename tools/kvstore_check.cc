@@ -29,7 +29,10 @@ DEFINE_int32(size, 1000, "Elements per key");
 DEFINE_int32(big_size, 0, "Also use one key of this many elements (0: none)");
 DEFINE_int32(report_every, 0, "Print 'kvstore-check: round N' every N rounds (0: never)");
 DEFINE_int32(pause_at_round, -1, "Stop and wait forever at this round (tests kill it)");
-DEFINE_bool(separate_pull, false, "Push, then Pull, instead of one PushPull per round");
+DEFINE_bool(separate_pull, false,
+            "Push, then Pull, instead of one PushPull per round; in dist_sync wait for the pulls "
+            "alone (WaitPulls: the pushes are answered later, with replication once the "
+            "replica has them)");
 DEFINE_int32(collectives_every, 0,
              "Every N rounds also SetOptimizer, Init a new key and check it, and save and load "
              "a checkpoint in --checkpoint_dir (0: never)");
@@ -129,7 +132,11 @@ int main(int argc, char** argv) {
       } else {
         kv->PushPull(keys, grad_views, out_views);
       }
-      kv->WaitAll();
+      if (FLAGS_separate_pull && sync) {
+        kv->WaitPulls(keys);  // the pushed buffers never change: their answers may come later
+      } else {
+        kv->WaitAll();
+      }
       if (sync || FLAGS_type == "local") {
         for (std::size_t k = 0; k < keys.size(); ++k) {
           const float expected = -static_cast<float>(round) * static_cast<float>(k + 1) *
@@ -151,7 +158,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    kv->Barrier();  // every worker's pushes are in (dist_async applies them on arrival)
+    kv->WaitAll();  // this worker's pushes are answered: applied (and replicated)
+    kv->Barrier();  // every worker's pushes are in
     kv->Pull(keys, out_views);
     kv->WaitAll();
     for (std::size_t k = 0; k < keys.size(); ++k) {

@@ -343,6 +343,7 @@ KVTrainer::KVTrainer(const TrainConfig& config, KVStore& kv, Model& model)
   for (int i = 0; i < model_.num_param_layers(); ++i) marks_.push_back(backend_.NewMark());
   layer_keys_.resize(marks_.size());
   pull_pending_.resize(marks_.size(), false);
+  push_pending_.resize(marks_.size(), false);
   if (!config_.update_on_kvstore) {
     local_optimizer_ = std::make_unique<SgdOptimizer>(
         model_, SgdOptions{config_.lr, config_.momentum, config_.weight_decay});
@@ -428,17 +429,31 @@ void KVTrainer::PullWeights() {
     }
   }
   std::fill(pull_pending_.begin(), pull_pending_.end(), false);  // these values are newer
+  std::fill(push_pending_.begin(), push_pending_.end(), false);  // WaitAll waited for them
 }
 
 void KVTrainer::SettleWeights() {
-  for (std::size_t layer = 0; layer < pull_pending_.size(); ++layer) BringInLayer(layer);
+  for (std::size_t layer = 0; layer < pull_pending_.size(); ++layer) {
+    BringInLayer(layer);
+    SettlePush(layer);  // nothing stays in flight past the epoch
+  }
 }
 
 void KVTrainer::BringInLayer(std::size_t layer) {
   if (!pull_pending_[layer]) return;
   pull_pending_[layer] = false;  // a Wait that throws fails the step: no second try
   const auto start = Clock::now();
-  kv_.Wait(layer_keys_[layer]);
+  if (on_device_ && !push_from_device_) {
+    // The layer's gradients went from push_staging_, which only their next copy rewrites
+    // (OnGradientsReady waits for the push first): the weights are all this pass needs, and
+    // with replication they come back a replica's round trip before the push's answer.
+    push_pending_[layer] = true;  // still in flight, whether the wait returns or throws
+    kv_.WaitPulls(layer_keys_[layer]);
+  } else {
+    // The push's source is the gradient itself, which the backward pass rewrites before any
+    // hook runs.
+    kv_.Wait(layer_keys_[layer]);
+  }
   pull_wait_seconds_ += Seconds(start);
   if (!on_device_) return;  // pulled into the parameters themselves
   // Queued, not waited for: this layer's forward comes after the copy on the stream, and the
@@ -452,10 +467,20 @@ void KVTrainer::BringInLayer(std::size_t layer) {
   }
 }
 
+void KVTrainer::SettlePush(std::size_t layer) {
+  if (!push_pending_[layer]) return;
+  push_pending_[layer] = false;
+  const auto start = Clock::now();
+  kv_.Wait(layer_keys_[layer]);
+  pull_wait_seconds_ += Seconds(start);
+}
+
 void KVTrainer::OnGradientsReady(int layer_index, const std::vector<Param*>& params) {
   // Gradients not pushed from device memory (push_from_device_) take one copy on the way out,
-  // into the pinned staging buffer, queued behind the layer's backward.
+  // into the pinned staging buffer, queued behind the layer's backward; the layer's last push
+  // from there is answered first.
   if (on_device_ && !push_from_device_) {
+    SettlePush(static_cast<std::size_t>(layer_index));
     for (const Param* p : params) {
       backend_.CopyToHostAsync(push_staging_.data() + offsets_[static_cast<std::size_t>(p->index)],
                                p->grad.data(), p->size() * sizeof(float));

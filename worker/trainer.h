@@ -150,6 +150,8 @@ class KVTrainer {
   // The forward pass's hook: when this parametric layer's pull is pending, waits for it and
   // queues the copy of its values to the device.
   void BringInLayer(std::size_t layer);
+  // Waits for this parametric layer's push when BringInLayer left it in flight.
+  void SettlePush(std::size_t layer);
   // After PushReadyLayers(true). Updating locally: WaitAll, then bring the summed gradients
   // into the model and update. Updating on the kvstore: nothing (BringInLayer brings the
   // weights in).
@@ -176,7 +178,10 @@ class KVTrainer {
   // is issued but not yet brought into the model (BringInLayer).
   std::vector<std::vector<Key>> layer_keys_;
   std::vector<bool> pull_pending_;
-  double pull_wait_seconds_ = 0.0;  // waited in BringInLayer since TrainEpoch last read it
+  // Per parametric layer: its push may still be in flight after BringInLayer waited only for
+  // its pull (on the GPU staging path); waited for before push_staging_ is written again.
+  std::vector<bool> push_pending_;
+  double pull_wait_seconds_ = 0.0;  // waited on the store in a step since TrainEpoch read it
   std::unique_ptr<SgdOptimizer> local_optimizer_;  // --no-update-on-kvstore only
   OptimizerConfig local_schedule_;                 // its rate per update (set by Start)
   std::uint64_t local_updates_ = 0;                // updates it applied

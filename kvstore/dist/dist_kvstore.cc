@@ -161,14 +161,18 @@ void DistKVStore::ReportFinished(const std::string& failure) {
   }
 }
 
-void DistKVStore::Complete(const std::string& error, Failure failure, std::span<const Key> keys) {
+void DistKVStore::Complete(const std::string& error, Failure failure, std::span<const Key> keys,
+                           bool pulls) {
   MutexLock lock(ops_mu_);
   if (!error.empty() && first_error_.empty()) {
     first_error_ = error;
     first_error_kind_ = failure;
   }
-  bool key_done = false;  // a key with nothing left in flight: a Wait may return
-  for (const Key key : keys) key_done = --key_ops_[key] == 0 || key_done;
+  bool key_done = false;  // a key with nothing (or no pull) left in flight: a Wait may return
+  for (const Key key : keys) {
+    key_done = --key_ops_[key] == 0 || key_done;
+    if (pulls) key_done = --key_pulls_[key] == 0 || key_done;
+  }
   if (--outstanding_ == 0 || key_done) ops_done_.NotifyAll();
 }
 
@@ -326,11 +330,16 @@ void DistKVStore::WaitAll() {
   WaitUntil(done, done, {});  // the count is atomic: polled without the lock
 }
 
-void DistKVStore::WaitImpl(std::span<const Key> keys) {
-  const auto done = [this, keys]() PS_REQUIRES(ops_mu_) {
-    return std::all_of(keys.begin(), keys.end(), [this](Key key) PS_REQUIRES(ops_mu_) {
-      const auto it = key_ops_.find(key);
-      return it == key_ops_.end() || it->second == 0;
+void DistKVStore::WaitImpl(std::span<const Key> keys) { WaitForKeys(keys, false); }
+
+void DistKVStore::WaitPullsImpl(std::span<const Key> keys) { WaitForKeys(keys, true); }
+
+void DistKVStore::WaitForKeys(std::span<const Key> keys, bool pulls) {
+  const auto done = [this, keys, pulls]() PS_REQUIRES(ops_mu_) {
+    const std::unordered_map<Key, std::size_t>& counts = pulls ? key_pulls_ : key_ops_;
+    return std::all_of(keys.begin(), keys.end(), [&counts](Key key) {
+      const auto it = counts.find(key);
+      return it == counts.end() || it->second == 0;
     });
   };
   WaitUntil(
@@ -1083,6 +1092,7 @@ void DistKVStore::SendPlan(const Call& call, Plan& plan) {
                                                       target.destinations.end());
         inflight.slots.insert(inflight.slots.end(), target.slots.begin(), target.slots.end());
         for (const kv::SliceRef& slice : target.request.slices) inflight.keys.push_back(slice.key);
+        inflight.pulls = call.receiving;
         // Lent to the request (which sends it and leaves it whole), then given back below.
         messages.push_back(std::move(msg));
         sent.push_back(target.draft);
@@ -1104,6 +1114,7 @@ DistKVStore::Inflight& DistKVStore::NewInflight(std::size_t messages) {
   inflight.nodes.clear();
   inflight.slots.clear();
   inflight.keys.clear();
+  inflight.pulls = false;
   inflight.reroutable = false;
   if (inflight.destinations.size() < messages) inflight.destinations.resize(messages);
   for (auto& list : inflight.destinations) list.clear();
@@ -1128,6 +1139,9 @@ void DistKVStore::Track(std::span<Message> messages, Inflight& inflight) {
     MutexLock lock(ops_mu_);
     ++outstanding_;
     for (const Key key : inflight.keys) ++key_ops_[key];
+    if (inflight.pulls) {
+      for (const Key key : inflight.keys) ++key_pulls_[key];
+    }
   }
   // Captures two pointers: std::function keeps them without allocating.
   runtime_->Request(messages, [this, pending = &inflight](RequestResult&& result) {
@@ -1159,7 +1173,7 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   }
   for (auto& frames : inflight.frames) frames.clear();
   // Before the record goes back to the pool: Complete reads its keys.
-  Complete(error, FailureOf(result, error), inflight.keys);
+  Complete(error, FailureOf(result, error), inflight.keys, inflight.pulls);
   inflights_.Give(inflight);
 }
 
@@ -1275,6 +1289,7 @@ void DistKVStore::Reroute(Inflight& inflight, const RequestResult& result) {
   auto state = std::make_shared<Rerouted>();
   state->slots = inflight.slots;
   state->keys = inflight.keys;
+  state->pulls = inflight.pulls;
   std::vector<ReroutedPart> parts;
   for (std::size_t m = 0; m < inflight.nodes.size(); ++m) {
     ReroutedPart part;
@@ -1414,7 +1429,7 @@ void DistKVStore::ReroutedPartDone(const std::shared_ptr<Rerouted>& state,
   // The last part: the request is done. Its slots may have been written by a server that
   // died, or be written by a live one answering a copy sent twice: never used again.
   for (ShmSlot* slot : state->slots) slot->Retire();
-  Complete(first_error, Failure::kOther, state->keys);
+  Complete(first_error, Failure::kOther, state->keys, state->pulls);
 }
 
 }  // namespace ps

@@ -75,6 +75,7 @@ class DistKVStore final : public KVStore {
   void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                     std::span<const Tensor> outs, int priority) override;
   void WaitImpl(std::span<const Key> keys) override;
+  void WaitPullsImpl(std::span<const Key> keys) override;
 
  private:
   struct KeyInfo {
@@ -214,6 +215,7 @@ class DistKVStore final : public KVStore {
     std::vector<std::vector<Destination>> destinations;  // per message: where its values go
     std::vector<ShmSlot*> slots;  // the shared-memory slots the request holds
     std::vector<Key> keys;        // per slice sent: its key (counted in key_ops_)
+    bool pulls = false;           // a Pull or PushPull: its keys are counted in key_pulls_ too
     // With replication, for a Push, Pull or PushPull (SendPlan): sent again when its server
     // dies, with what Reroute needs per message.
     bool reroutable = false;
@@ -240,6 +242,7 @@ class DistKVStore final : public KVStore {
     std::string error PS_GUARDED_BY(mu);
     std::vector<ShmSlot*> slots;  // the original request's: retired when it is done
     std::vector<Key> keys;        // the original request's (counted in key_ops_)
+    bool pulls = false;           // the original request's
   };
   // An in-flight record from the pool, emptied for a request of `messages` messages.
   Inflight& NewInflight(std::size_t messages);
@@ -291,13 +294,16 @@ class DistKVStore final : public KVStore {
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);
   // One request is done, with `error` ("" for success) of kind `failure` (a server it waited
   // on died, or its connection was reset: RunOverLiveServers may run the call again).
-  // `keys`: its slices'.
-  void Complete(const std::string& error, Failure failure, std::span<const Key> keys);
+  // `keys`: its slices'; `pulls`: whether it was a Pull or PushPull.
+  void Complete(const std::string& error, Failure failure, std::span<const Key> keys, bool pulls);
   // WaitAll and Wait: returns once `done()` (called with ops_mu_ held) is true, first polling
   // `poll()` (the same test, called without the lock); then throws the first error reported
   // since the last wait. `keys`: those Wait waits for (empty: WaitAll).
   template <typename Done, typename Poll>
   void WaitUntil(Done done, Poll poll, std::span<const Key> keys);
+  // Wait and WaitPulls: until no request (`pulls`: no Pull or PushPull) of any of `keys` is in
+  // flight.
+  void WaitForKeys(std::span<const Key> keys, bool pulls);
   // What must hold still while a stall is reported: the server deaths and joins applied, and
   // the connection resets (both send pushes again, which must be in before the notice).
   struct StallGate {
@@ -455,6 +461,8 @@ class DistKVStore final : public KVStore {
   // Per key: the requests in flight with a slice of it (Wait). Entries stay at 0, so a warm
   // store allocates nothing here.
   std::unordered_map<Key, std::size_t> key_ops_ PS_GUARDED_BY(ops_mu_);
+  // Per key: the Pull and PushPull requests among those (WaitPulls).
+  std::unordered_map<Key, std::size_t> key_pulls_ PS_GUARDED_BY(ops_mu_);
   std::string first_error_ PS_GUARDED_BY(ops_mu_);
   Failure first_error_kind_ PS_GUARDED_BY(ops_mu_) = Failure::kOther;
 };

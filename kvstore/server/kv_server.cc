@@ -545,6 +545,7 @@ KVServerStore::Pending& KVServerStore::NewPending(const Meta& meta, std::size_t 
   pending.request = meta;
   pending.remaining = parts;
   pending.with_values = false;
+  pending.values_only = false;
   pending.values.clear();
   pending.shm.clear();
   pending.pulls.clear();
@@ -661,9 +662,13 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
                                const std::vector<ShmTarget>& shm) {
   Pending* const pending = StartPending(meta, request, true, shm);
   if (pending == nullptr) return;
+  pending->values_only = request.command == kv::kPull && request.pulls.empty();
   // A round still open never closes once a worker is gone (OnPeer failed those waiting then).
   const auto wait_for_round = [&](Slice& slice, std::uint64_t round, const Waiter& waiter) {
-    if (gone_workers_.empty()) {
+    if (round == slice.completed && slice.round_in_flight && AnswersEarly(waiter) &&
+        std::any_of(slice.forwards.begin(), slice.forwards.end(), std::mem_fn(&Forward::applied))) {
+      Resolve(waiter, slice);  // that round is applied here already
+    } else if (gone_workers_.empty()) {
       slice.waiters.push_back({round, waiter});
     } else {
       FailWaiter(waiter, "server " + std::to_string(runtime_.rank()) + ": " +
@@ -854,6 +859,17 @@ void KVServerStore::CloseRound(Slice& slice) {
   ApplyUpdate(slice, sent.gradient);
   sent.applied = failed_update_ != &slice;
   failed_update_ = nullptr;
+  if (sent.applied) ResolveEarlyPulls(slice);
+}
+
+void KVServerStore::ResolveEarlyPulls(Slice& slice) {
+  // Rounds before the open one were answered when they were committed; the open one is the
+  // round just applied.
+  std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
+    if (entry.round > slice.completed || !AnswersEarly(entry.waiter)) return false;
+    Resolve(entry.waiter, slice);
+    return true;
+  });
 }
 
 void KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
@@ -953,7 +969,7 @@ void KVServerStore::ResolveCurrent(Slice& slice, const Waiter& waiter) {
   // update applies here before it is answered: its waiters see exactly what the replica holds.
   const auto ahead = std::find_if(slice.forwards.begin(), slice.forwards.end(),
                                   [](const Forward& forward) { return forward.applied; });
-  if (ahead == slice.forwards.end()) {
+  if (ahead == slice.forwards.end() || AnswersEarly(waiter)) {
     Resolve(waiter, slice);
   } else {
     ahead->waiters.push_back(waiter);

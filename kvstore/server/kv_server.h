@@ -81,6 +81,10 @@ class KVServerStore {
     Meta request;
     std::size_t remaining = 0;
     bool with_values = false;
+    // A plain pull (no push rides on it, no compression state changes with its answer): it
+    // acknowledges nothing, so a round's value answers it once this server applied the round,
+    // before the replica has (AnswersEarly).
+    bool values_only = false;
     std::vector<Blob> values;    // per slice of the request, filled as they resolve
     std::vector<ShmTarget> shm;  // per slice, or empty when no slice uses shared memory
     // Compressed pulls (kv::Request::pulls): per slice, its state and id, or empty when none.
@@ -390,8 +394,20 @@ class KVServerStore {
   // was applied before and is asked for again after a server died.
   void ResolveWhenReplicated(Slice& slice, const Waiter& waiter);
   // Resolves `waiter` with the value the replica holds too: now, or once the replica answered
-  // the round applied here ahead of it. For pulls served from the current value.
+  // the round applied here ahead of it. For pulls served from the current value. A plain pull
+  // (AnswersEarly) takes the value as it is, the round applied ahead included.
   void ResolveCurrent(Slice& slice, const Waiter& waiter);
+  // Whether `waiter` may see a round applied here before the replica answered it: a plain
+  // pull. Were this server to die, the workers send the round's pushes, which it never
+  // acknowledged, to the new owner, which applies the same round. Pushes (whose answer is the
+  // guarantee that the replica holds them) and compressed pulls (whose answer moves the
+  // puller's state, which the replica keeps too) wait for the replica.
+  static bool AnswersEarly(const Waiter& waiter) {
+    return waiter.pending != nullptr && waiter.pending->values_only;
+  }
+  // dist_sync: resolves the plain pulls that wait for the round applied here ahead of the
+  // replica (CloseRound).
+  void ResolveEarlyPulls(Slice& slice);
   void Answer(Pending& pending);
   void FailWaiters(Slice& slice, const std::string& why);
   // The value's bytes, made this slice's alone first (copy-on-write).

@@ -208,7 +208,7 @@ TEST_CASE("failover: a server killed or stopped at a random moment changes no va
           "[failover]") {
   const Disturbance what = GENERATE(
       Disturbance{"dist_sync", SIGKILL, false}, Disturbance{"dist_sync", SIGKILL, true},
-      Disturbance{"dist_sync", SIGSTOP, false}, Disturbance{"dist_async", SIGKILL, false},
+      Disturbance{"dist_sync", SIGSTOP, true}, Disturbance{"dist_async", SIGKILL, false},
       Disturbance{"dist_async", SIGSTOP, true}, Disturbance{"dist_sync", SIGKILL, false, true},
       Disturbance{"dist_async", SIGKILL, true, true},
       Disturbance{"dist_sync", SIGKILL, false, false, Collectives::kWithCheckpoints},

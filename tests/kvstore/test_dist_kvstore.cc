@@ -8,6 +8,7 @@
 #include <fstream>
 #include <future>
 
+#include "kvstore/dist/key_layout.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
 
@@ -461,4 +462,76 @@ TEST_CASE("dist kvstore: a worker that leaves through an exception fails the job
   const std::string all = outcomes[0] + outcomes[1];
   CHECK_THAT(all, Catch::Contains("the training step blew up"));
   CHECK_THAT(all, Catch::Contains("the job failed: worker 0 ("));
+}
+
+// Sends SIGCONT to a stopped process when it goes out of scope.
+struct ResumeOnExit {
+  ps::test::ChildProcess& process;
+  ~ResumeOnExit() { process.Kill(SIGCONT); }
+};
+
+TEST_CASE("replication: a pull is answered once its round is applied, its push once replicated",
+          "[dist][replication]") {
+  // The stopped replica is never declared dead here: the heartbeat timeout outlasts the test.
+  KVCluster cluster(2, 2, {{"PS_VERBOSE", "1"}, {"PS_HEARTBEAT_TIMEOUT", "120"}});
+  // A key whose primary is server 0, so that its replica is server 1.
+  ps::Key key = 0;
+  while (ps::KeyLayout(2, 1000000).ServerOf(key) != 0) ++key;
+  // Worker 0's pull reaches the primary before the round closes (worker 1 pushes after it),
+  // worker 1's after: both are answered once the round is applied there.
+  std::promise<void> first_pulled, second_measured;
+  std::shared_future<void> first = first_pulled.get_future().share();
+  std::shared_future<void> second = second_measured.get_future().share();
+  std::vector<int> pull_early(2, 0), push_waited(2, 0);
+  std::vector<std::vector<float>> pulled(2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    const int rank = kv.Rank();
+    std::vector<float> value(1000, 0.0f), grad(1000, 2.0f);
+    kv.Init(key, ps::Tensor(value.data(), value.size()));
+    ps::test::ChildProcess* replica = nullptr;  // every node registered by now
+    for (auto& server : cluster.servers()) {
+      Expect(server->WaitForOutput("registered as server ", 20s), "a server registered");
+      if (server->Output().find("registered as server 1 ") != std::string::npos) {
+        replica = server.get();
+      }
+    }
+    Expect(replica != nullptr, "server 1 found");
+    if (rank == 0) {
+      replica->Kill(SIGSTOP);
+    } else {
+      Expect(first.wait_for(20s) == std::future_status::ready, "worker 0 pulled");
+    }
+    kv.Push(key, ps::Tensor(grad.data(), grad.size()));
+    kv.Pull(key, ps::Tensor(value.data(), value.size()));
+    std::future<void> pull, push;
+    // Resumed however this thread leaves, before the futures' destructors wait for the calls
+    // (which end only then, or at the heartbeat timeout).
+    const ResumeOnExit resume{*replica};
+    pull = std::async(std::launch::async, [&] { kv.WaitPulls(key); });
+    if (rank == 0) {
+      // The round cannot close before worker 1 pushes; meanwhile the pull reaches the primary.
+      Expect(pull.wait_for(300ms) == std::future_status::timeout, "worker 0's pull waited");
+      first_pulled.set_value();
+    }
+    pull_early[rank] = pull.wait_for(10s) == std::future_status::ready;
+    push = std::async(std::launch::async, [&] { kv.Wait(key); });
+    // The push's answer waits for the stopped replica: no wait here can end it sooner.
+    push_waited[rank] = push.wait_for(1s) == std::future_status::timeout;
+    if (rank == 1) {
+      second_measured.set_value();
+    } else {
+      Expect(second.wait_for(20s) == std::future_status::ready, "worker 1 measured");
+      replica->Kill(SIGCONT);
+    }
+    pull.get();
+    push.get();
+    pulled[rank] = value;
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(pull_early == std::vector<int>{1, 1});
+  CHECK(push_waited == std::vector<int>{1, 1});
+  for (const auto& value : pulled) {
+    CHECK(value == std::vector<float>(1000, 4.0f));  // no optimizer: the round's sum
+  }
+  CHECK(cluster.EndedCleanly());
 }

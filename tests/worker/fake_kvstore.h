@@ -2,7 +2,9 @@
 // A single-worker, in-process stand-in for ps::KVStore with MXNet's `local` semantics, for
 // testing the trainer without servers. Push/Pull are deferred until WaitAll, or a Wait naming
 // their key, as a real store's may be, and the fake checks the buffer lifetime rule: a pushed
-// buffer must be unchanged at that wait, and a pulled buffer is only written there.
+// buffer must be unchanged at that wait, and a pulled buffer is only written there. WaitPulls
+// answers the pulls of its keys and applies the pushes before them, but leaves those pushes
+// unanswered (as a replicated store does), their buffers still checked at their Wait.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -39,8 +41,9 @@ class FakeKVStore final : public KVStore {
   void SaveCheckpoint(const std::string&) override { throw Error("FakeKVStore: no checkpoints"); }
   void LoadCheckpoint(const std::string&) override { throw Error("FakeKVStore: no checkpoints"); }
 
-  std::vector<Op> ops;                  // every push and pull, in call order
-  std::vector<std::vector<Key>> waits;  // every Wait's keys, in call order
+  std::vector<Op> ops;                       // every push and pull, in call order
+  std::vector<std::vector<Key>> waits;       // every Wait's keys, in call order
+  std::vector<std::vector<Key>> pull_waits;  // every WaitPulls' keys, in call order
   std::vector<Key> init_keys;
   OptimizerConfig optimizer;
   bool has_optimizer = false;
@@ -90,19 +93,36 @@ class FakeKVStore final : public KVStore {
     }
     pending_ = std::move(later);
   }
+  void WaitPullsImpl(std::span<const Key> keys) override {
+    pull_waits.emplace_back(keys.begin(), keys.end());
+    std::vector<Pending> later;
+    for (Pending& p : pending_) {
+      if (std::find(keys.begin(), keys.end(), p.op.key) == keys.end()) {
+        later.push_back(std::move(p));
+      } else if (p.op.kind == Op::kPush) {
+        if (!p.applied) ApplyPush(p.op.key, p.snapshot);  // later pulls see it
+        p.applied = true;
+        later.push_back(std::move(p));  // not answered yet
+      } else {
+        Complete(p);
+      }
+    }
+    pending_ = std::move(later);
+  }
 
  private:
   struct Pending {
     Op op;
     Tensor tensor;
     std::vector<float> snapshot;  // a push's data as it was at Push time
+    bool applied = false;         // a push that a WaitPulls applied already
   };
 
   void Complete(const Pending& p) {
     if (p.op.kind == Op::kPush) {
       INFO("key " << p.op.key << ": pushed buffer modified before its wait");
       REQUIRE(std::memcmp(p.tensor.data(), p.snapshot.data(), p.snapshot.size() * 4) == 0);
-      ApplyPush(p.op.key, p.snapshot);
+      if (!p.applied) ApplyPush(p.op.key, p.snapshot);
     } else {
       const std::vector<float>& v = store_.at(p.op.key);
       REQUIRE(v.size() == p.tensor.size());

@@ -152,6 +152,9 @@ void CheckAgainstLocalSgd(bool update_on_kvstore, bool device_path = false, bool
     // Start; then one wait per layer and step: in the next forward pass, or at the epoch's end.
     CHECK(kv.wait_alls == 1);
     CHECK(kv.waits.size() == static_cast<std::size_t>(layers * sampler.batches_per_epoch()));
+    // Staged on a GPU, the forward pass waits for the pulls alone; the pushes are waited for
+    // before their staging buffer is written again (the fake checks it was not before).
+    CHECK(kv.pull_waits.size() == (device_path ? kv.waits.size() : 0));
   } else {
     CHECK(kv.wait_alls == 1 + sampler.batches_per_epoch());  // Start, then one per step
     CHECK(kv.waits.empty());

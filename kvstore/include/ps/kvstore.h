@@ -145,9 +145,17 @@ class KVStore {
   // buffer may change again: the buffer lifetime rule, per key. It throws what WaitAll would:
   // the first error any operation reported since the last wait, whatever its key. A store may
   // wait for more than asked ("local", whose operations are synchronous, waits for nothing).
-  // ps-train waits so for each layer's weights just before that layer's forward pass.
   void Wait(Key key) { WaitImpl(One(key)); }
   void Wait(const std::vector<Key>& keys) { WaitImpl(keys); }
+  // Waits for the Pull and PushPull calls issued so far, by any thread, that involve any of
+  // `keys`, not for their Push calls: afterwards the pulled values are in place, but a pushed
+  // buffer of those keys must stay unmodified until a Wait naming its key (or WaitAll). With
+  // replication a server answers a plain pull as soon as it applied the round (the replica
+  // applies it meanwhile), while a push's answer waits for the replica: this returns a
+  // replica's round trip sooner than Wait. It throws what Wait would. ps-train waits so for
+  // each layer's weights just before that layer's forward pass.
+  void WaitPulls(Key key) { WaitPullsImpl(One(key)); }
+  void WaitPulls(const std::vector<Key>& keys) { WaitPullsImpl(keys); }
   virtual void Barrier() = 0;
   virtual void SetOptimizer(const OptimizerConfig& config) = 0;
   // Collective, before the first Push of any key; dist_sync and dist_async only ("local"
@@ -196,6 +204,8 @@ class KVStore {
     static_cast<void>(keys);
     WaitAll();
   }
+  // WaitPulls(keys); by default Wait(keys).
+  virtual void WaitPullsImpl(std::span<const Key> keys) { WaitImpl(keys); }
 };
 
 }  // namespace ps
