@@ -576,7 +576,14 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
                   " keeps its previous checkpoint, if it had one");
     }
     // The commit point; the files of an earlier checkpoint there that it does not list go.
-    const std::vector<std::string> removed = checkpoint::WriteManifest(dir, manifest);
+    // The other workers wait for it: a file system that stops answering ends the job (at
+    // PS_HEARTBEAT_TIMEOUT) instead of holding them all.
+    std::vector<std::string> removed;
+    {
+      const Runtime::SlowWork work = runtime_->BeginSlowWork(
+          "writing the checkpoint manifest " + dir + "/MANIFEST", Runtime::SlowWorkThread::kCaller);
+      removed = checkpoint::WriteManifest(dir, manifest);
+    }
     for (const std::string& name : removed) {
       PS_LOG(INFO) << "worker 0: removed " << dir << "/" << name
                    << ", an earlier checkpoint's file that the new MANIFEST does not list";
@@ -598,7 +605,11 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
     kv::Request request;
     request.command = kv::kLoad;
     request.path = dir;
-    request.manifest = checkpoint::ReadManifestText(dir);
+    {
+      const Runtime::SlowWork work = runtime_->BeginSlowWork(
+          "reading the checkpoint manifest " + dir + "/MANIFEST", Runtime::SlowWorkThread::kCaller);
+      request.manifest = checkpoint::ReadManifestText(dir);
+    }
     request.dead_servers = DeadServerRanks();
     // Read after the dead ranks: servers hold the request until they know as much.
     request.membership = runtime_->server_event_count();

@@ -1,13 +1,14 @@
-// Runtime's SlowWork (ps/runtime.h): long work on the receive thread, and when to give up on it.
+// Runtime's SlowWork (ps/runtime.h): long work on the receive thread or in a worker's collective
+// call, and when to give up on it.
 #include "ps/runtime.h"
 #include "ps/src/log_text.h"
 
 namespace ps {
 
-Runtime::SlowWork Runtime::BeginSlowWork(std::string what) {
+Runtime::SlowWork Runtime::BeginSlowWork(std::string what, SlowWorkThread thread) {
   MutexLock lock(slow_mu_);
   ++slow_work_depth_;
-  slow_work_ = SlowWorkState{std::move(what), RequestTracker::Clock::now()};
+  slow_work_ = SlowWorkState{std::move(what), RequestTracker::Clock::now(), thread};
   return SlowWork(*this);
 }
 
@@ -18,7 +19,9 @@ void Runtime::SlowWork::Progress() {
 
 void Runtime::SlowWork::Doing(std::string what) {
   MutexLock lock(runtime_.slow_mu_);
-  runtime_.slow_work_ = SlowWorkState{std::move(what), RequestTracker::Clock::now()};
+  const SlowWorkThread thread =
+      runtime_.slow_work_ ? runtime_.slow_work_->thread : SlowWorkThread::kReceive;
+  runtime_.slow_work_ = SlowWorkState{std::move(what), RequestTracker::Clock::now(), thread};
 }
 
 Runtime::SlowWork::~SlowWork() {
@@ -36,18 +39,27 @@ std::string Runtime::StuckWork(RequestTracker::Clock::time_point now,
     reading_since = slow_work_ended_;
     return "";
   }
-  reading_since = now;
+  const bool receive = slow_work_->thread == SlowWorkThread::kReceive;
+  // Only work on the receive thread keeps it from reading.
+  reading_since = receive ? now : slow_work_ended_;
   // A pause of this process (SIGSTOP, a frozen machine) held the work too.
   const auto still = now - std::max(slow_work_->progressed, pause_watch_.last_pause_ended());
   if (still < config_.heartbeat_timeout) return "";
   return slow_work_->what + " has made no progress for " +
          FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(still)) +
          " (PS_HEARTBEAT_TIMEOUT): the file system does not answer (a hung network mount, a "
-         "failing disk?); this node gives up, as its receive thread is held there";
+         "failing disk?); this node gives up, as " +
+         (receive ? "its receive thread is held there" : "the job waits for that call");
 }
 
 void Runtime::GiveUpOnStuckWork(const std::string& why) {
-  receive_thread_stuck_.store(true);
+  {
+    MutexLock lock(slow_mu_);
+    // (A work that has ended meanwhile holds no thread.)
+    if (slow_work_ && slow_work_->thread == SlowWorkThread::kReceive) {
+      receive_thread_stuck_.store(true);
+    }
+  }
   // First the news (the log may be on the same stuck file system). Not ReportFailure: its
   // answer would come to the held receive thread.
   Message notice;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -369,6 +370,73 @@ TEST_CASE("checkpoint: a save whose file never answers ends the job, the next sa
   local.SaveCheckpoint(dir.path());
   CHECK_FALSE(std::filesystem::exists(temporary));
   CHECK(std::filesystem::exists(dir.path() + "/server-0-of-1.psckpt"));
+}
+
+TEST_CASE("checkpoint: worker 0's manifest that never answers ends the job naming it, bounded",
+          "[dist][checkpoint][errors]") {
+  // Worker 0 writes (SaveCheckpoint) or reads (LoadCheckpoint) a checkpoint's MANIFEST itself,
+  // in its call, while the other workers wait in theirs. A FIFO that nobody opens at the other
+  // end plays a file system that stops answering: before, every worker waited for ever
+  // (worker 0 still sent its heartbeats). Now worker 0 gives up once the I/O made no progress
+  // for the heartbeat timeout (3 s here), and the job ends naming the file on every worker.
+  const bool save = GENERATE(false, true);
+  INFO((save ? "SaveCheckpoint" : "LoadCheckpoint"));
+  TempDir dir;
+  KVCluster cluster(1, 2);
+  const std::string manifest = dir.path() + "/MANIFEST";
+  // The save writes a temporary file first (the workers are threads of this process).
+  const std::string fifo =
+      save ? dir.path() + "/.MANIFEST.tmp." + std::to_string(::getpid()) : manifest;
+  const std::string stuck = std::string(save ? "writing" : "reading") +
+                            " the checkpoint manifest " + manifest + " has made no progress for";
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    InitKeys(kv);
+    kv.SaveCheckpoint(dir.path());
+    const auto call = [&] {
+      if (save) {
+        kv.SaveCheckpoint(dir.path());
+      } else {
+        kv.LoadCheckpoint(dir.path());
+      }
+    };
+    if (kv.Rank() != 0) {
+      call();
+      return;
+    }
+    if (save) {
+      Expect(mkfifo(fifo.c_str(), 0600) == 0, "mkfifo " + fifo);
+    } else {
+      ReplaceWithFifo(manifest);
+    }
+    // Lets worker 0's blocked open go once the job has ended (or after 30 s if it did not:
+    // the test fails then, but ends): the other end opens; a reader stays open until the call
+    // returned (a write into a FIFO with no reader would raise SIGPIPE), a writer closes at
+    // once (the read sees the end).
+    std::atomic<bool> returned{false};
+    std::thread opener([&] {
+      cluster.scheduler().WaitForOutput(stuck, std::chrono::seconds(30));
+      const int fd = ::open(fifo.c_str(), (save ? O_RDONLY : O_WRONLY) | O_NONBLOCK | O_CLOEXEC);
+      for (int waits = 0; save && fd >= 0 && !returned.load() && waits < 3000; ++waits) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // bounded: 30 s
+      }
+      if (fd >= 0) ::close(fd);
+    });
+    try {
+      call();
+    } catch (...) {
+      returned.store(true);
+      opener.join();
+      throw;
+    }
+    returned.store(true);
+    opener.join();
+  });
+  CHECK_THAT(cluster.scheduler().Output(), Catch::Contains("worker 0 (") &&
+                                               Catch::Contains(stuck) &&
+                                               Catch::Contains("the job waits for that call"));
+  CHECK_THAT(outcomes[1], Catch::Contains(stuck));
+  CHECK_FALSE(outcomes[0].empty());
+  CHECK(cluster.scheduler().Wait(std::chrono::seconds(20)) == 1);
 }
 
 TEST_CASE("checkpoint: a load slower than the heartbeat timeout succeeds while it progresses",

@@ -180,7 +180,7 @@ class Runtime {
   std::string failure() const;
   bool terminated() const;
 
-  // --- long work on the receive thread ---
+  // --- long work on the receive thread, or in a collective call ---
   // While a request handler runs, the receive thread reads nothing, the scheduler's heartbeat
   // answers included. A handler that may take long (checkpoint file I/O) holds a SlowWork and
   // calls Progress() whenever it gets something done (a piece of at most a few MiB). While it
@@ -188,7 +188,13 @@ class Runtime {
   // PS_HEARTBEAT_TIMEOUT (this process's own pauses not counted: a file system that does not
   // answer), receive_thread_stuck() is true, the node fails naming what the work was doing and
   // tells the scheduler, which ends the job; the process must then exit without waiting for
-  // that thread (AwaitSlowWorkEnd). Receive thread only; nested ones count as one.
+  // that thread (AwaitSlowWorkEnd). Nested ones count as one.
+  // A worker's collective call that does file I/O itself (worker 0 writes or reads a
+  // checkpoint's MANIFEST) holds one too, on its caller's thread (SlowWorkThread::kCaller):
+  // the other workers wait for that call, so it must not hang the job either. Stuck, it fails
+  // the node and the job the same way, but receive_thread_stuck() stays false. One thread at a
+  // time holds SlowWorks: the receive thread on servers, the collective's caller on workers.
+  enum class SlowWorkThread { kReceive, kCaller };
   class SlowWork {
    public:
     void Progress();
@@ -203,7 +209,8 @@ class Runtime {
     explicit SlowWork(Runtime& runtime) : runtime_(runtime) {}
     Runtime& runtime_;
   };
-  [[nodiscard]] SlowWork BeginSlowWork(std::string what);
+  [[nodiscard]] SlowWork BeginSlowWork(std::string what,
+                                       SlowWorkThread thread = SlowWorkThread::kReceive);
   bool receive_thread_stuck() const { return receive_thread_stuck_.load(); }
   // Before a node's objects go (the receive thread is joined): waits until no SlowWork runs,
   // at most `timeout`; false when one still does, and the process must exit without them.
@@ -285,9 +292,10 @@ class Runtime {
   // SlowWork progresses).
   std::string StuckWork(RequestTracker::Clock::time_point now,
                         RequestTracker::Clock::time_point& reading_since) PS_EXCLUDES(slow_mu_);
-  // The receive thread is stuck in `why`: fails the node (once) and tells the scheduler (every
-  // tick, until it ends the job: a message may be lost, and the scheduler takes the first).
-  void GiveUpOnStuckWork(const std::string& why);
+  // A SlowWork is stuck in `why`: fails the node (once) and tells the scheduler (every tick,
+  // until it ends the job: a message may be lost, and the scheduler takes the first); on the
+  // receive thread, receive_thread_stuck() from then on.
+  void GiveUpOnStuckWork(const std::string& why) PS_EXCLUDES(slow_mu_);
   bool SendToNode(Message& msg);  // sets msg.meta.sender
 
   const ClusterConfig config_;
@@ -369,6 +377,7 @@ class Runtime {
   struct SlowWorkState {
     std::string what;
     RequestTracker::Clock::time_point progressed;  // its start or last Progress()
+    SlowWorkThread thread = SlowWorkThread::kReceive;
   };
   Mutex slow_mu_;
   CondVar slow_work_changed_;  // a SlowWork ended
