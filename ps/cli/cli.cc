@@ -5,9 +5,12 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -157,8 +160,83 @@ void RejectArguments(int argc, char* const* argv) {
                                 "variable; see --help");
 }
 
+// The flags a --flagfile may nest, at most: a file that names itself fails instead of looping.
+constexpr int kMaxFlagfileDepth = 8;
+
+void CheckFlagfile(const std::string& program, const std::string& path, int depth);
+
+// One flag, `arg` without its dashes ("name", "name=value"); `next` is the argument after it
+// (nullptr: none, as in a flagfile, one flag per line). Returns whether it took `next` as its
+// value. `where` says where it came from, for the messages ("" for the command line).
+bool CheckFlag(const std::string& program, std::string_view arg, const char* next,
+               const std::string& where, int depth) {
+  const std::size_t equals = arg.find('=');
+  const std::string name(arg.substr(0, equals));
+  gflags::CommandLineFlagInfo info;
+  if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+    // --noNAME turns the bool flag NAME off.
+    if (equals == std::string_view::npos && name.starts_with("no") &&
+        gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
+      return false;
+    }
+    Die(program,
+        "unknown flag --" + name + where + ": see --help for the flags " + program + " takes");
+  }
+  std::string value;
+  bool took_next = false;
+  if (equals != std::string_view::npos) {
+    value = arg.substr(equals + 1);
+  } else if (info.type == "bool") {
+    return false;
+  } else if (next != nullptr) {
+    value = next;  // --name value
+    took_next = true;
+  } else {
+    Die(program, "flag --" + name + where + " needs a value (--" + name + "=VALUE)");
+  }
+  // gflags reads a flagfile when the flag is set, and takes what it does not know there in
+  // silence: each of its lines is checked first, as the command line is.
+  if (name == "flagfile") {
+    CheckFlagfile(program, value, depth + 1);
+    return took_next;
+  }
+  // Set as gflags will set it: an empty answer means the value does not fit the type.
+  if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
+    Die(program, "invalid value '" + value + "' for --" + name + " (" + info.type + ")" + where +
+                     ": see --help");
+  }
+  return took_next;
+}
+
+// A --flagfile: one --name=value per line; blank lines and lines starting with # are skipped.
+void CheckFlagfile(const std::string& program, const std::string& path, int depth) {
+  if (depth > kMaxFlagfileDepth) {
+    Die(program, "--flagfile " + path + ": flag files nest more than " +
+                     std::to_string(kMaxFlagfileDepth) + " deep (does one name itself?)");
+  }
+  std::ifstream file(path);
+  if (!file) {
+    Die(program, "cannot read --flagfile " + path + ": " + std::strerror(errno) +
+                     ": give a file of --name=value lines, one per line");
+  }
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    const std::size_t begin = line.find_first_not_of(" \t\r");
+    if (begin == std::string::npos || line[begin] == '#') continue;
+    const std::size_t end = line.find_last_not_of(" \t\r");
+    std::string_view arg = std::string_view(line).substr(begin, end + 1 - begin);
+    const std::string where = " (line " + std::to_string(number) + " of " + path + ")";
+    if (arg.size() < 2 || arg[0] != '-') {
+      Die(program, "'" + std::string(arg) + "'" + where +
+                       " is not a flag: a flag file holds one --name=value per line");
+    }
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    CheckFlag(program, arg, nullptr, where, depth);
+  }
+}
+
 // Every flag on the command line, checked before gflags sees it: gflags would print its own
-// "ERROR: ..." line and exit.
+// "ERROR: ..." line and exit, or take a flag file's unknown flags in silence.
 void CheckFlags(int argc, char* const* argv) {
   const std::string program = ProgramName(argv[0]);
   for (int i = 1; i < argc; ++i) {
@@ -166,32 +244,7 @@ void CheckFlags(int argc, char* const* argv) {
     if (arg == "--") break;                         // gflags stops there too
     if (arg.size() < 2 || arg[0] != '-') continue;  // an argument (RejectArguments')
     arg.remove_prefix(arg[1] == '-' ? 2 : 1);
-    const std::size_t equals = arg.find('=');
-    const std::string name(arg.substr(0, equals));
-    gflags::CommandLineFlagInfo info;
-    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
-      // --noNAME turns the bool flag NAME off.
-      if (equals == std::string_view::npos && name.starts_with("no") &&
-          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
-        continue;
-      }
-      Die(program, "unknown flag --" + name + ": see --help for the flags " + program + " takes");
-    }
-    std::string value;
-    if (equals != std::string_view::npos) {
-      value = arg.substr(equals + 1);
-    } else if (info.type == "bool") {
-      continue;
-    } else if (i + 1 < argc) {
-      value = argv[++i];  // --name value
-    } else {
-      Die(program, "flag --" + name + " needs a value (--" + name + "=VALUE)");
-    }
-    // Set as gflags will set it: an empty answer means the value does not fit the type.
-    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
-      Die(program,
-          "invalid value '" + value + "' for --" + name + " (" + info.type + "): see --help");
-    }
+    if (CheckFlag(program, arg, i + 1 < argc ? argv[i + 1] : nullptr, "", 0)) ++i;
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "ps/src/job_authenticator.h"
 #include "tests/util/child_process.h"
+#include "tests/util/temp_dir.h"
 
 namespace {
 
@@ -156,6 +157,49 @@ TEST_CASE("processes: an unknown flag, a missing value or a wrong one is a one-l
     CHECK(error({"--verbose"}) ==
           binary + ": error: flag --verbose needs a value (--verbose=VALUE)\n");
   }
+}
+
+TEST_CASE("processes: a flag file's lines are checked as the command line is", "[processes]") {
+  // gflags reads a --flagfile itself and took a flag it does not know there in silence (a
+  // misspelt --root_url was simply not set); a missing file got its own unformatted line.
+  ps::test::TempDir dir;
+  const auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir.path() + "/" + name) << text;
+    return dir.path() + "/" + name;
+  };
+  const std::string unknown = file("unknown", "# settings\n\n--verbose=0\n--no_such_flag=3\n");
+  const std::string invalid = file("invalid", "--verbose=many\n");
+  const std::string stray = file("stray", "verbose=1\n");
+  const std::string loop = file("loop", "--flagfile=" + dir.path() + "/loop\n");
+  for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check", "ps-bench"}) {
+    const auto error = [&](std::vector<std::string> args) {
+      auto process = Start(binary, JobEnv(1, 1, 0), std::move(args));
+      CHECK(process->Wait(10s) == 1);
+      return process->Output();
+    };
+    const std::string prefix = binary + ": error: ";
+    CHECK(error({"--flagfile=" + unknown}) == prefix + "unknown flag --no_such_flag (line 4 of " +
+                                                  unknown + "): see --help for the flags " +
+                                                  binary + " takes\n");
+    CHECK(error({"--flagfile", invalid}) ==
+          prefix + "invalid value 'many' for --verbose (int32) (line 1 of " + invalid +
+              "): see --help\n");
+    CHECK(error({"--flagfile=" + stray}) ==
+          prefix + "'verbose=1' (line 1 of " + stray +
+              ") is not a flag: a flag file holds one --name=value per line\n");
+    CHECK(error({"--flagfile=" + loop}) == prefix + "--flagfile " + loop +
+                                               ": flag files nest more than 8 deep (does one name "
+                                               "itself?)\n");
+    CHECK(error({"--flagfile=" + dir.path() + "/missing"}) ==
+          prefix + "cannot read --flagfile " + dir.path() +
+              "/missing: No such file or directory: give a file of --name=value lines, one per "
+              "line\n");
+  }
+  // A good one is read as gflags reads it.
+  const std::string good = file("good", "--type=local\n--rounds=2\n");
+  auto check = Start("ps-kvstore-check", JobEnv(1, 1, 0), {"--flagfile=" + good});
+  CHECK(check->Wait(10s) == 0);
+  CHECK_THAT(check->Output(), Catch::Contains("kvstore-check: ok") && Catch::Contains("rounds=2"));
 }
 
 TEST_CASE("processes: ps-kvstore-check refuses counts that check nothing", "[processes]") {
