@@ -213,11 +213,17 @@ std::string SecondsText(std::chrono::milliseconds ms) {
 }
 
 // The scaled weights as SharedSettings compares them: "equal", or "1000,1000,250".
+// In the variable's own terms, scaled so that the largest is 1 ("1,1,0.25"), as a refusal
+// shows it to the user: exact, since every scaled weight is a whole number of thousandths.
 std::string ServerWeightsText(const std::vector<std::uint32_t>& weights) {
   if (weights.empty()) return "equal";
   std::string text;
   for (const std::uint32_t weight : weights) {
-    text += (text.empty() ? "" : ",") + std::to_string(weight);
+    const auto scale = static_cast<std::uint32_t>(kServerWeightScale);
+    std::string fraction = std::to_string(scale + weight % scale).substr(1);  // 3 digits
+    while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+    text += (text.empty() ? "" : ",") + std::to_string(weight / scale) +
+            (fraction.empty() ? "" : "." + fraction);
   }
   return text;
 }

@@ -850,12 +850,13 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
   // Server weights set which server holds which slice: compared too.
   ps::Scheduler fourth_job(job);
   ps::ClusterConfig weighted = fourth_job.NodeConfig(ps::Role::kWorker);
-  weighted.server_weights = {1000, 500};
+  weighted.server_weights = {1000, 125};
   const auto [weights_status, weights_outcomes] =
       RegisterPair(fourth_job, fourth_job.NodeConfig(ps::Role::kWorker), weighted);
   CHECK(weights_status == 1);
   for (const std::string& outcome : weights_outcomes) {
-    CHECK_THAT(outcome, Catch::Contains("PS_SERVER_WEIGHTS=1000,500") &&
+    // In the variable's terms, the largest scaled to 1 (not the internal thousandths).
+    CHECK_THAT(outcome, Catch::Contains("PS_SERVER_WEIGHTS=1,0.125") &&
                             Catch::Contains("PS_SERVER_WEIGHTS=equal"));
   }
 
