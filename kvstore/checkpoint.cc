@@ -236,7 +236,8 @@ std::optional<OptimizerConfig> ReadOptimizer(Reader& in) {
   return c;
 }
 
-std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const Manifest& manifest) {
+std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const Manifest& manifest,
+                                                 const IoProgress& progress) {
   const auto is_data_file = [](const std::string& name) {
     int rank = -1;
     int servers = 0;
@@ -264,6 +265,7 @@ std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const M
         std::filesystem::remove(it->path(), ignored)) {
       removed.push_back(name);
     }
+    if (progress) progress();
   }
   return removed;
 }
@@ -417,13 +419,16 @@ Manifest Manifest::Parse(const std::string& text, const std::string& source) {
   return manifest;
 }
 
-std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest) {
+std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest,
+                                       const IoProgress& progress) {
   MakeDirectory(dir);
+  if (progress) progress();
   const std::string text = manifest.Encode();
-  AtomicFile file(dir, kManifestName);
+  AtomicFile file(dir, kManifestName, progress);
   file.Write(text.data(), text.size());
   file.Commit();
-  return RemoveUnlistedDataFiles(dir, manifest);
+  if (progress) progress();
+  return RemoveUnlistedDataFiles(dir, manifest, progress);
 }
 
 std::string ReadManifestText(const std::string& dir) {

@@ -86,7 +86,10 @@ struct Manifest {
 // commit WriteManifest removes the data files in `dir` that `manifest` does not list, as far
 // as this host sees them (an earlier checkpoint's in the same directory, of a server that died
 // since or of another number of servers), and returns their names; one it cannot remove stays.
-std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest);
+// `progress` is called after each step: the directory made, the MANIFEST committed, each file
+// looked at for removal.
+std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest,
+                                       const IoProgress& progress = {});
 std::string ReadManifestText(const std::string& dir);
 
 // The saved records of several files, by key, from which a slice of any layout is assembled.

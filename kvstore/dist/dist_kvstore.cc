@@ -580,9 +580,11 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
     // PS_HEARTBEAT_TIMEOUT) instead of holding them all.
     std::vector<std::string> removed;
     {
-      const Runtime::SlowWork work = runtime_->BeginSlowWork(
-          "writing the checkpoint manifest " + dir + "/MANIFEST", Runtime::SlowWorkThread::kCaller);
-      removed = checkpoint::WriteManifest(dir, manifest);
+      Runtime::SlowWork work =
+          runtime_->BeginSlowWork("saving the checkpoint manifest " + dir +
+                                      "/MANIFEST (and removing the files it replaces)",
+                                  Runtime::SlowWorkThread::kCaller);
+      removed = checkpoint::WriteManifest(dir, manifest, [&work] { work.Progress(); });
     }
     for (const std::string& name : removed) {
       PS_LOG(INFO) << "worker 0: removed " << dir << "/" << name

@@ -1,8 +1,12 @@
 #include "ps/cli/cli.h"
 
+#include <fcntl.h>
+#include <fnmatch.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -163,95 +166,181 @@ void RejectArguments(int argc, char* const* argv) {
 // The flags a --flagfile may nest, at most: a file that names itself fails instead of looping.
 constexpr int kMaxFlagfileDepth = 8;
 
-void CheckFlagfile(const std::string& program, const std::string& path, int depth);
+// Checks a command line's flags, and the flag files they name, before gflags sees them: gflags
+// would print its own "ERROR: ..." line and exit, or take a flag file's unknown flags in
+// silence. A flag's value is set as gflags will set it (the same values in the same order).
+class FlagChecker {
+ public:
+  explicit FlagChecker(const char* argv0) : invocation_(argv0), program_(ProgramName(argv0)) {}
 
-// One flag, `arg` without its dashes ("name", "name=value"); `next` is the argument after it
-// (nullptr: none, as in a flagfile, one flag per line). Returns whether it took `next` as its
-// value. `where` says where it came from, for the messages ("" for the command line).
-bool CheckFlag(const std::string& program, std::string_view arg, const char* next,
-               const std::string& where, int depth) {
-  const std::size_t equals = arg.find('=');
-  const std::string name(arg.substr(0, equals));
-  gflags::CommandLineFlagInfo info;
-  if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
-    // --noNAME turns the bool flag NAME off.
-    if (equals == std::string_view::npos && name.starts_with("no") &&
-        gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
-      return false;
+  void CheckCommandLine(int argc, char* const* argv) const {
+    for (int i = 1; i < argc; ++i) {
+      std::string_view arg = argv[i];
+      if (arg == "--") break;                         // gflags stops there too
+      if (arg.size() < 2 || arg[0] != '-') continue;  // an argument (RejectArguments')
+      arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+      if (CheckFlag(arg, i + 1 < argc ? argv[i + 1] : nullptr, "", 0)) ++i;
     }
-    Die(program,
-        "unknown flag --" + name + where + ": see --help for the flags " + program + " takes");
   }
-  std::string value;
-  bool took_next = false;
-  if (equals != std::string_view::npos) {
-    value = arg.substr(equals + 1);
-  } else if (info.type == "bool") {
-    return false;
-  } else if (next != nullptr) {
-    value = next;  // --name value
-    took_next = true;
-  } else {
-    Die(program, "flag --" + name + where + " needs a value (--" + name + "=VALUE)");
-  }
-  // gflags reads a flagfile when the flag is set, and takes what it does not know there in
-  // silence: each of its lines is checked first, as the command line is.
-  if (name == "flagfile") {
-    CheckFlagfile(program, value, depth + 1);
+
+ private:
+  // One flag, `arg` without its dashes ("name", "name=value"); `next` is the argument after
+  // it (nullptr: none, as in a flag file, one flag per line). Returns whether it took `next`
+  // as its value. `where` says where it came from ("" for the command line).
+  bool CheckFlag(std::string_view arg, const char* next, const std::string& where,
+                 int depth) const {
+    const std::size_t equals = arg.find('=');
+    const std::string name(arg.substr(0, equals));
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
+      // --noNAME turns the bool flag NAME off.
+      if (equals == std::string_view::npos && name.starts_with("no") &&
+          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
+        return false;
+      }
+      Die(program_,
+          "unknown flag --" + name + where + ": see --help for the flags " + program_ + " takes");
+    }
+    std::string value;
+    bool took_next = false;
+    if (equals != std::string_view::npos) {
+      value = arg.substr(equals + 1);
+    } else if (info.type == "bool") {
+      return false;
+    } else if (next != nullptr) {
+      value = next;  // --name value
+      took_next = true;
+    } else {
+      Die(program_, "flag --" + name + where + " needs a value (--" + name + "=VALUE)");
+    }
+    if (name == "flagfile") {
+      CheckFlagfiles(value, depth + 1);
+      return took_next;
+    }
+    // An empty answer means the value does not fit the type.
+    if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
+      Die(program_, "invalid value '" + value + "' for --" + name + " (" + info.type + ")" + where +
+                        ": see --help");
+    }
     return took_next;
   }
-  // Set as gflags will set it: an empty answer means the value does not fit the type.
-  if (gflags::SetCommandLineOption(name.c_str(), value.c_str()).empty()) {
-    Die(program, "invalid value '" + value + "' for --" + name + " (" + info.type + ")" + where +
-                     ": see --help");
-  }
-  return took_next;
-}
 
-// A --flagfile: one --name=value per line; blank lines and lines starting with # are skipped.
-void CheckFlagfile(const std::string& program, const std::string& path, int depth) {
-  if (depth > kMaxFlagfileDepth) {
-    Die(program, "--flagfile " + path + ": flag files nest more than " +
-                     std::to_string(kMaxFlagfileDepth) + " deep (does one name itself?)");
-  }
-  std::ifstream file(path);
-  if (!file) {
-    Die(program, "cannot read --flagfile " + path + ": " + std::strerror(errno) +
-                     ": give a file of --name=value lines, one per line");
-  }
-  std::string line;
-  for (int number = 1; std::getline(file, line); ++number) {
-    const std::size_t begin = line.find_first_not_of(" \t\r");
-    if (begin == std::string::npos || line[begin] == '#') continue;
-    const std::size_t end = line.find_last_not_of(" \t\r");
-    std::string_view arg = std::string_view(line).substr(begin, end + 1 - begin);
-    const std::string where = " (line " + std::to_string(number) + " of " + path + ")";
-    if (arg.size() < 2 || arg[0] != '-') {
-      Die(program, "'" + std::string(arg) + "'" + where +
-                       " is not a flag: a flag file holds one --name=value per line");
+  // --flagfile's value: files separated by commas, as gflags reads it (empty: none).
+  void CheckFlagfiles(std::string_view paths, int depth) const {
+    while (!paths.empty()) {
+      const std::string_view path = paths.substr(0, paths.find(','));
+      if (!path.empty()) CheckFlagfile(std::string(path), depth);
+      paths.remove_prefix(std::min(paths.size(), path.size() + 1));
     }
-    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
-    CheckFlag(program, arg, nullptr, where, depth);
   }
-}
 
-// Every flag on the command line, checked before gflags sees it: gflags would print its own
-// "ERROR: ..." line and exit, or take a flag file's unknown flags in silence.
-void CheckFlags(int argc, char* const* argv) {
-  const std::string program = ProgramName(argv[0]);
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--") break;                         // gflags stops there too
-    if (arg.size() < 2 || arg[0] != '-') continue;  // an argument (RejectArguments')
-    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
-    if (CheckFlag(program, arg, i + 1 < argc ? argv[i + 1] : nullptr, "", 0)) ++i;
+  // A flag file as gflags reads it: lines without their leading blanks; empty and # lines
+  // skipped; a line of program names (globs, separated by spaces) makes the flags after it,
+  // up to the next such line, apply only to those programs; every other line one flag.
+  void CheckFlagfile(const std::string& path, int depth) const {
+    if (depth > kMaxFlagfileDepth) {
+      Die(program_, "--flagfile " + path + ": flag files nest more than " +
+                        std::to_string(kMaxFlagfileDepth) + " deep (does one name itself?)");
+    }
+    std::istringstream text(ReadFlagfile(path));
+    bool in_programs = false;  // the last line read named programs
+    bool relevant = true;      // the flags read now apply to this program
+    std::string line;
+    for (int number = 1; std::getline(text, line); ++number) {
+      const std::size_t begin = line.find_first_not_of(" \t\r\v\f");
+      if (begin == std::string::npos || line[begin] == '#') continue;
+      const std::string_view content = std::string_view(line).substr(begin);
+      const std::string where = " (line " + std::to_string(number) + " of " + path + ")";
+      if (content[0] != '-') {
+        // No program's name holds '=': a flag without its dashes, which gflags would take
+        // for names that match no program, skipping every flag after it.
+        if (content.find('=') != std::string_view::npos) {
+          Die(program_, "'" + std::string(content) + "'" + where +
+                            " is not a flag (--name=value) nor a line of program names");
+        }
+        if (!in_programs) relevant = false;
+        in_programs = true;
+        relevant = relevant || NamesThisProgram(content);
+        continue;
+      }
+      in_programs = false;
+      if (!relevant) continue;  // gflags skips it too
+      const std::size_t last = content.find_last_not_of(" \t\r\v\f");
+      if (last + 1 != content.size()) {
+        Die(program_, "'" + std::string(content.substr(0, last + 1)) + "'" + where +
+                          " ends in a space, a tab or a carriage return (a Windows line end?), "
+                          "which gflags would keep in the flag: remove it");
+      }
+      if (content.size() < 2 || content == "--") {
+        Die(program_, "'" + std::string(content) + "'" + where +
+                          " is not a flag: a flag file holds one --name=value per line");
+      }
+      std::string_view arg = content.substr(content[1] == '-' ? 2 : 1);
+      if (const std::size_t space = arg.substr(0, arg.find('=')).find_first_of(" \t");
+          space != std::string_view::npos) {
+        Die(program_, "'" + std::string(content) + "'" + where +
+                          " is not one flag: a flag file holds one --name=value per line");
+      }
+      CheckFlag(arg, nullptr, where, depth);
+    }
   }
-}
+
+  std::string ReadFlagfile(const std::string& path) const {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int open_error = errno;
+    if (fd < 0) {
+      Die(program_, "cannot read --flagfile " + path + ": " + std::strerror(open_error) +
+                        ": give a file of --name=value lines, one per line");
+    }
+    std::string bytes;
+    struct stat info {};
+    bool directory = ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode);
+    char buffer[4096];
+    ssize_t got = 0;
+    while (!directory && (got = ::read(fd, buffer, sizeof(buffer))) != 0) {
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) {
+        directory = errno == EISDIR;
+        if (!directory) {
+          const int read_error = errno;
+          ::close(fd);
+          Die(program_, "cannot read --flagfile " + path + ": " + std::strerror(read_error));
+        }
+        break;
+      }
+      bytes.append(buffer, static_cast<std::size_t>(got));
+    }
+    ::close(fd);
+    if (directory) {
+      Die(program_, "--flagfile " + path +
+                        " is a directory: give a file of --name=value lines, one per line");
+    }
+    return bytes;
+  }
+
+  // Whether a program-names line (globs separated by spaces) names this program, by the path
+  // it was started with or its file name, as gflags matches them.
+  bool NamesThisProgram(std::string_view globs) const {
+    std::istringstream words{std::string(globs)};
+    std::string glob;
+    while (words >> glob) {
+      if (glob == invocation_ || glob == program_ ||
+          ::fnmatch(glob.c_str(), invocation_.c_str(), FNM_PATHNAME) == 0 ||
+          ::fnmatch(glob.c_str(), program_.c_str(), FNM_PATHNAME) == 0) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  std::string invocation_;  // argv[0]
+  std::string program_;     // its file name
+};
 
 }  // namespace
 
 void ParseFlags(int* argc, char*** argv) {
-  CheckFlags(*argc, *argv);
+  FlagChecker(**argv).CheckCommandLine(*argc, *argv);
   gflags::ParseCommandLineFlags(argc, argv, true);
 }
 

@@ -201,29 +201,31 @@ std::string ClusterConfig::SchedulerAddress() const {
 
 namespace {
 
-// Seconds as PS_HEARTBEAT_* are written: "2", "0.25" (milliseconds are exact in the text).
-std::string SecondsText(std::chrono::milliseconds ms) {
-  std::string text = std::to_string(ms.count() / 1000);
-  if (const auto rest = ms.count() % 1000; rest != 0) {
-    std::string fraction = std::to_string(1000 + rest).substr(1);
+// A count of thousandths as a decimal with no trailing zeros: 1500 -> "1.5", 3000 -> "3".
+std::string ThousandthsText(std::uint64_t thousandths) {
+  std::string text = std::to_string(thousandths / 1000);
+  if (const auto rest = thousandths % 1000; rest != 0) {
+    std::string fraction = std::to_string(1000 + rest).substr(1);  // 3 digits
     while (fraction.back() == '0') fraction.pop_back();
     text += "." + fraction;
   }
   return text;
 }
 
-// The scaled weights as SharedSettings compares them: "equal", or "1000,1000,250".
-// In the variable's own terms, scaled so that the largest is 1 ("1,1,0.25"), as a refusal
-// shows it to the user: exact, since every scaled weight is a whole number of thousandths.
+// Seconds as PS_HEARTBEAT_* are written: "2", "0.25" (milliseconds are exact in the text).
+std::string SecondsText(std::chrono::milliseconds ms) {
+  return ThousandthsText(static_cast<std::uint64_t>(ms.count()));
+}
+
+// The scaled weights as SharedSettings compares them and a refusal shows them: "equal", or in
+// the variable's own terms with the largest scaled to 1 ("1,1,0.25"), exact since each scaled
+// weight is a whole number of thousandths.
+static_assert(kServerWeightScale == 1000, "ServerWeightsText writes thousandths");
 std::string ServerWeightsText(const std::vector<std::uint32_t>& weights) {
   if (weights.empty()) return "equal";
   std::string text;
   for (const std::uint32_t weight : weights) {
-    const auto scale = static_cast<std::uint32_t>(kServerWeightScale);
-    std::string fraction = std::to_string(scale + weight % scale).substr(1);  // 3 digits
-    while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
-    text += (text.empty() ? "" : ",") + std::to_string(weight / scale) +
-            (fraction.empty() ? "" : "." + fraction);
+    text += (text.empty() ? "" : ",") + ThousandthsText(weight);
   }
   return text;
 }

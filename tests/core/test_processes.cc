@@ -170,6 +170,7 @@ TEST_CASE("processes: a flag file's lines are checked as the command line is", "
   const std::string unknown = file("unknown", "# settings\n\n--verbose=0\n--no_such_flag=3\n");
   const std::string invalid = file("invalid", "--verbose=many\n");
   const std::string stray = file("stray", "verbose=1\n");
+  const std::string spaced = file("spaced", "  --verbose=1 \n");
   const std::string loop = file("loop", "--flagfile=" + dir.path() + "/loop\n");
   for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check", "ps-bench"}) {
     const auto error = [&](std::vector<std::string> args) {
@@ -184,9 +185,17 @@ TEST_CASE("processes: a flag file's lines are checked as the command line is", "
     CHECK(error({"--flagfile", invalid}) ==
           prefix + "invalid value 'many' for --verbose (int32) (line 1 of " + invalid +
               "): see --help\n");
+    // A list of files, as gflags splits it: the second one is checked too.
+    CHECK(error({"--flagfile=" + file("fine", "--verbose=0\n") + "," + invalid}) ==
+          prefix + "invalid value 'many' for --verbose (int32) (line 1 of " + invalid +
+              "): see --help\n");
     CHECK(error({"--flagfile=" + stray}) ==
           prefix + "'verbose=1' (line 1 of " + stray +
-              ") is not a flag: a flag file holds one --name=value per line\n");
+              ") is not a flag (--name=value) nor a line of program names\n");
+    CHECK(error({"--flagfile=" + spaced}) ==
+          prefix + "'--verbose=1' (line 1 of " + spaced +
+              ") ends in a space, a tab or a carriage return (a Windows line end?), which gflags "
+              "would keep in the flag: remove it\n");
     CHECK(error({"--flagfile=" + loop}) == prefix + "--flagfile " + loop +
                                                ": flag files nest more than 8 deep (does one name "
                                                "itself?)\n");
@@ -194,12 +203,24 @@ TEST_CASE("processes: a flag file's lines are checked as the command line is", "
           prefix + "cannot read --flagfile " + dir.path() +
               "/missing: No such file or directory: give a file of --name=value lines, one per "
               "line\n");
+    CHECK(error({"--flagfile=" + dir.path()}) ==
+          prefix + "--flagfile " + dir.path() +
+              " is a directory: give a file of --name=value lines, one per line\n");
   }
-  // A good one is read as gflags reads it.
-  const std::string good = file("good", "--type=local\n--rounds=2\n");
+  // A good one is read as gflags reads it, sections of program names included: the flags
+  // after a line of names apply only to the programs it names.
+  const std::string good = file("good",
+                                "ps-kvstore-check\n"
+                                "--type=local\n"
+                                "--rounds=2\n"
+                                "ps-scheduler ps-ser*\n"
+                                "--no_such_flag=1\n");
   auto check = Start("ps-kvstore-check", JobEnv(1, 1, 0), {"--flagfile=" + good});
   CHECK(check->Wait(10s) == 0);
   CHECK_THAT(check->Output(), Catch::Contains("kvstore-check: ok") && Catch::Contains("rounds=2"));
+  auto server = Start("ps-server", JobEnv(1, 1, 0), {"--flagfile=" + good});
+  CHECK(server->Wait(10s) == 1);
+  CHECK_THAT(server->Output(), Catch::Contains("unknown flag --no_such_flag (line 5 of " + good));
 }
 
 TEST_CASE("processes: ps-kvstore-check refuses counts that check nothing", "[processes]") {

@@ -387,8 +387,10 @@ TEST_CASE("checkpoint: worker 0's manifest that never answers ends the job namin
   // The save writes a temporary file first (the workers are threads of this process).
   const std::string fifo =
       save ? dir.path() + "/.MANIFEST.tmp." + std::to_string(::getpid()) : manifest;
-  const std::string stuck = std::string(save ? "writing" : "reading") +
-                            " the checkpoint manifest " + manifest + " has made no progress for";
+  const std::string stuck =
+      (save ? "saving the checkpoint manifest " + manifest + " (and removing the files it replaces)"
+            : "reading the checkpoint manifest " + manifest) +
+      " has made no progress for";
   const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
     InitKeys(kv);
     kv.SaveCheckpoint(dir.path());
