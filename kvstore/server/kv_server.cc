@@ -666,7 +666,7 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
   // A round still open never closes once a worker is gone (OnPeer failed those waiting then).
   const auto wait_for_round = [&](Slice& slice, std::uint64_t round, const Waiter& waiter) {
     if (round == slice.completed && slice.round_in_flight && AnswersEarly(waiter) &&
-        std::any_of(slice.forwards.begin(), slice.forwards.end(), std::mem_fn(&Forward::applied))) {
+        slice.AppliedAhead() != nullptr) {
       Resolve(waiter, slice);  // that round is applied here already
     } else if (gone_workers_.empty()) {
       slice.waiters.push_back({round, waiter});
@@ -967,9 +967,8 @@ void KVServerStore::ResolveWhenReplicated(Slice& slice, const Waiter& waiter) {
 void KVServerStore::ResolveCurrent(Slice& slice, const Waiter& waiter) {
   // At most one round is on its way at a time (CloseRound waits for the one before), and no
   // update applies here before it is answered: its waiters see exactly what the replica holds.
-  const auto ahead = std::find_if(slice.forwards.begin(), slice.forwards.end(),
-                                  [](const Forward& forward) { return forward.applied; });
-  if (ahead == slice.forwards.end() || AnswersEarly(waiter)) {
+  Forward* const ahead = slice.AppliedAhead();
+  if (ahead == nullptr || AnswersEarly(waiter)) {
     Resolve(waiter, slice);
   } else {
     ahead->waiters.push_back(waiter);

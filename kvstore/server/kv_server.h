@@ -40,6 +40,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvstore/compression.h"
@@ -194,6 +195,13 @@ class KVServerStore {
     // the replica maps (null: updates travel as frames).
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
+    // The dist_sync round applied here while on its way to the replica (CloseRound; at most
+    // one), or null.
+    const Forward* AppliedAhead() const {
+      const auto it = std::ranges::find_if(forwards, &Forward::applied);
+      return it == forwards.end() ? nullptr : &*it;
+    }
+    Forward* AppliedAhead() { return const_cast<Forward*>(std::as_const(*this).AppliedAhead()); }
     // Resets of the replica's connection with updates on their way since it last answered one
     // (OnServerReset): at most kMaxReplicaResets, then the job ends.
     int replica_resets = 0;

@@ -149,10 +149,7 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   switch (forward.kind) {
     case kv::ReplicaKind::kState:
       // The rounds closed here, the one applied ahead included (it rides on this copy).
-      op.seq = slice.completed + (std::any_of(slice.forwards.begin(), slice.forwards.end(),
-                                              std::mem_fn(&Forward::applied))
-                                      ? 1
-                                      : 0);
+      op.seq = slice.completed + (slice.AppliedAhead() != nullptr ? 1 : 0);
       op.state = EncodeState(slice);
       frame = slice.value;
       break;

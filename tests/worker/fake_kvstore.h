@@ -83,31 +83,11 @@ class FakeKVStore final : public KVStore {
   // Completes only the operations on `keys`, in call order; the others stay pending.
   void WaitImpl(std::span<const Key> keys) override {
     waits.emplace_back(keys.begin(), keys.end());
-    std::vector<Pending> later;
-    for (Pending& p : pending_) {
-      if (std::find(keys.begin(), keys.end(), p.op.key) == keys.end()) {
-        later.push_back(std::move(p));
-      } else {
-        Complete(p);
-      }
-    }
-    pending_ = std::move(later);
+    CompleteKeys(keys, false);
   }
   void WaitPullsImpl(std::span<const Key> keys) override {
     pull_waits.emplace_back(keys.begin(), keys.end());
-    std::vector<Pending> later;
-    for (Pending& p : pending_) {
-      if (std::find(keys.begin(), keys.end(), p.op.key) == keys.end()) {
-        later.push_back(std::move(p));
-      } else if (p.op.kind == Op::kPush) {
-        if (!p.applied) ApplyPush(p.op.key, p.snapshot);  // later pulls see it
-        p.applied = true;
-        later.push_back(std::move(p));  // not answered yet
-      } else {
-        Complete(p);
-      }
-    }
-    pending_ = std::move(later);
+    CompleteKeys(keys, true);
   }
 
  private:
@@ -117,6 +97,24 @@ class FakeKVStore final : public KVStore {
     std::vector<float> snapshot;  // a push's data as it was at Push time
     bool applied = false;         // a push that a WaitPulls applied already
   };
+
+  // Completes the operations on `keys` in call order; with `pulls_only`, their pushes are
+  // applied (later pulls see them) but stay pending, unanswered.
+  void CompleteKeys(std::span<const Key> keys, bool pulls_only) {
+    std::vector<Pending> later;
+    for (Pending& p : pending_) {
+      if (std::find(keys.begin(), keys.end(), p.op.key) == keys.end()) {
+        later.push_back(std::move(p));
+      } else if (pulls_only && p.op.kind == Op::kPush) {
+        if (!p.applied) ApplyPush(p.op.key, p.snapshot);
+        p.applied = true;
+        later.push_back(std::move(p));
+      } else {
+        Complete(p);
+      }
+    }
+    pending_ = std::move(later);
+  }
 
   void Complete(const Pending& p) {
     if (p.op.kind == Op::kPush) {
