@@ -193,20 +193,18 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   MutexLock lock(ops_mu_);
   // dist_sync: a wait that lasts is reported as a stall, again after twice the time, up to
   // kMaxStallReportGap apart, while it lasts (a report lost, servers that forgot it).
-  std::chrono::steady_clock::duration gap = Runtime::kStallReportAfter;
-  auto report_at = start + gap;
+  Runtime::StallSchedule reports(start);
   WaitStall stall(*this, keys, false);
   while (!done()) {
     if (!sync_) {
       ops_done_.Wait(ops_mu_);
       continue;
     }
-    if (ops_done_.WaitUntil(ops_mu_, report_at) || done()) continue;
+    if (ops_done_.WaitUntil(ops_mu_, reports.next()) || done()) continue;
     lock.Unlock();  // reporting takes other locks of this store (the ring's)
     stall.Tick();
     lock.Lock();
-    gap = std::min<std::chrono::steady_clock::duration>(2 * gap, Runtime::kMaxStallReportGap);
-    report_at = std::chrono::steady_clock::now() + gap;
+    reports.Reported();
   }
   stall.End();
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
@@ -391,16 +389,12 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
       PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
                       << e.what() << "); running it again on the " << live << " live servers";
       continue;
-    } catch (const ConnectionReset& e) {
-      // A request or its answer may be lost: each collective is safe to run twice.
-      if (!replicated_ || reset_retries++ >= kMaxResetRetries) throw;
-      PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a connection was "
-                      << "reset (" << e.what() << "); running it again";
-      continue;
     } catch (const Error& e) {
-      // A connection reset meanwhile may have lost a request or its answer.
-      if (replicated_ && runtime_->connection_reset_count() != resets &&
-          reset_retries++ < kMaxResetRetries) {
+      // A reset of this request's connection, or of another meanwhile, may have lost a request
+      // or its answer: each collective is safe to run twice.
+      const bool reset = dynamic_cast<const ConnectionReset*>(&e) != nullptr ||
+                         runtime_->connection_reset_count() != resets;
+      if (replicated_ && reset && reset_retries++ < kMaxResetRetries) {
         PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a connection was "
                         << "reset (" << e.what() << "); running it again";
         continue;

@@ -891,15 +891,13 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
     return barrier.released || !failure_.empty() || terminated_;
   };
   bool timed_out = false;
-  SteadyClock::duration gap = kStallReportAfter;
-  auto report_at = start + gap;
+  StallSchedule reports(start);
   while (!ready() && !timed_out) {
-    if (stalled && SteadyClock::now() >= report_at) {
+    if (stalled && SteadyClock::now() >= reports.next()) {
       lock.Unlock();
       stalled();
       lock.Lock();
-      gap = std::min<SteadyClock::duration>(2 * gap, kMaxStallReportGap);
-      report_at = SteadyClock::now() + gap;
+      reports.Reported();
       continue;
     }
     if (!timeout && !stalled) {
@@ -907,7 +905,7 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
       continue;
     }
     const auto deadline = timeout ? start + *timeout : SteadyClock::time_point::max();
-    changed_.WaitUntil(mu_, stalled ? std::min(deadline, report_at) : deadline);
+    changed_.WaitUntil(mu_, stalled ? std::min(deadline, reports.next()) : deadline);
     timed_out = timeout && SteadyClock::now() >= deadline && !ready();
   }
   std::string outcome;

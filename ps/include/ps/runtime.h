@@ -9,6 +9,7 @@
 // Threads: the receive thread runs the request handler and request callbacks; a timer thread
 // sends heartbeats and expires overdue requests. Every public method is safe from any thread
 // except where noted.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -107,6 +108,23 @@ class Runtime {
   // its reports while it lasts: twice as long each time, at most kMaxStallReportGap.
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
   static constexpr auto kMaxStallReportGap = std::chrono::seconds(8);
+  // When a wait that began at `start` is reported next, on that schedule. Owned by the waiting
+  // thread.
+  class StallSchedule {
+   public:
+    using Clock = std::chrono::steady_clock;
+    explicit StallSchedule(Clock::time_point start) : next_(start + kStallReportAfter) {}
+    Clock::time_point next() const { return next_; }
+    // A report went out now: the next one waits twice as long as the last gap.
+    void Reported() {
+      gap_ = std::min<Clock::duration>(2 * gap_, kMaxStallReportGap);
+      next_ = Clock::now() + gap_;
+    }
+
+   private:
+    Clock::duration gap_ = kStallReportAfter;
+    Clock::time_point next_;
+  };
 
   // --- application messages ---
   using RequestHandler = std::function<void(Message&&)>;
