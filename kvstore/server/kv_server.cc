@@ -729,7 +729,7 @@ void KVServerStore::FailRound(Slice& slice, int sender, std::uint64_t round,
     return;
   }
   // The open round: what it gathered so far is dropped and its waiters fail now.
-  slice.first = Gradient();
+  DropRoundSum(slice);
   std::erase_if(slice.waiters, [&](const RoundWaiter& entry) {
     if (entry.round != slice.completed) return false;
     FailWaiter(entry.waiter, failure);
@@ -822,17 +822,44 @@ void KVServerStore::MergeIntoRound(Slice& slice, int sender, const Gradient& gra
     slice.pushed.push_back(sender);
     return;
   }
-  if (slice.pushed.empty()) {
-    slice.first = gradient;  // the round's accumulator from now on: no merge buffer, no copy
-  } else {
-    // The first push's bytes are this server's to change: a frame it received (nobody else
-    // references it) or the pushing worker's shared-memory slot (which the worker leaves alone
-    // until the reply, and which gets the reply value anyway).
-    AddInto(slice.dtype, const_cast<std::byte*>(slice.first.values.data()), gradient.values.data(),
-            slice.length, parallel_);
-  }
+  const NodeInfo* const worker = PeerOf(sender);
+  FoldInRankOrder(slice, worker != nullptr ? worker->rank : -1, gradient);
   slice.pushed.push_back(sender);  // once per round: a worker's next push waits in `deferred`
   slice.waiters.push_back({slice.completed, waiter});
+}
+
+void KVServerStore::FoldInRankOrder(Slice& slice, int rank, const Gradient& gradient) {
+  if (rank != slice.folded) {
+    slice.unfolded.emplace_back(rank, gradient);  // CloseRound adds what is left, in rank order
+    return;
+  }
+  const auto fold = [&](const Gradient& next) {
+    if (slice.folded++ == 0) {
+      slice.sum = next;  // the round's accumulator from now on: no merge buffer, no copy
+      return;
+    }
+    // Rank 0's bytes are this server's to change: a frame it received (nobody else references
+    // it) or the pushing worker's shared-memory slot (which the worker leaves alone until the
+    // reply, and which gets the reply value anyway).
+    AddInto(slice.dtype, const_cast<std::byte*>(slice.sum.values.data()), next.values.data(),
+            slice.length, parallel_);
+  };
+  fold(gradient);
+  for (auto next = slice.unfolded.begin(); next != slice.unfolded.end();) {
+    if (next->first != slice.folded) {
+      ++next;
+      continue;
+    }
+    fold(next->second);
+    slice.unfolded.erase(next);
+    next = slice.unfolded.begin();  // a held rank may now be next: look again from the start
+  }
+}
+
+void KVServerStore::DropRoundSum(Slice& slice) {
+  slice.sum = Gradient();
+  slice.folded = 0;
+  slice.unfolded.clear();
 }
 
 void KVServerStore::CloseRound(Slice& slice) {
@@ -840,12 +867,20 @@ void KVServerStore::CloseRound(Slice& slice) {
     return;
   }
   slice.round_in_flight = true;
+  if (!slice.unfolded.empty()) {
+    // Every rank 0 .. num_workers-1 pushed, so only a sender outside them is left (none in a
+    // job whose workers hold those ranks): added last, in rank order.
+    std::vector<std::pair<int, Gradient>> left;
+    left.swap(slice.unfolded);
+    std::ranges::sort(left, {}, [](const auto& held) { return held.first; });
+    for (const auto& held : left) FoldInRankOrder(slice, slice.folded, held.second);
+  }
   Forward round;
   // A failed round changes nothing: the value stays as the last good round left it.
   round.kind = slice.failed_rounds.contains(slice.completed) ? kv::ReplicaKind::kSkippedRound
                                                              : kv::ReplicaKind::kRound;
   round.seq = slice.completed;
-  if (round.kind == kv::ReplicaKind::kRound) round.gradient = slice.first;
+  if (round.kind == kv::ReplicaKind::kRound) round.gradient = slice.sum;
   // Only behind nothing else on its way: a request waiting on an earlier update (a push sent
   // again after a failover, waiting on the copy) is answered with the value before this round.
   const bool apply_ahead = round.kind == kv::ReplicaKind::kRound &&
@@ -879,7 +914,7 @@ void KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
   } else {
     failed_update_ = nullptr;  // nothing applied now: an earlier update's error is not this one's
   }
-  slice.first = Gradient();  // releases the frame (or slot) that held the round's sum
+  DropRoundSum(slice);  // releases the frame (or slot) that held the round's sum
   slice.pushed.clear();
   slice.round_in_flight = false;
   ++slice.completed;
@@ -1013,7 +1048,7 @@ void KVServerStore::FailWaiters(Slice& slice, const std::string& why) {
   slice.waiters.clear();
   slice.deferred.clear();
   slice.pushed.clear();
-  slice.first = Gradient();
+  DropRoundSum(slice);
   slice.last_round.clear();
   slice.failed_rounds.clear();
   for (const Waiter& waiter : ready_) {

@@ -172,9 +172,14 @@ class KVServerStore {
     Blob value;
     // dist_sync rounds.
     std::uint64_t completed = 0;  // rounds closed so far; the open round's number
-    // The open round's sum: the first push's frame (or shared-memory slot), into which the
-    // later pushes of the round are added in place.
-    Gradient first;
+    // The open round's sum, added up in worker-rank order so that its bits do not depend on
+    // the order the pushes arrive in (a round sent again to a new primary after a failover, a
+    // job resumed from a checkpoint): rank 0's push's frame (or shared-memory slot), into
+    // which ranks 1, 2, ... are added in place as soon as the ranks before them are in.
+    Gradient sum;
+    int folded = 0;  // ranks 0 .. folded-1 are in `sum`
+    // The open round's pushes that came before a lower rank's, until they are added.
+    std::vector<std::pair<int, Gradient>> unfolded;
     // The containers below keep their memory from round to round: a steady stream of rounds
     // allocates nothing here.
     std::vector<int> pushed;  // workers in the open round
@@ -309,8 +314,14 @@ class KVServerStore {
   // `waiter` is answered with `why` (once its request has no other slice pending).
   void FailWaiter(const Waiter& waiter, const std::string& why);
   // Adds a push to the open round; a null waiter.pending marks a rejected push's part in it.
+  // The sum follows the pushing workers' ranks (FoldInRankOrder).
   void MergeIntoRound(Slice& slice, int sender, const Gradient& gradient, const Waiter& waiter,
                       std::uint64_t collectives = kUnknownCollectives);
+  // Adds `gradient`, the push of worker `rank`, to the open round's sum once ranks 0 .. rank-1
+  // are in it, and the held pushes that may follow it then.
+  void FoldInRankOrder(Slice& slice, int rank, const Gradient& gradient);
+  // Drops the open round's sum and the pushes held for it.
+  static void DropRoundSum(Slice& slice);
   // Closes the open round once every worker pushed into it (and no earlier round is still
   // on its way to the replica): its update goes to the replica and, when no other update is
   // on its way, is applied here meanwhile; then CommitRound once the replica answered.
