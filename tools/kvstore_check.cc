@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -177,5 +178,9 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const ps::Error& e) {
     Fail(e.what());
+  } catch (const std::bad_alloc&) {
+    Fail(
+        "out of memory for the keys' values and gradients (--keys, --size, --big-size): lower "
+        "them, or give the process more memory");
   }
 }

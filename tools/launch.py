@@ -107,6 +107,19 @@ class UsageError(Exception):
 # Hostfile and placement
 
 
+def read_text_file(path, what, encoding="utf-8-sig"):
+    """The text of a file the user named (`what` names it in errors): UTF-8, by default with a
+    byte-order mark dropped, as editors on Windows write one."""
+    try:
+        with open(path, encoding=encoding) as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError(f"{what}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") \
+            from None
+
+
 class Host:
     """One hostfile entry: [user@]name[:sshport] [slots=N] [server_weight=W]."""
 
@@ -291,11 +304,9 @@ def job_secret(environ):
     if secret is not None and path is not None:
         raise UsageError("both PS_JOB_SECRET and PS_JOB_SECRET_FILE are set: set one of them")
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                secret = f.readline().rstrip("\n")
-        except OSError as e:
-            raise UsageError(f"PS_JOB_SECRET_FILE={path}: {e.strerror}") from None
+        # Read as the nodes read it (a byte-order mark would be part of the secret there too).
+        text = read_text_file(path, f"PS_JOB_SECRET_FILE={path}", encoding="utf-8")
+        secret = text.split("\n", 1)[0]
         if not secret:
             raise UsageError(f"PS_JOB_SECRET_FILE={path}: its first line is empty")
     if secret is None:
@@ -478,24 +489,16 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
                              "hosts with -H HOSTFILE")
         if not a.hostfile:
             raise UsageError("the ssh launcher needs -H HOSTFILE")
-        try:
-            with open(a.hostfile, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise UsageError(f"-H {a.hostfile}: {e.strerror}") from None
-        c.hosts = parse_hostfile_text(text, a.hostfile)
+        c.hosts = parse_hostfile_text(read_text_file(a.hostfile, f"-H {a.hostfile}"), a.hostfile)
     elif a.hostfile:
         c.warnings.append(f"the local launcher ignores the hostfile {a.hostfile}")
     c.server_hosts = None
     if a.server_hostfile:
         if c.launcher != "ssh":
             raise UsageError("--server-hostfile needs the ssh launcher")
-        try:
-            with open(a.server_hostfile, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise UsageError(f"--server-hostfile {a.server_hostfile}: {e.strerror}") from None
-        c.server_hosts = parse_hostfile_text(text, a.server_hostfile)
+        c.server_hosts = parse_hostfile_text(
+            read_text_file(a.server_hostfile, f"--server-hostfile {a.server_hostfile}"),
+            a.server_hostfile)
         if a.num_servers is None:
             c.num_servers = sum(h.slots for h in c.server_hosts)
         elif c.num_servers == 0:

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,10 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const ps::worker::DataError& e) {
     std::fprintf(stderr, "ps-train: error: %s (check --data-dir)\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "ps-train: error: out of memory for the data set, the model or its buffers: "
+                 "lower --batch-size or --num-examples, or give the process more memory\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ps-train: error: %s\n", e.what());
   }

@@ -118,6 +118,16 @@ ConnectionLimits LimitsFor(const TransportOptions& options) {
   const auto peers = static_cast<std::size_t>(std::max(options.job_nodes, 1));
   const std::size_t reserve =
       kOwnDescriptors + static_cast<std::size_t>(kListenBacklog) + kDescriptorsPerPeer * peers;
+  // ZeroMQ aborts the process when it runs out of descriptors for its own threads or the
+  // job's connections: below that, the node does not start.
+  if (const std::size_t least = kOwnDescriptors + kDescriptorsPerPeer * peers;
+      descriptors < least) {
+    throw Error("the descriptor limit (ulimit -n) is " + std::to_string(descriptors) +
+                ", below the " + std::to_string(least) + " that a node of a job of " +
+                std::to_string(peers) + " nodes needs at the least: raise it to at least " +
+                std::to_string(reserve + peers) +
+                " (ulimit -n in the shell that starts the node, or LimitNOFILE for a service)");
+  }
   const std::size_t room = descriptors > reserve ? descriptors - reserve : 0;
   ConnectionLimits limits;
   // Never below what the job itself needs: a limit too low for the job is the user's to raise
@@ -194,12 +204,13 @@ ZmqTransport::ZmqTransport(const TransportOptions& options)
       send_affinity_(options.io_threads > 1
                          ? ((std::uint64_t{1} << options.io_threads) - 1) & ~std::uint64_t{1}
                          : 0),
+      limits_(LimitsFor(options)),
       context_(options.io_threads),
       authenticator_(context_,
                      options.encrypt ? JobAuthenticator::Mechanism::kCurve
                                      : JobAuthenticator::Mechanism::kPlain,
                      options.job_secret, options.verbose),
-      monitor_(context_, options.verbose, LimitsFor(options)) {}
+      monitor_(context_, options.verbose, limits_) {}
 
 ZmqTransport::~ZmqTransport() { Shutdown(); }
 

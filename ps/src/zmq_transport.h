@@ -83,7 +83,8 @@ constexpr int kSchedulerReceiveHwm = 4;
 class ZmqTransport {
  public:
   // Raises this process's soft RLIMIT_NOFILE to its hard limit (once per process in effect)
-  // and sizes the connection caps from it. Throws ps::Error when ZeroMQ cannot start.
+  // and sizes the connection caps from it. Throws ps::Error when ZeroMQ cannot start, or the
+  // limit is too low for it to run.
   explicit ZmqTransport(const TransportOptions& options);
   ~ZmqTransport();
   ZmqTransport(const ZmqTransport&) = delete;
@@ -166,6 +167,9 @@ class ZmqTransport {
   // and the others the send sockets, so incoming and outgoing bytes never share a thread.
   const std::uint64_t receive_affinity_;
   const std::uint64_t send_affinity_;
+  // The connection caps, from the descriptor limit: before the context, which a limit too low
+  // for ZeroMQ to run refuses at start instead of letting it abort.
+  const ConnectionLimits limits_;
   zmq::context_t context_;
   // After the context, so that their sockets close before the context ends.
   JobAuthenticator authenticator_;

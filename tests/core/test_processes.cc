@@ -289,6 +289,26 @@ TEST_CASE("processes: a bad environment is a one-line error naming the variable"
   CHECK_THAT(fixed->Output(), Catch::Contains("DMLC_PS_ROOT_PORT='0' is invalid"));
 }
 
+TEST_CASE("processes: a descriptor limit too low for ZeroMQ is a one-line error naming it",
+          "[processes][fault]") {
+  // ZeroMQ asserts (an abort) when it runs out of descriptors for its threads and the job's
+  // connections, and a scheduler with too few spun on failed accepts: a node refuses to start.
+  const std::string why =
+      "error: the descriptor limit (ulimit -n) is 24, below the 76 that a node of a job of 3 "
+      "nodes needs at the least: raise it to at least 143 (ulimit -n in the shell that starts "
+      "the node, or LimitNOFILE for a service)";
+  for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check"}) {
+    INFO(binary);
+    Env env = JobEnv(1, 1, binary == "ps-scheduler" ? 0 : 9);
+    ChildProcess node({"/bin/bash", "-c", "ulimit -n 24 && exec " + ps::test::BinPath(binary)},
+                      env);
+    CHECK(node.Wait(10s) == 1);
+    const std::string output = node.Output();
+    CHECK_THAT(output, Catch::EndsWith(why + "\n"));
+    CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+  }
+}
+
 TEST_CASE("processes: a port in use is a one-line error naming the port", "[processes][fault]") {
   auto [first, port] = StartScheduler(1, 1);
   auto second = Start("ps-scheduler", JobEnv(1, 1, port));

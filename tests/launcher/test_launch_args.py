@@ -321,6 +321,25 @@ class Args(LauncherTest):
                     self.parse(argv)
                 self.assertIn(want, str(cm.exception))
 
+    def test_hostfile_encoding(self):
+        # A byte-order mark (Windows editors write one) is not part of the first host's name.
+        bom = os.path.join(self.tmp, "bom")
+        with open(bom, "wb") as f:
+            f.write(b"\xef\xbb\xbfh1\nh2\n")
+        c = self.parse(["-n", "2", "-H", bom, "prog"])
+        self.assertEqual(names(c.hosts), ["h1", "h2"])
+        # UTF-16 (or any other encoding) is one line naming the file, not a traceback.
+        utf16 = os.path.join(self.tmp, "utf16")
+        with open(utf16, "wb") as f:
+            f.write("h1\n".encode("utf-16"))
+        for argv, want in [(["-n", "1", "-H", utf16, "prog"], f"-H {utf16}: not UTF-8 text"),
+                           (["-n", "1", "-H", bom, "--server-hostfile", utf16, "prog"],
+                            f"--server-hostfile {utf16}: not UTF-8 text")]:
+            with self.subTest(argv=argv):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(argv)
+                self.assertIn(want, str(cm.exception))
+
     def test_server_weights_follow_the_servers_hosts(self):
         # beside the workers: servers 0..3 on h0..h3, h3 at a quarter
         hosts = self.write("weighted", "h0\nh1\nh2\nh3 server_weight=0.25\n")

@@ -11,7 +11,10 @@
 
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -199,10 +202,9 @@ class Driver {
         "\nps-bench: %u hardware threads; load average (1, 5, 15 min) %s at the start, %s "
         "at the end: other load on the machine skews every number above\n",
         std::thread::hardware_concurrency(), load_start_.c_str(), load_end_.c_str());
-    if (!s_.json.empty()) {
-      WriteJson(s_.json, results_, ratios, failures_,
-                {s_.command, load_start_, load_end_, s_.calibration, s_.verify, s_.quick});
-    }
+    const bool written = s_.json.empty() || WriteJson(s_.json, results_, ratios, failures_,
+                                                      {s_.command, load_start_, load_end_,
+                                                       s_.calibration, s_.verify, s_.quick});
     std::printf("\nps-bench: %zu case(s) in %.1f s%s\n", results_.ps.size() + results_.raw.size(),
                 SecondsSince(start),
                 s_.verify && failures_.empty() ? ", every value verified" : "");
@@ -212,7 +214,7 @@ class Driver {
       std::printf("ps-bench: %zu failure(s)\n", failures_.size());
       return 1;
     }
-    return 0;
+    return written ? 0 : 1;
   }
 
  private:
@@ -721,6 +723,19 @@ Settings ReadSettings() {
   s.full = FLAGS_full || s.quick;
   s.verify = FLAGS_verify;
   s.json = FLAGS_json;
+  if (!s.json.empty()) {
+    // Checked before the run, not found out after it: the results would be lost.
+    const std::filesystem::path json(s.json);
+    const std::filesystem::path dir = json.has_parent_path() ? json.parent_path() : ".";
+    std::error_code error;
+    if (std::filesystem::is_directory(json, error)) {
+      throw std::invalid_argument("--json " + s.json + ": is a directory; give a file's path");
+    }
+    if (access(dir.c_str(), W_OK) != 0) {
+      throw std::invalid_argument("--json " + s.json + ": cannot write into " + dir.string() +
+                                  ": " + std::strerror(errno));
+    }
+  }
   s.run_ps = FLAGS_ps;
   s.run_raw = FLAGS_raw;
   s.mpi = pick("mpi", FLAGS_mpi, "off");

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <optional>
@@ -229,12 +231,13 @@ void PrintRatios(const std::vector<Ratio>& ratios) {
   std::fflush(stdout);
 }
 
-void WriteJson(const std::string& path, const RunResults& results, const std::vector<Ratio>& ratios,
+bool WriteJson(const std::string& path, const RunResults& results, const std::vector<Ratio>& ratios,
                const std::vector<std::string>& failures, const RunContext& context) {
   std::ofstream out(path);
   if (!out) {
-    std::fprintf(stderr, "ps-bench: cannot write %s\n", path.c_str());
-    return;
+    std::fprintf(stderr, "ps-bench: error: cannot write %s: %s\n", path.c_str(),
+                 std::strerror(errno));
+    return false;
   }
   out << "{\n  \"tool\": \"ps-bench\",\n  \"date_utc\": " << JsonString(UtcNow())
       << ",\n  \"command\": " << JsonString(context.command)
@@ -278,7 +281,14 @@ void WriteJson(const std::string& path, const RunResults& results, const std::ve
     out << (i ? ", " : "") << JsonString(failures[i]);
   }
   out << "]\n}\n";
+  out.flush();
+  if (!out) {
+    std::fprintf(stderr, "ps-bench: error: could not write all of %s: %s\n", path.c_str(),
+                 std::strerror(errno));
+    return false;
+  }
   std::fprintf(stderr, "ps-bench: wrote %s\n", path.c_str());
+  return true;
 }
 
 std::string LoadAverage() {

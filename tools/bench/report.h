@@ -80,8 +80,8 @@ struct RunContext {
 };
 
 // Writes the run to `path` as one JSON object (tool, date, hardware threads, load, settings,
-// cases, ratios, failures); says on stderr that it did, or that it could not.
-void WriteJson(const std::string& path, const RunResults& results, const std::vector<Ratio>& ratios,
+// cases, ratios, failures); says on stderr that it did, or that it could not (false).
+bool WriteJson(const std::string& path, const RunResults& results, const std::vector<Ratio>& ratios,
                const std::vector<std::string>& failures, const RunContext& context);
 
 // The first three fields of /proc/loadavg ("1.02 0.80 0.71"), or "unknown": benchmarks on a
