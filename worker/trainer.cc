@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -250,6 +252,20 @@ int ReadLatest(const std::string& dir) {
                       dir);
   }
   return epoch;
+}
+
+// Makes `dir` (and its parents) if missing, and checks that this process can write into it
+// (LATEST; the servers write the epochs' files there too).
+void PrepareCheckpointDir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    throw ConfigError("--checkpoint-dir " + dir + ": cannot create it: " + error.message());
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw ConfigError("--checkpoint-dir " + dir +
+                      ": cannot write into it: " + std::strerror(errno));
+  }
 }
 
 std::string EpochDir(const std::string& dir, int epoch) {
@@ -607,6 +623,9 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   ValidateConfig(config);
   const int rank = kv.Rank();
   const int workers = kv.NumWorkers();
+  if (rank == 0 && !config.checkpoint_dir.empty() && !config.resume) {
+    PrepareCheckpointDir(config.checkpoint_dir);  // found out now, not after the first epoch
+  }
   MetricsLog metrics(log, config.metrics_out, rank);
   // Several workers on one machine spread over its GPUs.
   std::unique_ptr<Backend> backend =

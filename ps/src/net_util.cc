@@ -79,6 +79,29 @@ void RefuseIPv6(const std::string& host, const std::string& what) {
   }
 }
 
+// A value no resolver can take (it would wait out the registration timeout retrying a name
+// that never appears): refused at once, saying what is wrong with it.
+void RefuseMalformed(const std::string& host, const std::string& what) {
+  RefuseIPv6(host, what);
+  const auto allowed = [](unsigned char c) {
+    return std::isalnum(c) != 0 || c == '.' || c == '-' || c == '_';
+  };
+  if (std::all_of(host.begin(), host.end(), allowed)) return;
+  const std::string value = what + "='" + host + "'";
+  if (host.find("://") != std::string::npos) {
+    throw Error(value + " holds a scheme: give the host name or IPv4 address alone");
+  }
+  if (host.find(':') != std::string::npos) {
+    throw Error(value + " holds a port: give the host name or IPv4 address alone" +
+                (what == "DMLC_PS_ROOT_URI" ? " (the port goes in DMLC_PS_ROOT_PORT)" : ""));
+  }
+  if (std::any_of(host.begin(), host.end(), [](unsigned char c) { return std::isspace(c); })) {
+    throw Error(value + " holds a blank or a line break: give the host name or IPv4 address " +
+                "alone");
+  }
+  throw Error(value + " is not a host name or IPv4 address (letters, digits, '.', '-' and '_')");
+}
+
 [[noreturn]] void ThrowUnresolved(const std::string& host, const std::string& what, int rc,
                                   const std::string& waited) {
   RefuseIPv6(host, what);
@@ -90,7 +113,7 @@ void RefuseIPv6(const std::string& host, const std::string& what) {
 }  // namespace
 
 std::string ResolveIPv4(const std::string& host, const std::string& what) {
-  RefuseIPv6(host, what);
+  RefuseMalformed(host, what);
   const Resolved resolved = Lookup(host);
   if (resolved.rc != 0) ThrowUnresolved(host, what, resolved.rc, "");
   return resolved.ip;
@@ -102,7 +125,7 @@ std::string ResolveIPv4Until(const std::string& host, const std::string& what,
                              const std::function<void(const std::string& why)>& waiting) {
   using Clock = std::chrono::steady_clock;
   constexpr auto kRetryEvery = std::chrono::milliseconds(250);
-  RefuseIPv6(host, what);
+  RefuseMalformed(host, what);
   const auto start = Clock::now();
   auto next_report = start + report_every;
   while (true) {

@@ -287,6 +287,22 @@ TEST_CASE("processes: a bad environment is a one-line error naming the variable"
   auto fixed = Start("ps-server", env, {"--num_servers=1", "--root_port=0"});
   CHECK(fixed->Wait(10s) == 1);
   CHECK_THAT(fixed->Output(), Catch::Contains("DMLC_PS_ROOT_PORT='0' is invalid"));
+  // A scheduler address no resolver takes is refused at once, not retried until the
+  // registration timeout (30 s here).
+  for (const auto& [uri, want] :
+       {std::pair{"127.0.0.1:9000",
+                  "DMLC_PS_ROOT_URI='127.0.0.1:9000' holds a port: give the "
+                  "host name or IPv4 address alone (the port goes in "
+                  "DMLC_PS_ROOT_PORT)"},
+        std::pair{"tcp://127.0.0.1", "DMLC_PS_ROOT_URI='tcp://127.0.0.1' holds a scheme"},
+        std::pair{"127.0.0.1\n", "DMLC_PS_ROOT_URI='127.0.0.1\n' holds a blank or a line break"}}) {
+    INFO(uri);
+    Env bad = JobEnv(1, 1, 1234);
+    bad["DMLC_PS_ROOT_URI"] = uri;
+    auto node = Start("ps-server", bad);
+    CHECK(node->Wait(10s) == 1);
+    CHECK_THAT(node->Output(), Catch::StartsWith(std::string("ps-server: error: ") + want));
+  }
 }
 
 TEST_CASE("processes: a descriptor limit too low for ZeroMQ is a one-line error naming it",

@@ -418,6 +418,18 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
   FakeKVStore kv;
   std::ostringstream log;
   CHECK_THROWS_AS(RunTraining(c, kv, log), DataError);
+  // A checkpoint directory that cannot be made is found before the data is even read (the
+  // data directory is missing too: that error would come first otherwise), not after the
+  // first epoch.
+  testing::TempDir dir;
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "x";
+  c.checkpoint_dir = file + "/sub";
+  CHECK_THROWS_WITH(RunTraining(c, kv, log),
+                    Catch::StartsWith("--checkpoint-dir " + file + "/sub: cannot create it: "));
+  c.checkpoint_dir = dir.file("made/here");
+  CHECK_THROWS_AS(RunTraining(c, kv, log), DataError);  // got past the directory: made
+  CHECK(std::filesystem::is_directory(c.checkpoint_dir));
 }
 
 }  // namespace
