@@ -1259,10 +1259,20 @@ class Launch:
                 if node is not None and node.spec.host is not None and \
                         node.spec.host.name in lost:
                     continue
-                if node is not None and node.returncode is None:
+                if node is None or node.returncode is not None:
+                    continue
+                if node.spec.host is None:
+                    # On this machine there is no network to blame: the process is at hand.
+                    stopped = process_state(node.child_pgid) in ("T", "t")
                     self.say(f"{role} {rank} at {addr} was declared dead by the scheduler, but "
-                             "its process has not exited as far as the launcher sees: "
-                             f"{addr} or the network to it is down")
+                             "its process has not exited: "
+                             + ("it is stopped (SIGSTOP, Ctrl-Z or a debugger)" if stopped else
+                                "it runs but sent no heartbeat (it hangs, or the machine is "
+                                "too busy for it to answer)"))
+                    continue
+                self.say(f"{role} {rank} at {addr} was declared dead by the scheduler, but "
+                         "its process has not exited as far as the launcher sees: "
+                         f"{addr} or the network to it is down")
 
     def stop_all(self):
         """Stops every process still running, on every host; bounded in time."""
@@ -1311,6 +1321,19 @@ def kill_group(pgid, sig):
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def process_state(pid):
+    """The state letter of local process `pid` in /proc (R, S, T for stopped, ...), or None."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            # pid (comm) state ...: comm may hold blanks and parentheses, the state follows
+            # the last ')'.
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 class Proc:

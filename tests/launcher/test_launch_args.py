@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import threading
+import time
 import unittest
 
 from launcher_testlib import LAUNCH, PY, LauncherTest
@@ -391,6 +393,41 @@ class Args(LauncherTest):
         err.seek(0)
         la.report_lost_hosts([by_label["worker 2"]])
         self.assertEqual(err.getvalue(), "")
+
+    def test_failure_report_on_this_machine_names_the_process_state(self):
+        # With the local launcher there is no network to blame for a node declared dead while
+        # its process runs: the launcher looks at the process itself.
+        err = io.StringIO()
+        la = launch.Launch(self.parse(["-n", "2", "-s", "1", "--launcher", "local", "prog"]),
+                           err=err)
+        for spec in la.make_specs("127.0.0.1", 9000):
+            la.procs.append(launch.Proc(spec, None))
+        by_label = {p.spec.label: p for p in la.procs}
+        server = by_label["server 0"]
+        server.returncode = 1
+        server.lines.append("E... server 0: the job failed: worker 0 (node 4 at 127.0.0.1:4242) "
+                            "died (no heartbeat for over 5 s)")
+        stand_in = subprocess.Popen(["sleep", "60"])  # worker 0's process
+        try:
+            by_label["worker 0"].child_pgid = stand_in.pid
+            os.kill(stand_in.pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 10
+            while launch.process_state(stand_in.pid) not in ("T", "t") and \
+                    time.monotonic() < deadline:
+                time.sleep(0.01)  # the kernel stops it asynchronously
+            la.report_lost_hosts([server])
+            os.kill(stand_in.pid, signal.SIGCONT)
+            la.report_lost_hosts([server])
+        finally:
+            stand_in.kill()
+            stand_in.wait()
+        lines = err.getvalue().splitlines()
+        prefix = ("[launch] worker 0 at 127.0.0.1 was declared dead by the scheduler, but "
+                  "its process has not exited: ")
+        self.assertEqual(lines, [
+            prefix + "it is stopped (SIGSTOP, Ctrl-Z or a debugger)",
+            prefix + "it runs but sent no heartbeat (it hangs, or the machine is too busy for "
+            "it to answer)"])
 
     def test_root_port_and_uri_overrides(self):
         c = self.parse(["-n", "1", "--env", "DMLC_PS_ROOT_PORT=9100", "--env",
