@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "worker/device.h"
 #include "worker/errors.h"
@@ -415,8 +417,20 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
     // Each worker pushes its batch-mean gradient, scaled by 1/num_workers: a synchronous round
     // sums num_workers of them into their mean, and in dist_async each push moves the weights
     // by its share, so one learning rate means the same step per sample in both modes.
-    kv_.SetOptimizer(
-        MakeOptimizerConfig(config_, updates, 1.0f / static_cast<float>(kv_.NumWorkers())));
+    try {
+      kv_.SetOptimizer(
+          MakeOptimizerConfig(config_, updates, 1.0f / static_cast<float>(kv_.NumWorkers())));
+    } catch (const ps::Error& e) {
+      // Workers disagree when they were started with other flags: say which ones matter.
+      if (std::string_view(e.what()).find("the members disagree") == std::string_view::npos) {
+        throw;
+      }
+      throw ps::Error(
+          "the workers' optimizer settings differ: start every worker with the same --lr, "
+          "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size and "
+          "--num-examples (they set the optimizer and its schedule's length); " +
+          std::string(e.what()));
+    }
   } else {
     local_schedule_ = MakeOptimizerConfig(config_, batches_per_epoch, 1.0f);
   }

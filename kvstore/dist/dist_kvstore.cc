@@ -92,7 +92,7 @@ std::string DescribeOptimizer(const OptimizerConfig& config) {
   const LRSchedule& s = config.schedule;
   std::snprintf(text, sizeof(text),
                 "%s lr=%.9g momentum=%.9g wd=%.9g rescale=%.9g clip=%.9g beta1=%.9g beta2=%.9g "
-                "epsilon=%.9g rho=%.9g schedule=%s step=%llu factor=%.9g stop=%.9g max=%llu "
+                "epsilon=%.9g rho=%.9g schedule=%s step=%llu factor=%.9g stop=%.9g max_update=%llu "
                 "final=%.9g warmup=%llu from=%.9g steps=",
                 config.name.c_str(), config.learning_rate, config.momentum, config.weight_decay,
                 config.rescale_grad, config.clip_gradient, config.beta1, config.beta2,

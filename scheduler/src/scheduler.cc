@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -44,6 +45,30 @@ Message RegisterReply(int recipient, const std::string& connection_key) {
   reply.meta.recipient = recipient;
   reply.meta.body = connection_key;
   return reply;
+}
+
+// Where two votes of the same call with the same number of words part, when that is a
+// setting (a vote is the call's name and its arguments as words: "SetOptimizer sgd lr=0.1 ...
+// max_update=10 ..."), for the reader of a long vote: " (first difference: worker 1's
+// max_update=10, worker 0's max_update=20)"; else "". `second` names a vote's members.
+std::string FirstDifference(const std::pair<const std::string*, std::string>& one,
+                            const std::pair<const std::string*, std::string>& other) {
+  const auto words = [](const std::string& text) {
+    std::vector<std::string_view> out;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = std::min(text.find(' ', at), text.size());
+      if (end > at) out.emplace_back(text.data() + at, end - at);
+      at = end + 1;
+    }
+    return out;
+  };
+  const std::vector<std::string_view> a = words(*one.first);
+  const std::vector<std::string_view> b = words(*other.first);
+  if (a.size() != b.size() || a.size() < 2 || a.front() != b.front()) return "";
+  const auto differ = std::mismatch(a.begin(), a.end(), b.begin());
+  if (differ.first == a.end() || differ.first->find('=') == std::string_view::npos) return "";
+  return " (first difference: " + one.second + "'s " + std::string(*differ.first) + ", " +
+         other.second + "'s " + std::string(*differ.second) + ")";
 }
 
 }  // namespace
@@ -685,7 +710,7 @@ std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arriv
     }
   }
   if (votes.size() == 1) return "";
-  verdict = "the members disagree: ";
+  verdict = "the members disagree" + FirstDifference(votes[0], votes[1]) + ": ";
   for (std::size_t i = 0; i < votes.size() && i < kListed; ++i) {
     verdict += (i == 0 ? "" : "; ") + votes[i].second + " called " +
                (votes[i].first->empty() ? "a plain barrier" : shown(*votes[i].first));

@@ -32,6 +32,7 @@ class FakeKVStore final : public KVStore {
   }
   void Barrier() override { ++barriers; }
   void SetOptimizer(const OptimizerConfig& config) override {
+    if (!set_optimizer_error.empty()) throw Error(set_optimizer_error);
     optimizer = config;
     has_optimizer = true;
   }
@@ -49,6 +50,7 @@ class FakeKVStore final : public KVStore {
   bool has_optimizer = false;
   int wait_alls = 0;
   int barriers = 0;
+  std::string set_optimizer_error;  // when set, SetOptimizer throws it (a failed collective)
 
  protected:
   void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) override {

@@ -394,6 +394,27 @@ TEST_CASE("settings not given take the model's defaults, given ones stay", "[tra
   CHECK(mine.momentum == 0.9f);
 }
 
+TEST_CASE("workers whose optimizer settings differ are told which ps-train flags set them",
+          "[trainer]") {
+  TrainConfig config = SmallConfig(true);
+  auto backend = MakeCpuBackend();
+  auto model = BuildModel("mlp", *backend, config.batch_size);
+  FakeKVStore kv;
+  kv.set_optimizer_error =
+      "dist kvstore: SetOptimizer failed on every worker: the members disagree (...)";
+  {
+    KVTrainer trainer(config, kv, *model);
+    CHECK_THROWS_WITH(trainer.Start(),
+                      Catch::StartsWith("the workers' optimizer settings differ: start every "
+                                        "worker with the same --lr,") &&
+                          Catch::EndsWith("; " + kv.set_optimizer_error));
+  }
+  // Another failure (a server lost, say) is passed on as it is.
+  kv.set_optimizer_error = "dist kvstore: SetOptimizer failed: server 1 died";
+  KVTrainer trainer(config, kv, *model);
+  CHECK_THROWS_WITH(trainer.Start(), kv.set_optimizer_error);
+}
+
 TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[trainer]") {
   TrainConfig c;
   c.model = "resnet";
