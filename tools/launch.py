@@ -99,6 +99,10 @@ WRAPPER = (
 )
 
 
+# The scheduler's line when every worker finished through its KVStore (scheduler.cc).
+SCHEDULER_DONE = "every worker finished: the job is done"
+
+
 class UsageError(Exception):
     """A mistake in the command line or the hostfile: reported with exit status 2."""
 
@@ -1094,6 +1098,13 @@ class Launch:
                 self.say(f"{', '.join(p.spec.label + ' on ' + p.spec.where for p in hung)} did "
                          f"not exit within {c.shutdown_timeout:g} s (--shutdown-timeout) after "
                          "the job finished; stopping")
+                scheduler = next((p for p in hung if p.spec.role == "scheduler"), None)
+                if scheduler is not None and not any(SCHEDULER_DONE in line
+                                                     for line in scheduler.lines):
+                    # It never saw the job end: the workers left without joining it.
+                    self.say("the workers exited 0, but the scheduler never saw them finish "
+                             "the job: does the command create a dist KVStore on every worker "
+                             "(--help, --version and --kvstore local do not)?")
                 for p in hung:
                     self.say(f"last lines of {p.spec.label}:")
                     self.report_lines(p)

@@ -65,8 +65,9 @@ DEFINE_string(gradient_compression, "none",
               "Compress the pushed gradients (dist stores): none, 2bit (MXNet's), 1bit or fp16, "
               "each with error feedback. See docs/kvstore.md, \"Gradient compression\".");
 DEFINE_double(compression_threshold, 0.5,
-              "2bit: the magnitude a value must reach (with its residual) to be sent (default "
-              "with 2bit and 1bit: 0.02, and plain SGD at 5x the model's rate).");
+              "2bit: the magnitude a value must reach (with its residual) to be sent. Not "
+              "given, with --gradient-compression 2bit or 1bit: 0.02 (and plain SGD at 5x the "
+              "model's rate); otherwise 0.5, MXNet's default, shown below.");
 DEFINE_string(pull_compression, "none",
               "Compress the pulled weights as changes since this worker's last pull: none, 2bit, "
               "1bit or fp16.");
@@ -82,11 +83,12 @@ constexpr const char* kUsage =
     "usage: ps-train [--model mlp|cnn] [--device auto|cpu|cuda] [--data-dir DIR]\n"
     "                [--batch-size N] [--epochs N] [--optimizer NAME] [--lr X] [--momentum X]\n"
     "                [--wd X] [--lr-scheduler TYPE] [--lr-factor X] [--lr-step-epochs E,..]\n"
-    "                [--warmup-epochs N] [--final-lr X] [--seed N]\n"
-    "                [--log-interval N] [--metrics-out FILE] [--kvstore TYPE]\n"
+    "                [--warmup-epochs N] [--warmup-begin-lr X] [--final-lr X] [--seed N]\n"
+    "                [--num-examples N] [--log-interval N] [--metrics-out FILE] [--kvstore TYPE]\n"
     "                [--update-on-kvstore | --no-update-on-kvstore]\n"
     "                [--gradient-compression none|2bit|1bit|fp16] [--compression-threshold X]\n"
-    "                [--pull-compression none|2bit|1bit|fp16]\n\n"
+    "                [--pull-compression none|2bit|1bit|fp16]\n"
+    "                [--checkpoint-dir DIR [--checkpoint-every N] [--resume]]\n\n"
     "The role and the cluster come from the environment, as for MXNet: DMLC_ROLE, "
     "DMLC_PS_ROOT_URI,\nDMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER (see "
     "tools/launch.py).\nPS_LOCAL_RANK (launch.py sets it): this worker's index among the workers "

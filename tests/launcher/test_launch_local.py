@@ -216,6 +216,19 @@ class LocalFailures(LauncherTest):
         self.assertIn("server 0 on localhost did not exit within 1 s", r.err)
         self.assert_nothing_left()
 
+    def test_workers_that_never_joined_are_named_as_the_cause(self):
+        # The workers exit 0 without a KVStore (--version, say): the scheduler still waits for
+        # them to register, and the report says so rather than blaming the shutdown.
+        r = self.run_launcher(["-n", "1", "-s", "1", "--shutdown-timeout", "1",
+                               "--server-cmd", f"{PY} {FAKE} --marker {self.marker}",
+                               "--scheduler-cmd", f"{PY} {FAKE} --marker {self.marker}",
+                               "/bin/true"])
+        self.assertEqual(r.rc, 1, r)
+        self.assertIn("scheduler on localhost", r.err)
+        self.assertIn("the workers exited 0, but the scheduler never saw them finish the job: "
+                      "does the command create a dist KVStore on every worker", r.err)
+        self.assert_nothing_left()
+
 
 class LocalSignals(LauncherTest):
 
