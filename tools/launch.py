@@ -371,7 +371,8 @@ def build_parser():
                    help="run the scheduler on this host over ssh instead of on the launching "
                         "host (ssh launcher)")
     p.add_argument("-i", "--interface", metavar="IFACE",
-                   help="set DMLC_INTERFACE=IFACE (network interface) for every process")
+                   help="set DMLC_INTERFACE=IFACE (network interface) for every process: servers "
+                   "and workers advertise its address instead of their hostfile name")
     p.add_argument("--ssh-opts", default="", metavar="OPTS",
                    help="extra ssh options, e.g. \"-i KEY -o StrictHostKeyChecking=no\"; "
                         "also used by rsync")
@@ -682,8 +683,11 @@ class Launch:
             "DMLC_PS_ROOT_PORT": str(root_port),
             "DMLC_NUM_SERVER": str(c.num_servers),
             "DMLC_NUM_WORKER": str(c.num_workers),
-            "DMLC_NODE_HOST": node_host,
         })
+        # A node's own address: the hostfile's name, unless -i names the interface to take it
+        # from (DMLC_NODE_HOST would win over DMLC_INTERFACE). The scheduler binds the root URI.
+        if not c.interface or role == "scheduler":
+            env["DMLC_NODE_HOST"] = node_host
         env.update(c.env_all)
         env.update(c.env_role[role])
         weights = self.server_weights()

@@ -103,6 +103,9 @@ class LocalJob(LauncherTest):
             self.assertEqual(env["T_OVER"], role)
             self.assertEqual(env.get("T_SERVER_ONLY"), "mxnet-form" if role == "server" else None)
             self.assertEqual(env["DMLC_INTERFACE"], "lo")
+            # -i: the nodes take their address from the interface, which DMLC_NODE_HOST
+            # would override
+            self.assertEqual("DMLC_NODE_HOST" in env, role == "scheduler")
 
     def test_job_secret_reaches_every_process_but_no_command_line(self):
         r = self.run_launcher(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
