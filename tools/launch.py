@@ -257,14 +257,15 @@ def is_loopback(name):
 
 
 def local_address_towards(name):
-    """The local address the kernel would use to reach host `name` (no packet is sent)."""
+    """The local address the kernel would use to reach host `name` (no packet is sent), or
+    None when `name` does not resolve here (an ssh config alias, say) or has no route."""
     try:
         family, _, _, _, addr = socket.getaddrinfo(name, 22, 0, socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(addr)
             return s.getsockname()[0]
     except OSError:
-        return socket.getfqdn()
+        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -656,8 +657,17 @@ class Launch:
         hosts = c.hosts + (c.server_hosts or [])
         if all(is_loopback(h.name) for h in hosts):
             return "127.0.0.1"
-        first = next(h for h in hosts if not is_loopback(h.name))
-        return local_address_towards(first.name)
+        # The local address towards the first host this machine can resolve and route to.
+        remote = [h.name for h in hosts if not is_loopback(h.name)]
+        for name in remote:
+            address = local_address_towards(name)
+            if address is not None:
+                return address
+        raise UsageError(f"cannot tell the scheduler's address for the hosts: none of "
+                         f"{', '.join(dict.fromkeys(remote))} resolves or has a route from this "
+                         "machine (ssh may still reach them, through its own configuration); "
+                         "give the address they reach this machine at: --env "
+                         "DMLC_PS_ROOT_URI=ADDRESS, or --scheduler-host HOST")
 
     def workdir(self, spec):
         if spec.host is not None and self.c.sync_dst_dir:
@@ -1029,12 +1039,12 @@ class Launch:
 
     def _run(self):
         c = self.c
+        root_uri = self.root_uri()
         if c.sync_dst_dir:
             if not self.run_sync():
                 if self.signal_received is not None:
                     return 128 + self.signal_received
                 return 1
-        root_uri = self.root_uri()
         sched, port = self.start_scheduler(root_uri)
         if self.signal_received is not None:
             return self.signal_exit()
@@ -1459,7 +1469,11 @@ def main(argv=None):
     except UsageError as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2
-    return Launch(c).run()
+    try:
+        return Launch(c).run()
+    except UsageError as e:  # found before any process starts (the scheduler's address)
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 2
 
 
 if __name__ == "__main__":

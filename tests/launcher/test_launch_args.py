@@ -229,6 +229,17 @@ class Args(LauncherTest):
         self.assertEqual(launch.Launch(c).root_uri(), "127.0.0.2")
         c = self.parse(["-n", "1", "-H", hosts, "prog"], DMLC_PS_ROOT_URI="sched.example")
         self.assertEqual(launch.Launch(c).root_uri(), "sched.example")
+        # Hosts this machine cannot resolve (ssh config aliases, say): no guess such as
+        # "localhost", which remote nodes would take for themselves, but the way to say it.
+        self.assertIsNone(launch.local_address_towards("nosuch.invalid"))
+        aliases = os.path.join(self.tmp, "aliases")
+        with open(aliases, "w") as f:
+            f.write("nosuch.invalid\nalso-nosuch.invalid\n")
+        c = self.parse(["-n", "2", "-H", aliases, "prog"])
+        with self.assertRaises(launch.UsageError) as cm:
+            launch.Launch(c).root_uri()
+        self.assertIn("none of nosuch.invalid, also-nosuch.invalid resolves", str(cm.exception))
+        self.assertIn("--env DMLC_PS_ROOT_URI=ADDRESS", str(cm.exception))
 
     def test_missing_binaries(self):
         env = {"PATH": "/nonexistent"}
