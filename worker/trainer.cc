@@ -671,8 +671,17 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     try {
       kv.LoadCheckpoint(resumed);
     } catch (const ps::Error& e) {
-      throw ps::Error(std::string(e.what()) + " (--resume: " + config.checkpoint_dir + "/" +
-                      kLatestName + " names epoch-" + std::to_string(first_epoch) + ")");
+      const std::string_view what = e.what();
+      // Keys missing or of other sizes: the checkpoint holds another model's parameters.
+      const bool other_model = what.find("not in the checkpoint") != std::string_view::npos ||
+                               what.find("the checkpoint holds") != std::string_view::npos;
+      throw ps::Error(std::string(what) + " (--resume: " + config.checkpoint_dir + "/" +
+                      kLatestName + " names epoch-" + std::to_string(first_epoch) +
+                      (other_model ? ", which holds another model's parameters: resume with "
+                                     "the --model it was written with, --model " +
+                                         config.model + " here"
+                                   : "") +
+                      ")");
     }
     trainer.PullWeights();
     log << "ps-train: resumed from " << resumed << " (" << first_epoch << " epoch(s) done)\n"

@@ -86,6 +86,21 @@ class TrainResume(unittest.TestCase):
             self.assertIn(f"final test_accuracy={trained.group(1)} ", again.stdout)
             self.assertGreater(float(trained.group(1)), 0.3)
 
+    def test_resume_with_another_model_names_it(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
+                   "--checkpoint-dir", ckpt, "--num-examples", "100", "--log-interval", "1000"]
+            env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
+            first = subprocess.run(cmd + ["--epochs", "1"], env=env, capture_output=True,
+                                   text=True, timeout=120)
+            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            result = subprocess.run(cmd + ["--epochs", "2", "--resume", "--model", "cnn"],
+                                    env=env, capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn("which holds another model's parameters: resume with the --model it "
+                          "was written with, --model cnn here", result.stderr)
+            self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+
     def test_resume_without_a_checkpoint_is_a_one_line_error(self):
         with tempfile.TemporaryDirectory() as empty:
             cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
