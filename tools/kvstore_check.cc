@@ -42,7 +42,10 @@ DEFINE_string(checkpoint_dir, "",
 
 namespace {
 
-[[noreturn]] void Fail(const std::string& message) {
+// Ends the check: the job learns why at once (`kv`, when there is one, tells the others), and
+// so does the user.
+[[noreturn]] void Fail(ps::KVStore* kv, const std::string& message) {
+  if (kv != nullptr) kv->ReportFailure(message);
   std::printf("kvstore-check: error: %s\n", message.c_str());
   std::fflush(stdout);
   std::exit(1);
@@ -58,8 +61,8 @@ void RunCollectives(ps::KVStore& kv, const ps::OptimizerConfig& optimizer, int r
   kv.Pull(key, ps::Tensor(pulled.data(), pulled.size()));
   kv.WaitAll();
   if (pulled != initial) {
-    Fail("rank " + std::to_string(kv.Rank()) + " round " + std::to_string(round) +
-         ": the key initialized then did not pull back its initial values");
+    throw ps::Error("rank " + std::to_string(kv.Rank()) + " round " + std::to_string(round) +
+                    ": the key initialized then did not pull back its initial values");
   }
   if (!FLAGS_checkpoint_dir.empty()) {
     kv.SaveCheckpoint(FLAGS_checkpoint_dir);
@@ -87,8 +90,9 @@ int main(int argc, char** argv) {
   if (FLAGS_keys == 0 && FLAGS_big_size == 0) {
     ps::cli::Die("ps-kvstore-check", "--keys 0 without --big-size checks nothing: give a key");
   }
+  std::unique_ptr<ps::KVStore> kv;
   try {
-    std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(FLAGS_type);
+    kv = ps::KVStore::Create(FLAGS_type);
     const int rank = kv->Rank();
     const int workers = kv->NumWorkers();
     std::vector<ps::Key> keys;
@@ -144,9 +148,9 @@ int main(int argc, char** argv) {
                                  (sync ? per_round : static_cast<float>(rank + 1));
           for (float value : outs[k]) {
             if (value != expected) {
-              Fail("rank " + std::to_string(rank) + " round " + std::to_string(round) + " key " +
-                   std::to_string(k) + ": expected " + std::to_string(expected) + ", got " +
-                   std::to_string(value));
+              throw ps::Error("rank " + std::to_string(rank) + " round " + std::to_string(round) +
+                              " key " + std::to_string(k) + ": expected " +
+                              std::to_string(expected) + ", got " + std::to_string(value));
             }
           }
         }
@@ -168,8 +172,9 @@ int main(int argc, char** argv) {
                              (FLAGS_type == "local" ? 1.0f : per_round);
       for (float value : outs[k]) {
         if (value != expected) {
-          Fail("rank " + std::to_string(rank) + " final key " + std::to_string(k) + ": expected " +
-               std::to_string(expected) + ", got " + std::to_string(value));
+          throw ps::Error("rank " + std::to_string(rank) + " final key " + std::to_string(k) +
+                          ": expected " + std::to_string(expected) + ", got " +
+                          std::to_string(value));
         }
       }
     }
@@ -177,10 +182,10 @@ int main(int argc, char** argv) {
                 keys.size(), FLAGS_rounds);
     return 0;
   } catch (const ps::Error& e) {
-    Fail(e.what());
+    Fail(kv.get(), e.what());
   } catch (const std::bad_alloc&) {
-    Fail(
-        "out of memory for the keys' values and gradients (--keys, --size, --big-size): lower "
-        "them, or give the process more memory");
+    Fail(kv.get(),
+         "out of memory for the keys' values and gradients (--keys, --size, --big-size): lower "
+         "them, or give the process more memory");
   }
 }

@@ -494,6 +494,27 @@ TEST_CASE("processes: a worker killed with SIGKILL is reported dead and nothing 
   CHECK_THAT(server->Output(), Catch::Contains("the job failed"));
 }
 
+TEST_CASE("processes: ps-kvstore-check's reason for failing reaches the whole job",
+          "[processes][fault]") {
+  // Workers that push a different number of rounds: the one that finds out tells the job why,
+  // rather than the job learning only that a worker left through an exception.
+  auto [scheduler, port] = StartScheduler(1, 2);
+  const Env env = JobEnv(1, 2, port);
+  auto server = Start("ps-server", env);
+  auto few = Start("ps-kvstore-check", env, {"--rounds", "3"});
+  auto many = Start("ps-kvstore-check", env, {"--rounds", "6"});
+  for (auto* worker : {few.get(), many.get()}) {
+    CHECK(worker->Wait(30s) == 1);
+    CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: error: "));
+  }
+  CHECK(scheduler->Wait(15s) == 1);
+  const std::string output = scheduler->Output();
+  INFO(output);
+  CHECK_THAT(output, Catch::Contains("this dist_sync round can never complete"));
+  CHECK_THAT(output, !Catch::Contains("left the KVStore through an exception"));
+  CHECK(server->Wait(15s) == 1);
+}
+
 TEST_CASE("processes: nodes whose scheduler disappears exit non-zero with a clear message",
           "[processes][fault]") {
   auto [scheduler, port] = StartScheduler(1, 1);
