@@ -770,7 +770,15 @@ void Scheduler::OnTick() {
           FormatSeconds(config_.register_timeout) +
           ": start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER "
           "(PS_REGISTER_TIMEOUT sets this wait)";
-      FailRegistration(why);
+      // Nodes that tried but could not authenticate are the likelier cause then.
+      const std::uint64_t refused = transport_->refused_connections();
+      const std::string refusals =
+          refused == 0 ? ""
+                       : "; " + std::to_string(refused) +
+                             " connection(s) were refused meanwhile for a wrong or missing "
+                             "PS_JOB_SECRET or another PS_ENCRYPT (logged above): start every "
+                             "node with the job's secret and settings";
+      FailRegistration(why + refusals);
       Finish(1, registration_failure_);
     }
     return;

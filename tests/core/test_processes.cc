@@ -377,6 +377,13 @@ TEST_CASE("processes: a node with the wrong secret names it after the scheduler 
                  Catch::Contains("earlier the port accepted connections but no registration "
                                  "reply came") &&
                  Catch::Contains("PS_JOB_SECRET and PS_ENCRYPT"));
+  // The scheduler's own verdict names the refusals as the likelier cause.
+  const std::string scheduler_output = scheduler->Output();
+  INFO(scheduler_output);
+  CHECK_THAT(scheduler_output,
+             Catch::Contains("registered within 4 s") &&
+                 Catch::Contains(" connection(s) were refused meanwhile for a wrong or missing "
+                                 "PS_JOB_SECRET or another PS_ENCRYPT"));
 }
 
 TEST_CASE("processes: a scheduler paused for a while judges no node on its own silence",
