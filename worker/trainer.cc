@@ -141,6 +141,10 @@ std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
       throw ConfigError("--lr-step-epochs '" + text +
                         "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
     }
+    if (!epochs.empty() && value <= epochs.back()) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: the epochs must increase, e.g. 4,7");
+    }
     epochs.push_back(value);
     start = comma + 1;
   }
@@ -604,11 +608,12 @@ EpochResult KVTrainer::TrainEpoch(const Dataset& data, const ShardSampler& sampl
     if (config_.stop_on_divergence && !std::isfinite(stats.loss_sum)) {
       // Training on would only spread NaN through the weights: stop and say what to change.
       const long long step = static_cast<long long>(epoch) * sampler.batches_per_epoch() + b + 1;
-      throw DivergenceError("training diverged: the loss is " + std::to_string(stats.loss_sum) +
-                            " at epoch " + std::to_string(epoch) + ", batch " +
-                            std::to_string(b + 1) + " (step " + std::to_string(step) +
-                            "): lower the learning rate (--lr " + std::to_string(config_.lr) +
-                            " now; try " + std::to_string(config_.lr / 2) + ")");
+      const char* loss = std::isnan(stats.loss_sum) ? "nan" : "infinite";  // no "-nan"
+      throw DivergenceError(std::string("training diverged: the loss is ") + loss + " at epoch " +
+                            std::to_string(epoch) + ", batch " + std::to_string(b + 1) + " (step " +
+                            std::to_string(step) + "): lower the learning rate (--lr " +
+                            Format("%g", config_.lr) + " now; try " + Format("%g", config_.lr / 2) +
+                            ")");
     }
     // The forward pass's waits for weights count as waiting, not computing.
     result.compute_seconds +=

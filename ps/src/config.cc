@@ -47,6 +47,22 @@ int ReadInt(const SettingLookup& lookup, std::string_view name, long long min, l
   return static_cast<int>(*value);
 }
 
+// A count of thousandths as a decimal with no trailing zeros: 1500 -> "1.5", 3000 -> "3".
+std::string ThousandthsText(std::uint64_t thousandths) {
+  std::string text = std::to_string(thousandths / 1000);
+  if (const auto rest = thousandths % 1000; rest != 0) {
+    std::string fraction = std::to_string(1000 + rest).substr(1);  // 3 digits
+    while (fraction.back() == '0') fraction.pop_back();
+    text += "." + fraction;
+  }
+  return text;
+}
+
+// Seconds as PS_HEARTBEAT_* are written: "2", "0.25" (milliseconds are exact in the text).
+std::string SecondsText(std::chrono::milliseconds ms) {
+  return ThousandthsText(static_cast<std::uint64_t>(ms.count()));
+}
+
 std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_view name,
                                       double min_seconds, std::chrono::milliseconds fallback) {
   const auto raw = lookup(name);
@@ -56,7 +72,9 @@ std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_v
   if (end != raw->c_str() + raw->size() || !std::isfinite(seconds) || seconds < min_seconds ||
       seconds > 86400.0) {
     Invalid(name, *raw,
-            "expected a number of seconds in " + std::to_string(min_seconds) + "..86400");
+            "expected a number of seconds in " +
+                SecondsText(std::chrono::milliseconds(std::llround(min_seconds * 1000.0))) +
+                "..86400");
   }
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
 }
@@ -200,22 +218,6 @@ std::string ClusterConfig::SchedulerAddress() const {
 }
 
 namespace {
-
-// A count of thousandths as a decimal with no trailing zeros: 1500 -> "1.5", 3000 -> "3".
-std::string ThousandthsText(std::uint64_t thousandths) {
-  std::string text = std::to_string(thousandths / 1000);
-  if (const auto rest = thousandths % 1000; rest != 0) {
-    std::string fraction = std::to_string(1000 + rest).substr(1);  // 3 digits
-    while (fraction.back() == '0') fraction.pop_back();
-    text += "." + fraction;
-  }
-  return text;
-}
-
-// Seconds as PS_HEARTBEAT_* are written: "2", "0.25" (milliseconds are exact in the text).
-std::string SecondsText(std::chrono::milliseconds ms) {
-  return ThousandthsText(static_cast<std::uint64_t>(ms.count()));
-}
 
 // The scaled weights as SharedSettings compares them and a refusal shows them: "equal", or in
 // the variable's own terms with the largest scaled to 1 ("1,1,0.25"), exact since each scaled
