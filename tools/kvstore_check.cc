@@ -46,7 +46,7 @@ namespace {
 // so does the user.
 [[noreturn]] void Fail(ps::KVStore* kv, const std::string& message) {
   if (kv != nullptr) kv->ReportFailure(message);
-  std::printf("kvstore-check: error: %s\n", message.c_str());
+  std::printf("ps-kvstore-check: error: %s\n", message.c_str());
   std::fflush(stdout);
   std::exit(1);
 }

@@ -87,7 +87,7 @@ server_failure)
 bad_flags)
   # A --json path that cannot be written is refused before the run, not found out after it.
   for args in "--sizes=3B" "--modes=local" "--ops=push,fly" "--workers=0" "--transports=udp" \
-    "--min_iterations=10 --max_iterations=5" "--warmup=0" "--json=/nonexistent/dir/run.json" \
+    "--min-iterations=10 --max-iterations=5" "--warmup=0" "--json=/nonexistent/dir/run.json" \
     "--json=$out"; do
     # shellcheck disable=SC2086
     message=$(timeout 20 "$tool" $args 2>&1)

@@ -752,12 +752,12 @@ Settings ReadSettings() {
   // Integer-valued sums stay exact below 2^24: 200000 rounds x 4 workers' pattern sum fits.
   constexpr int kMostIterations = 200000;
   if (!(s.calibration.target_seconds > 0 && s.calibration.target_seconds <= 60)) {
-    throw std::invalid_argument("--target_seconds: expected (0, 60]");
+    throw std::invalid_argument("--target-seconds: expected (0, 60]");
   }
   if (s.calibration.min_iterations < 1 ||
       s.calibration.max_iterations < s.calibration.min_iterations ||
       s.calibration.max_iterations > kMostIterations) {
-    throw std::invalid_argument("--min_iterations/--max_iterations: need 1 <= min <= max <= " +
+    throw std::invalid_argument("--min-iterations/--max-iterations: need 1 <= min <= max <= " +
                                 std::to_string(kMostIterations));
   }
   if (s.calibration.fixed_iterations < 0 || s.calibration.fixed_iterations > kMostIterations) {
@@ -768,7 +768,7 @@ Settings ReadSettings() {
     throw std::invalid_argument("--warmup=0 needs --iterations: the calibration times the warm-up");
   }
   if (!(FLAGS_case_timeout >= 1 && FLAGS_case_timeout <= 86400)) {
-    throw std::invalid_argument("--case_timeout: expected 1..86400 seconds");
+    throw std::invalid_argument("--case-timeout: expected 1..86400 seconds");
   }
   s.case_timeout = std::chrono::milliseconds(static_cast<long long>(FLAGS_case_timeout * 1000));
   const auto prefix = [](const char* flag, const std::string& text) {
@@ -790,7 +790,7 @@ Settings ReadSettings() {
   s.pull_compression = FLAGS_pull_compression;
   if (s.pull_compression != "none" && s.pull_compression != "2bit" &&
       s.pull_compression != "1bit" && s.pull_compression != "fp16") {
-    throw std::invalid_argument("--pull_compression: expected none, 2bit, 1bit or fp16, got '" +
+    throw std::invalid_argument("--pull-compression: expected none, 2bit, 1bit or fp16, got '" +
                                 s.pull_compression + "'");
   }
   return s;
