@@ -91,6 +91,12 @@ void ValidateConfig(const TrainConfig& c) {
                            : std::string("E1,E2,...: the epochs after which the rate drops")) +
                       ")");
   }
+  if (!c.lr_step_epochs.empty() && c.lr_scheduler != "factor" && c.lr_scheduler != "multifactor") {
+    throw ConfigError("--lr-step-epochs " + c.lr_step_epochs +
+                      " needs --lr-scheduler factor or "
+                      "multifactor (it is " +
+                      c.lr_scheduler + ", which has no steps): drop one of them");
+  }
   if (c.lr_scheduler == "cosine" && c.warmup_epochs >= c.epochs) {
     throw ConfigError("--warmup-epochs " + std::to_string(c.warmup_epochs) +
                       " must be below --epochs " + std::to_string(c.epochs) +
@@ -205,7 +211,11 @@ void ApplyModelDefaults(TrainConfig& c, const std::function<bool(std::string_vie
   if (!given("momentum")) c.momentum = sign_like ? 0.0f : d.momentum;
   if (sign_like && !given("compression_threshold")) c.compression_threshold = kSignLikeThreshold;
   if (!given("wd")) c.weight_decay = d.weight_decay;
-  if (!given("lr_scheduler")) c.lr_scheduler = d.scheduler;
+  // Step epochs alone mean MXNet's multifactor schedule (its examples' default), not steps the
+  // model's default schedule would ignore.
+  if (!given("lr_scheduler")) {
+    c.lr_scheduler = given("lr_step_epochs") ? "multifactor" : d.scheduler;
+  }
   if (!given("warmup_epochs")) c.warmup_epochs = d.warmup_epochs;
 }
 

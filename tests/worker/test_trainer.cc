@@ -342,6 +342,17 @@ TEST_CASE("the schedule's epochs become updates where the optimizer runs", "[tra
                     "the warm-up)");
   c.warmup_epochs = 0;
   CHECK_NOTHROW(ValidateConfig(c));
+  // Step epochs a schedule without steps would ignore: refused, not dropped.
+  c.lr_step_epochs = "4";
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--lr-step-epochs 4 needs --lr-scheduler factor or multifactor (it is "
+                    "cosine, which has no steps): drop one of them");
+  // Given alone, they mean MXNet's multifactor schedule.
+  TrainConfig steps;
+  steps.lr_step_epochs = "4,7";
+  ApplyModelDefaults(steps, [](std::string_view flag) { return flag == "lr_step_epochs"; });
+  CHECK(steps.lr_scheduler == "multifactor");
+  CHECK_NOTHROW(ValidateConfig(steps));
 }
 
 TEST_CASE("settings not given take the model's defaults, given ones stay", "[trainer]") {
