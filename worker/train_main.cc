@@ -60,7 +60,8 @@ DEFINE_string(checkpoint_dir, "",
 DEFINE_int32(checkpoint_every, 1, "Epochs between checkpoints (with --checkpoint-dir).");
 DEFINE_bool(resume, false,
             "Start from the checkpoint --checkpoint-dir/LATEST names, at the epoch after it.");
-DEFINE_int32(num_examples, 0, "Train on the first N training samples only (0: all 60000).");
+DEFINE_int32(num_examples, 0,
+             "Train on the first N training samples only (0: all 60000; more is an error).");
 DEFINE_string(gradient_compression, "none",
               "Compress the pushed gradients (dist stores): none, 2bit (MXNet's), 1bit or fp16, "
               "each with error feedback. See docs/kvstore.md, \"Gradient compression\".");

@@ -660,6 +660,11 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   std::unique_ptr<Backend> backend =
       CreateBackend(config.device, config.local_rank >= 0 ? config.local_rank : rank);
   Dataset train = LoadFashionMnist(config.data_dir, Split::kTrain);
+  if (config.num_examples > train.count) {
+    throw ConfigError("--num-examples " + std::to_string(config.num_examples) +
+                      " is more than the " + std::to_string(train.count) + " training samples in " +
+                      config.data_dir + " (0: all of them)");
+  }
   if (config.num_examples > 0 && config.num_examples < train.count) {
     train.count = config.num_examples;
     train.images.resize(train.sample_size() * static_cast<std::size_t>(train.count));

@@ -464,6 +464,14 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
   c.checkpoint_dir = dir.file("made/here");
   CHECK_THROWS_AS(RunTraining(c, kv, log), DataError);  // got past the directory: made
   CHECK(std::filesystem::is_directory(c.checkpoint_dir));
+  // More samples than the data set holds: said, not clamped.
+  c = TrainConfig{};
+  c.device = "cpu";
+  c.kvstore = "local";
+  c.num_examples = 70000;
+  CHECK_THROWS_WITH(RunTraining(c, kv, log),
+                    "--num-examples 70000 is more than the 60000 training samples in " +
+                        c.data_dir + " (0: all of them)");
 }
 
 }  // namespace
