@@ -118,7 +118,16 @@ void PrintClusterFlagHelp(std::ostream& out, std::string_view usage, Role role) 
 const char* Version() { return PS_VERSION; }
 
 bool IsHelpFlag(std::string_view arg) {
-  return arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull";
+  // gflags' own variants too (--helpshort, --helpmatch=S, ...): they would list glog's flags,
+  // or nothing at all, where ours show the program's.
+  if (!arg.starts_with('-')) return false;
+  arg.remove_prefix(arg.starts_with("--") ? 2 : 1);
+  arg = arg.substr(0, arg.find('='));
+  for (const std::string_view name :
+       {"h", "help", "helpfull", "helpshort", "helpxml", "helppackage", "helpon", "helpmatch"}) {
+    if (arg == name) return true;
+  }
+  return false;
 }
 
 void PrintFlagHelp(std::ostream& out, std::string_view usage, std::string_view flag_file,

@@ -99,6 +99,13 @@ TEST_CASE("processes: --help and --version answer", "[processes]") {
                Catch::Contains("root_port") && Catch::Contains("DMLC_PS_ROOT_PORT"));
     // The cluster flags only, not the dozens glog defines.
     CHECK_THAT(help->Output(), !Catch::Contains("logtostderr"));
+    // gflags' other help flags show the same, not "No modules matched" or glog's flags.
+    for (const std::string flag : {"--helpshort", "--helpmatch=root", "-helpxml", "--helpon=cli"}) {
+      INFO(flag);
+      auto variant = Start(binary, {}, {flag});
+      CHECK(variant->Wait(10s) == 0);
+      CHECK(variant->Output() == help->Output());
+    }
     auto version = Start(binary, {}, {"--version"});
     CHECK(version->Wait(10s) == 0);
     CHECK_THAT(version->Output(), Catch::Contains("version 0."));
