@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ps/cli/cli.h"
@@ -42,10 +43,13 @@ DEFINE_string(checkpoint_dir, "",
 
 namespace {
 
-// Ends the check: the job learns why at once (`kv`, when there is one, tells the others), and
-// so does the user.
-[[noreturn]] void Fail(ps::KVStore* kv, const std::string& message) {
-  if (kv != nullptr) kv->ReportFailure(message);
+// Ends the check: the job learns why at once (`kv`, when there is one, tells the others, and
+// is closed before the exit, which its threads must not outlive), and so does the user.
+[[noreturn]] void Fail(std::unique_ptr<ps::KVStore> kv, const std::string& message) {
+  if (kv != nullptr) {
+    kv->ReportFailure(message);
+    kv.reset();
+  }
   std::printf("ps-kvstore-check: error: %s\n", message.c_str());
   std::fflush(stdout);
   std::exit(1);
@@ -182,9 +186,9 @@ int main(int argc, char** argv) {
                 keys.size(), FLAGS_rounds);
     return 0;
   } catch (const ps::Error& e) {
-    Fail(kv.get(), e.what());
+    Fail(std::move(kv), e.what());
   } catch (const std::bad_alloc&) {
-    Fail(kv.get(),
+    Fail(std::move(kv),
          "out of memory for the keys' values and gradients (--keys, --size, --big-size): lower "
          "them, or give the process more memory");
   }

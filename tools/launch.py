@@ -751,6 +751,8 @@ class Launch:
         """The environment of the wrapper: all of the launcher's (local) or a forwarded few."""
         if spec.host is None:
             env = {k: v for k, v in self.c.environ.items() if k not in SECRET_VARS}
+            if "DMLC_NODE_HOST" not in spec.env:
+                env.pop("DMLC_NODE_HOST", None)  # -i: the launcher's own would beat the interface
         else:
             env = {k: self.c.environ[k] for k in FORWARDED if k in self.c.environ}
         env.update(spec.env)
@@ -886,6 +888,8 @@ class Launch:
                     p.eof = True
                 else:
                     p.lines.append(line)
+                    if SCHEDULER_DONE in line:
+                        p.saw_job_end = True  # kept past the last lines that `lines` holds
                     self.show(p, line)
                     if p.spec.role == "scheduler" and p.port is None:
                         m = LISTEN_RE.match(line)
@@ -1113,12 +1117,12 @@ class Launch:
                          f"not exit within {c.shutdown_timeout:g} s (--shutdown-timeout) after "
                          "the job finished; stopping")
                 scheduler = next((p for p in hung if p.spec.role == "scheduler"), None)
-                if scheduler is not None and not any(SCHEDULER_DONE in line
-                                                     for line in scheduler.lines):
-                    # It never saw the job end: the workers left without joining it.
-                    self.say("the workers exited 0, but the scheduler never saw them finish "
-                             "the job: does the command create a dist KVStore on every worker "
-                             "(--help, --version and --kvstore local do not)?")
+                if scheduler is not None and not scheduler.saw_job_end:
+                    # It did not log the job's end: likely the workers left without joining.
+                    self.say("the workers exited 0, but the scheduler did not log that they "
+                             "finished the job: if they never joined it, does the command "
+                             "create a dist KVStore on every worker (--help, --version and "
+                             "--kvstore local do not)?")
                 for p in hung:
                     self.say(f"last lines of {p.spec.label}:")
                     self.report_lines(p)
@@ -1286,12 +1290,13 @@ class Launch:
                     continue
                 if node is None or node.returncode is not None:
                     continue
-                if node.spec.host is None:
+                state = process_state(node.child_pgid) if node.spec.host is None else None
+                if state is not None:
                     # On this machine there is no network to blame: the process is at hand.
-                    stopped = process_state(node.child_pgid) in ("T", "t")
                     self.say(f"{role} {rank} at {addr} was declared dead by the scheduler, but "
                              "its process has not exited: "
-                             + ("it is stopped (SIGSTOP, Ctrl-Z or a debugger)" if stopped else
+                             + ("it is stopped (SIGSTOP, Ctrl-Z or a debugger)"
+                                if state in ("T", "t") else
                                 "it runs but sent no heartbeat (it hangs, or the machine is "
                                 "too busy for it to answer)"))
                     continue
@@ -1375,6 +1380,7 @@ class Proc:
         self.exit_time = None
         self.eof = False
         self.stop_requested = False
+        self.saw_job_end = False  # the scheduler logged that every worker finished
 
     def read_output(self, events):
         got_pid = got_watch = False

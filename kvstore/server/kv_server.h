@@ -106,8 +106,8 @@ class KVServerStore {
   struct Gradient {
     Blob values;
     bool in_shared_memory = false;
-    // The worker's slot it lies in (its push, or a round's sum added into the round's first
-    // push), as the push named it with `owner` set to the worker: a replica that maps the slot
+    // The worker's slot it lies in (its push, or a round's sum added into rank 0's push), as
+    // the push named it with `owner` set to the worker: a replica that maps the slot
     // too (`mirror`) reads the update there. owner kNoNode: not in a worker's slot.
     kv::ShmRef slot;
   };

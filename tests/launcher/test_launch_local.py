@@ -93,7 +93,8 @@ class LocalJob(LauncherTest):
              "--env-server", "T_OVER=server", "--env-server", "T_SERVER_ONLY:mxnet-form",
              "--env-worker", "T_OVER=worker", "--env-scheduler", "T_OVER=scheduler",
              "-i", "lo"] + self.fake_cmd(),
-            env=self.env(T_FROM_LAUNCHER="inherited value", T_NOT_PASSED="x"))
+            env=self.env(T_FROM_LAUNCHER="inherited value", T_NOT_PASSED="x",
+                         DMLC_NODE_HOST="10.9.9.9"))
         self.assertEqual(r.rc, 0, r)
         for rec in self.records():
             env, role = rec["env"], rec["role"]
@@ -104,8 +105,9 @@ class LocalJob(LauncherTest):
             self.assertEqual(env.get("T_SERVER_ONLY"), "mxnet-form" if role == "server" else None)
             self.assertEqual(env["DMLC_INTERFACE"], "lo")
             # -i: the nodes take their address from the interface, which DMLC_NODE_HOST
-            # would override
+            # would override (the launcher's own included)
             self.assertEqual("DMLC_NODE_HOST" in env, role == "scheduler")
+            self.assertNotEqual(env.get("DMLC_NODE_HOST"), "10.9.9.9")
 
     def test_job_secret_reaches_every_process_but_no_command_line(self):
         r = self.run_launcher(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
@@ -228,8 +230,9 @@ class LocalFailures(LauncherTest):
                                "/bin/true"])
         self.assertEqual(r.rc, 1, r)
         self.assertIn("scheduler on localhost", r.err)
-        self.assertIn("the workers exited 0, but the scheduler never saw them finish the job: "
-                      "does the command create a dist KVStore on every worker", r.err)
+        self.assertIn("the workers exited 0, but the scheduler did not log that they finished "
+                      "the job: if they never joined it, does the command create a dist KVStore "
+                      "on every worker", r.err)
         self.assert_nothing_left()
 
 
