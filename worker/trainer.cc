@@ -362,8 +362,7 @@ KVTrainer::KVTrainer(const TrainConfig& config, KVStore& kv, Model& model)
       model_(model),
       backend_(model.backend()),
       on_device_(model.backend().kind() != DeviceKind::kCPU),
-      push_from_device_(on_device_ && config.gradient_compression != "none"),
-      stages_pushes_(on_device_ && !push_from_device_) {
+      push_from_device_(on_device_ && config.gradient_compression != "none") {
   std::size_t offset = 0;
   for (const Param* p : model_.params()) {
     offsets_.push_back(offset);
@@ -488,7 +487,7 @@ void KVTrainer::BringInLayer(std::size_t layer) {
   if (!pull_pending_[layer]) return;
   pull_pending_[layer] = false;  // a Wait that throws fails the step: no second try
   const auto start = Clock::now();
-  if (stages_pushes_) {
+  if (StagesPushes()) {
     // The layer's gradients went from push_staging_, which only their next copy rewrites
     // (OnGradientsReady waits for the push first): the weights are all this pass needs, and
     // with replication they come back a replica's round trip before the push's answer.
@@ -523,7 +522,7 @@ void KVTrainer::SettlePush(std::size_t layer) {
 void KVTrainer::OnGradientsReady(int layer_index, const std::vector<Param*>& params) {
   // Staged gradients take one copy on the way out, into the pinned staging buffer, queued
   // behind the layer's backward; the layer's last push from there is answered first.
-  if (stages_pushes_) {
+  if (StagesPushes()) {
     SettlePush(static_cast<std::size_t>(layer_index));
     for (const Param* p : params) {
       backend_.CopyToHostAsync(push_staging_.data() + offsets_[static_cast<std::size_t>(p->index)],

@@ -156,6 +156,12 @@ class KVTrainer {
   // into the model and update. Updating on the kvstore: nothing (BringInLayer brings the
   // weights in).
   void FinishStep();
+  // On a GPU, gradients not pushed from device memory go from push_staging_, which only their
+  // next copy rewrites: the forward pass then waits for the weights alone (WaitPulls), and for
+  // the push's answer (a replica's round trip later) when the layer's next gradients are
+  // staged. The CPU pushes the gradients themselves: staging them cost more than it saved on 2
+  // cores (docs/performance.md).
+  bool StagesPushes() const { return on_device_ && !push_from_device_; }
   Tensor PushSource(std::size_t i);
   Tensor PullTarget(std::size_t i);
 
@@ -167,12 +173,6 @@ class KVTrainer {
   // Compressed gradients on a GPU are pushed from device memory: the store encodes them there
   // and copies only the codes (no staging copy).
   bool push_from_device_;
-  // On a GPU, gradients not pushed from device memory go from push_staging_, which only their
-  // next copy rewrites: the forward pass then waits for the weights alone (WaitPulls), and for
-  // the push's answer (a replica's round trip later) when the layer's next gradients are
-  // staged. The CPU pushes the gradients themselves: staging them cost more than it saved on 2
-  // cores (docs/performance.md).
-  bool stages_pushes_;
   std::vector<std::size_t> offsets_;  // parameter i's offset in the staging buffers
   HostArray<float> push_staging_;     // gradients on their way out (CUDA only)
   HostArray<float> pull_staging_;     // pulled weights or summed gradients
@@ -185,7 +185,7 @@ class KVTrainer {
   std::vector<std::vector<Key>> layer_keys_;
   std::vector<bool> pull_pending_;
   // Per parametric layer: its push may still be in flight after BringInLayer waited only for
-  // its pull (stages_pushes_); waited for before push_staging_ is written again.
+  // its pull (StagesPushes()); waited for before push_staging_ is written again.
   std::vector<bool> push_pending_;
   double pull_wait_seconds_ = 0.0;  // waited on the store in a step since TrainEpoch read it
   std::unique_ptr<SgdOptimizer> local_optimizer_;  // --no-update-on-kvstore only

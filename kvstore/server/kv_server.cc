@@ -833,27 +833,28 @@ void KVServerStore::FoldInRankOrder(Slice& slice, int rank, const Gradient& grad
     slice.unfolded.emplace_back(rank, gradient);  // CloseRound adds what is left, in rank order
     return;
   }
-  const auto fold = [&](const Gradient& next) {
-    if (slice.folded++ == 0) {
-      slice.sum = next;  // the round's accumulator from now on: no merge buffer, no copy
-      return;
-    }
-    // Rank 0's bytes are this server's to change: a frame it received (nobody else references
-    // it) or the pushing worker's shared-memory slot (which the worker leaves alone until the
-    // reply, and which gets the reply value anyway).
-    AddInto(slice.dtype, const_cast<std::byte*>(slice.sum.values.data()), next.values.data(),
-            slice.length, parallel_);
-  };
-  fold(gradient);
+  AddToRoundSum(slice, gradient);
   for (auto next = slice.unfolded.begin(); next != slice.unfolded.end();) {
     if (next->first != slice.folded) {
       ++next;
       continue;
     }
-    fold(next->second);
+    AddToRoundSum(slice, next->second);
     slice.unfolded.erase(next);
     next = slice.unfolded.begin();  // a held rank may now be next: look again from the start
   }
+}
+
+void KVServerStore::AddToRoundSum(Slice& slice, const Gradient& gradient) {
+  if (slice.folded++ == 0) {
+    slice.sum = gradient;  // the round's accumulator from now on: no merge buffer, no copy
+    return;
+  }
+  // Rank 0's bytes are this server's to change: a frame it received (nobody else references
+  // it) or the pushing worker's shared-memory slot (which the worker leaves alone until the
+  // reply, and which gets the reply value anyway).
+  AddInto(slice.dtype, const_cast<std::byte*>(slice.sum.values.data()), gradient.values.data(),
+          slice.length, parallel_);
 }
 
 void KVServerStore::DropRoundSum(Slice& slice) {
@@ -873,7 +874,7 @@ void KVServerStore::CloseRound(Slice& slice) {
     std::vector<std::pair<int, Gradient>> left;
     left.swap(slice.unfolded);
     std::ranges::sort(left, {}, [](const auto& held) { return held.first; });
-    for (const auto& held : left) FoldInRankOrder(slice, slice.folded, held.second);
+    for (const auto& held : left) AddToRoundSum(slice, held.second);
   }
   Forward round;
   // A failed round changes nothing: the value stays as the last good round left it.

@@ -320,6 +320,8 @@ class KVServerStore {
   // Adds `gradient`, the push of worker `rank`, to the open round's sum once ranks 0 .. rank-1
   // are in it, and the held pushes that may follow it then.
   void FoldInRankOrder(Slice& slice, int rank, const Gradient& gradient);
+  // Adds `gradient` to the open round's sum as the next rank's (the first becomes the sum).
+  void AddToRoundSum(Slice& slice, const Gradient& gradient);
   // Drops the open round's sum and the pushes held for it.
   static void DropRoundSum(Slice& slice);
   // Closes the open round once every worker pushed into it (and no earlier round is still
