@@ -50,8 +50,8 @@ namespace {
     kv->ReportFailure(message);
     kv.reset();
   }
-  std::printf("ps-kvstore-check: error: %s\n", message.c_str());
-  std::fflush(stdout);
+  std::fflush(stdout);  // its progress lines first
+  std::fprintf(stderr, "ps-kvstore-check: error: %s\n", message.c_str());
   std::exit(1);
 }
 

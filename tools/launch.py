@@ -562,7 +562,7 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     c.worker_cmd = command
     launcher_dir = launcher_dir or os.path.dirname(os.path.abspath(__file__))
     if a.same_cmd_for_all_roles:
-        if a.server_cmd or a.scheduler_cmd:
+        if a.server_cmd is not None or a.scheduler_cmd is not None:
             raise UsageError("--same-cmd-for-all-roles conflicts with --server-cmd/--scheduler-cmd")
         c.server_cmd = list(command)
         c.scheduler_cmd = list(command)
@@ -576,13 +576,14 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
 
 
 def role_command(text, flag, default_name, c, launcher_dir):
-    if text:
+    if text is not None:  # given, if only as "" (an unset shell variable): never the default
         try:
             cmd = shlex.split(text)
         except ValueError as e:
             raise UsageError(f"{flag}: {e}") from None
         if not cmd:
-            raise UsageError(f"{flag}: empty command")
+            raise UsageError(f"{flag}: empty command: give the {default_name} command line, or "
+                             f"leave {flag} out for {default_name} from the launcher's build")
         return cmd
     path = find_binary(default_name, c.environ, launcher_dir)
     if path is None:

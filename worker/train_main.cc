@@ -14,6 +14,7 @@
 #include <iostream>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/cli/cli.h"
@@ -116,6 +117,18 @@ int ParseLocalRank(const std::string& text) {
   return value;
 }
 
+// A local store under a launcher's DMLC_* environment trains this process alone, beside a job
+// whose scheduler waits for it to register: worth a line before the run rather than after.
+void WarnIfLocalInAJob(const std::string& kvstore) {
+  const char* workers = std::getenv("DMLC_NUM_WORKER");
+  if (kvstore != "local" || workers == nullptr || std::string_view(workers) == "1") return;
+  std::fprintf(stderr,
+               "ps-train: warning: --kvstore local trains this process alone, but "
+               "DMLC_NUM_WORKER=%s says it is one of a job's workers: to train together, use "
+               "--kvstore dist_sync or dist_async\n",
+               workers);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,6 +198,7 @@ int main(int argc, char** argv) {
           "--checkpoint-every needs --checkpoint-dir, the directory to write checkpoints to");
     }
     ps::worker::ValidateConfig(config);
+    WarnIfLocalInAJob(config.kvstore);
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);
     try {
       ps::worker::RunTraining(config, *kv, std::cout);

@@ -651,9 +651,6 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   ValidateConfig(config);
   const int rank = kv.Rank();
   const int workers = kv.NumWorkers();
-  if (rank == 0 && !config.checkpoint_dir.empty() && !config.resume) {
-    PrepareCheckpointDir(config.checkpoint_dir);  // found out now, not after the first epoch
-  }
   MetricsLog metrics(log, config.metrics_out, rank);
   // Several workers on one machine spread over its GPUs.
   std::unique_ptr<Backend> backend =
@@ -668,6 +665,11 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     train.count = config.num_examples;
     train.images.resize(train.sample_size() * static_cast<std::size_t>(train.count));
     train.labels.resize(static_cast<std::size_t>(train.count));
+  }
+  // Found out now, not after the first epoch; after the checks above, so that a run they refuse
+  // leaves no directory behind.
+  if (rank == 0 && !config.checkpoint_dir.empty() && !config.resume) {
+    PrepareCheckpointDir(config.checkpoint_dir);
   }
   // Only rank 0 evaluates.
   const Dataset test = rank == 0 ? LoadFashionMnist(config.data_dir, Split::kTest) : Dataset{};

@@ -174,6 +174,19 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
                 std::to_string(kMinTcpReceiveBuffer) + " bytes");
   }
   config.rank_hint = ReadInt(lookup, "PS_RANK", 0, 65535, -1);
+  if (config.role != Role::kScheduler) {
+    // A rank the job does not have is a mistake (a count or a rank mixed up), not a request.
+    const bool server = config.role == Role::kServer;
+    const int count = server ? config.num_servers : config.num_workers;
+    if (config.rank_hint >= count) {
+      Invalid("PS_RANK", std::to_string(config.rank_hint),
+              "a job of " + std::string(server ? "DMLC_NUM_SERVER=" : "DMLC_NUM_WORKER=") +
+                  std::to_string(count) + (server ? " servers" : " workers") + " has ranks 0.." +
+                  std::to_string(count - 1) +
+                  ": ask for one of those, or "
+                  "leave PS_RANK unset");
+    }
+  }
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
   config.use_shm = !lookup("PS_USE_SHM").has_value() || ReadBool(lookup, "PS_USE_SHM");
   config.replication = !lookup("PS_REPLICATION").has_value() || ReadBool(lookup, "PS_REPLICATION");

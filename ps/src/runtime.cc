@@ -820,8 +820,20 @@ void Runtime::OnTick() {
     return;
   }
   if (lost) {
+    // A process that exits or is killed has its kernel close the connection; one that is
+    // stopped or hung keeps it open, and so does a network that stopped carrying packets
+    // until the unacknowledged data times out.
+    bool closed = false;
+    {
+      MutexLock lock(reset_mu_);
+      closed = closed_peers_.contains(kSchedulerId);
+    }
     Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
-         FormatSeconds(config_.heartbeat_timeout) + ": it exited or the network failed");
+         FormatSeconds(config_.heartbeat_timeout) +
+         (closed ? ": its connection closed: it exited or was killed, or its host or the "
+                   "network went down"
+                 : ": its connection is still open but it sent nothing: it is stopped (e.g. by "
+                   "SIGSTOP) or hung, or the network stopped carrying packets"));
     return;
   }
   ReportUnreachablePeers(now);

@@ -159,6 +159,23 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
   }
 }
 
+TEST_CASE("config: PS_RANK must be one of the role's ranks", "[config]") {
+  auto settings = Valid();  // a worker of 3, beside 2 servers
+  settings["PS_RANK"] = "2";
+  CHECK(ParseSettings(settings).rank_hint == 2);
+  settings["PS_RANK"] = "3";
+  CHECK(ErrorOf(settings) ==
+        "PS_RANK='3' is invalid: a job of DMLC_NUM_WORKER=3 workers has ranks 0..2: ask for one "
+        "of those, or leave PS_RANK unset");
+  settings["DMLC_ROLE"] = "server";
+  settings["PS_RANK"] = "2";
+  CHECK(ErrorOf(settings) ==
+        "PS_RANK='2' is invalid: a job of DMLC_NUM_SERVER=2 servers has ranks 0..1: ask for one "
+        "of those, or leave PS_RANK unset");
+  settings["PS_RANK"] = "1";
+  CHECK(ParseSettings(settings).rank_hint == 1);
+}
+
 TEST_CASE("config: PS_SERVER_WEIGHTS scales each rank's share, the largest to 1000", "[config]") {
   auto settings = Valid();
   settings["DMLC_NUM_SERVER"] = "4";

@@ -531,22 +531,31 @@ TEST_CASE("processes: ps-kvstore-check's reason for failing reaches the whole jo
 
 TEST_CASE("processes: nodes whose scheduler disappears exit non-zero with a clear message",
           "[processes][fault]") {
-  auto [scheduler, port] = StartScheduler(1, 1);
-  Env env = JobEnv(1, 1, port);
-  env["PS_VERBOSE"] = "1";  // both log "registered as ..."
-  auto server = Start("ps-server", env);
-  auto worker = Start("ps-test-node", env, {"--block"});
-  // Both must hold the node table: a scheduler killed before the server's copy left it would
-  // leave the server in registration, which ends only with PS_REGISTER_TIMEOUT.
-  REQUIRE(worker->WaitForOutput("registered as worker", 30s));
-  REQUIRE(server->WaitForOutput("registered as server", 30s));
-  scheduler->Kill(SIGKILL);
-  scheduler->Wait(5s);
-  CHECK(server->Wait(15s) == 1);
-  CHECK_THAT(server->Output(), Catch::Contains("lost contact with the scheduler at 127.0.0.1:" +
-                                               std::to_string(port)));
-  CHECK(worker->Wait(15s) == 2);
-  CHECK_THAT(worker->Output(), Catch::Contains("lost contact with the scheduler"));
+  // Killed, its kernel closes the connections; stopped, they stay open and it falls silent:
+  // the nodes say which, so a user looks for an exit or for a stopped or hung process.
+  for (const auto& [signal, says] :
+       {std::pair{SIGKILL, "its connection closed: it exited or was killed"},
+        std::pair{SIGSTOP, "its connection is still open but it sent nothing: it is stopped"}}) {
+    INFO("scheduler given signal " << signal);
+    auto [scheduler, port] = StartScheduler(1, 1);
+    Env env = JobEnv(1, 1, port);
+    env["PS_VERBOSE"] = "1";  // both log "registered as ..."
+    auto server = Start("ps-server", env);
+    auto worker = Start("ps-test-node", env, {"--block"});
+    // Both must hold the node table: a scheduler killed before the server's copy left it would
+    // leave the server in registration, which ends only with PS_REGISTER_TIMEOUT.
+    REQUIRE(worker->WaitForOutput("registered as worker", 30s));
+    REQUIRE(server->WaitForOutput("registered as server", 30s));
+    scheduler->Kill(signal);
+    CHECK(server->Wait(15s) == 1);
+    INFO(server->Output());
+    CHECK_THAT(server->Output(), Catch::Contains("lost contact with the scheduler at 127.0.0.1:" +
+                                                 std::to_string(port)) &&
+                                     Catch::Contains(says));
+    CHECK(worker->Wait(15s) == 2);
+    CHECK_THAT(worker->Output(),
+               Catch::Contains("lost contact with the scheduler") && Catch::Contains(says));
+  }
 }
 
 TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the job",

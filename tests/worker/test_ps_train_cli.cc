@@ -85,6 +85,22 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
   }
 }
 
+TEST_CASE("ps-train warns that --kvstore local trains alone in a job's environment", "[ps-train]") {
+  const std::string run = "--kvstore local --device cpu --epochs 1 --num-examples 256";
+  const std::string warning =
+      "ps-train: warning: --kvstore local trains this process alone, but DMLC_NUM_WORKER=2 "
+      "says it is one of a job's workers: to train together, use --kvstore dist_sync or "
+      "dist_async\n";
+  const Result in_job = RunPsTrain(run, "DMLC_NUM_WORKER=2");
+  INFO(in_job.output);
+  CHECK(in_job.status == 0);
+  CHECK(in_job.output.rfind(warning, 0) == 0);  // before the run, not after it
+  const Result alone = RunPsTrain(run, "DMLC_NUM_WORKER=1");
+  INFO(alone.output);
+  CHECK(alone.status == 0);
+  CHECK(alone.output.find("warning") == std::string::npos);
+}
+
 TEST_CASE("ps-train: gradient compression flags, and their wrong use", "[ps-train][compression]") {
   const Result help = RunPsTrain("--help");
   for (const char* flag :

@@ -452,26 +452,25 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
   FakeKVStore kv;
   std::ostringstream log;
   CHECK_THROWS_AS(RunTraining(c, kv, log), DataError);
-  // A checkpoint directory that cannot be made is found before the data is even read (the
-  // data directory is missing too: that error would come first otherwise), not after the
-  // first epoch.
+  // A checkpoint directory that cannot be made is found before training, not after the first
+  // epoch.
+  c = TrainConfig{};
+  c.device = "cpu";
+  c.kvstore = "local";
   testing::TempDir dir;
   const std::string file = dir.file("a-file");
   std::ofstream(file) << "x";
   c.checkpoint_dir = file + "/sub";
   CHECK_THROWS_WITH(RunTraining(c, kv, log),
                     Catch::StartsWith("--checkpoint-dir " + file + "/sub: cannot create it: "));
+  // More samples than the data set holds: said, not clamped, and before the checkpoint
+  // directory is made (a refused run leaves nothing behind).
   c.checkpoint_dir = dir.file("made/here");
-  CHECK_THROWS_AS(RunTraining(c, kv, log), DataError);  // got past the directory: made
-  CHECK(std::filesystem::is_directory(c.checkpoint_dir));
-  // More samples than the data set holds: said, not clamped.
-  c = TrainConfig{};
-  c.device = "cpu";
-  c.kvstore = "local";
   c.num_examples = 70000;
   CHECK_THROWS_WITH(RunTraining(c, kv, log),
                     "--num-examples 70000 is more than the 60000 training samples in " +
                         c.data_dir + " (0: all of them)");
+  CHECK_FALSE(std::filesystem::exists(c.checkpoint_dir));
 }
 
 }  // namespace

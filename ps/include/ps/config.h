@@ -50,8 +50,9 @@ struct ClusterConfig {
   // on a host with a slower link or CPU takes less), scaled so the largest is 1000; empty when
   // all are equal (the default).
   std::vector<std::uint32_t> server_weights;
-  // PS_RANK: the rank this node asks for within its role (-1: none). Ranks are assigned by
-  // sorting on (requested rank, host, port), so requests order nodes without gaps.
+  // PS_RANK: the rank this node asks for within its role (-1: none; a server's or worker's
+  // must be below its role's count). Ranks are assigned by sorting on (requested rank, host,
+  // port), so requests order nodes without gaps.
   int rank_hint = -1;
   // PS_USE_IPC: same-host peers exchange messages over ipc:// instead of TCP loopback.
   bool use_ipc = true;
