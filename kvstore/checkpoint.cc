@@ -466,12 +466,13 @@ Index::Slice Index::Assemble(Key key, std::uint64_t offset, std::uint64_t length
                              std::uint64_t total, DType dtype) const {
   const std::string where = "key " + std::to_string(key) + ": ";
   const auto it = by_key_.find(key);
-  if (it == by_key_.end()) throw Error(where + "not in the checkpoint");
+  if (it == by_key_.end()) throw CheckpointMismatchError(where + "not in the checkpoint");
   const std::vector<Record>& records = it->second;
   if (records.front().total != total || records.front().dtype != dtype) {
-    throw Error(where + "the checkpoint holds " + std::to_string(records.front().total) + " x " +
-                DTypeName(records.front().dtype) + ", this job " + std::to_string(total) + " x " +
-                DTypeName(dtype));
+    throw CheckpointMismatchError(where + "the checkpoint holds " +
+                                  std::to_string(records.front().total) + " x " +
+                                  DTypeName(records.front().dtype) + ", this job " +
+                                  std::to_string(total) + " x " + DTypeName(dtype));
   }
   const std::size_t element = DTypeSize(dtype);
   Slice slice;
@@ -504,8 +505,8 @@ Index::Slice Index::Assemble(Key key, std::uint64_t offset, std::uint64_t length
     next = upto;
   }
   if (next != offset + length) {
-    throw Error(where + "elements [" + std::to_string(next) + ", " +
-                std::to_string(offset + length) + ") are not in the checkpoint");
+    throw CheckpointMismatchError(where + "elements [" + std::to_string(next) + ", " +
+                                  std::to_string(offset + length) + ") are not in the checkpoint");
   }
   return slice;
 }

@@ -106,8 +106,8 @@ class Index {
     std::uint32_t buffers = 0;
   };
   // Assembles [offset, offset + length) of `key`, which the loading job holds as `total`
-  // elements of `dtype`. Throws ps::Error when the key is missing, has another length or dtype,
-  // or the saved records do not cover the range.
+  // elements of `dtype`. Throws CheckpointMismatchError when the key is missing, has another
+  // length or dtype, or the saved records do not cover the range.
   Slice Assemble(Key key, std::uint64_t offset, std::uint64_t length, std::uint64_t total,
                  DType dtype) const;
   // Whether the records hold every element of [offset, offset + length) of `key`.

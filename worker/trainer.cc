@@ -433,12 +433,9 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
     try {
       kv_.SetOptimizer(
           MakeOptimizerConfig(config_, updates, 1.0f / static_cast<float>(kv_.NumWorkers())));
-    } catch (const ps::Error& e) {
+    } catch (const ps::DisagreementError& e) {
       // Workers disagree when they were started with other flags: say which ones matter.
-      if (std::string_view(e.what()).find("the members disagree") == std::string_view::npos) {
-        throw;
-      }
-      throw ps::Error(
+      throw ps::DisagreementError(
           "the workers' optimizer settings differ: start every worker with the same --lr, "
           "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size and "
           "--num-examples (they set the optimizer and its schedule's length); " +
@@ -694,15 +691,15 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     } catch (const ps::Error& e) {
       const std::string_view what = e.what();
       // Keys missing or of other sizes: the checkpoint holds another model's parameters.
-      const bool other_model = what.find("not in the checkpoint") != std::string_view::npos ||
-                               what.find("the checkpoint holds") != std::string_view::npos;
-      throw ps::Error(std::string(what) + " (--resume: " + config.checkpoint_dir + "/" +
-                      kLatestName + " names epoch-" + std::to_string(first_epoch) +
-                      (other_model ? ", which holds another model's parameters: resume with "
-                                     "the --model it was written with, --model " +
-                                         config.model + " here"
-                                   : "") +
-                      ")");
+      const bool other_model = e.kind() == ps::ErrorKind::kCheckpointMismatch;
+      ps::ThrowError(
+          e.kind(), std::string(what) + " (--resume: " + config.checkpoint_dir + "/" + kLatestName +
+                        " names epoch-" + std::to_string(first_epoch) +
+                        (other_model ? ", which holds another model's parameters: resume with "
+                                       "the --model it was written with, --model " +
+                                           config.model + " here"
+                                     : "") +
+                        ")");
     }
     trainer.PullWeights();
     log << "ps-train: resumed from " << resumed << " (" << first_epoch << " epoch(s) done)\n"

@@ -43,8 +43,10 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
   if (result.peer_died()) return DistKVStore::Failure::kServerLost;
   return result.peer_reset ? DistKVStore::Failure::kConnectionReset : DistKVStore::Failure::kOther;
 }
-// Throws `error` as the exception its kind calls for (RunOverLiveServers tells them apart).
-[[noreturn]] void ThrowFailure(DistKVStore::Failure failure, const std::string& error) {
+// Throws `error` as the exception its failure calls for (RunOverLiveServers tells them apart),
+// else as the one of `kind`.
+[[noreturn]] void ThrowFailure(DistKVStore::Failure failure, const std::string& error,
+                               ErrorKind kind = ErrorKind::kOther) {
   switch (failure) {
     case DistKVStore::Failure::kServerLost:
       throw ServerLost(error);
@@ -53,7 +55,7 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
     case DistKVStore::Failure::kOther:
       break;
   }
-  throw Error(error);
+  ThrowError(kind, error);
 }
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
@@ -162,11 +164,12 @@ void DistKVStore::ReportFinished(const std::string& failure) {
 }
 
 void DistKVStore::Complete(const std::string& error, Failure failure, std::span<const Key> keys,
-                           bool pulls) {
+                           bool pulls, ErrorKind error_kind) {
   MutexLock lock(ops_mu_);
   if (!error.empty() && first_error_.empty()) {
     first_error_ = error;
-    first_error_kind_ = failure;
+    first_failure_ = failure;
+    first_error_kind_ = error_kind;
   }
   bool key_done = false;  // a key with nothing (or no pull) left in flight: a Wait may return
   for (const Key key : keys) {
@@ -211,7 +214,7 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   if (!first_error_.empty()) {
     const std::string error = std::move(first_error_);
     first_error_.clear();
-    ThrowFailure(first_error_kind_, error);
+    ThrowFailure(first_failure_, error, first_error_kind_);
   }
 }
 
@@ -421,7 +424,8 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
   }
 }
 
-void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& failure) {
+void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& failure,
+                                    ErrorKind failure_kind) {
   std::string why = failure;
   if (why.empty() && sync_ && OnlyCallerPushes()) {
     why = AnnounceCollective(call);
@@ -430,14 +434,14 @@ void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& 
   }
   ++collectives_entered_;  // every worker counts it, failed or not
   if (!sync_ || !why.empty()) {
-    runtime_->Agree(kWorkerGroup, call, why);
+    runtime_->Agree(kWorkerGroup, call, why, failure_kind);
     return;
   }
   // Unannounced, the servers cannot tell that a round waits for this worker's push while it
   // votes: a vote that lasts is reported as a stall of several threads, for the scheduler to
   // suspect a deadlock with a worker whose wait needs that push (deadlock_watch.h).
   WaitStall stall(*this, {}, true);  // ends with the vote, thrown or not
-  runtime_->Agree(kWorkerGroup, call, why, [&stall] { stall.Tick(); });
+  runtime_->Agree(kWorkerGroup, call, why, ErrorKind::kOther, [&stall] { stall.Tick(); });
 }
 
 bool DistKVStore::OnlyCallerPushes() const {
@@ -496,21 +500,23 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
   const OneCollective one(collective_running_, op);
   const auto failed_everywhere = [&](const Error& e) {
     // A worker whose own checks failed throws its own words; the others learn who and why.
-    if (!local_error.empty()) return Error(local_error);
-    return Error(std::string(kStore) + ": " + std::string(op) +
-                 " failed on every worker: " + e.what());
+    if (!local_error.empty()) throw Error(local_error);
+    ThrowError(e.kind(), std::string(kStore) + ": " + std::string(op) +
+                             " failed on every worker: " + e.what());
   };
   try {
     AgreeAmongWorkers(call, local_error);
   } catch (const Error& e) {
-    throw failed_everywhere(e);
+    failed_everywhere(e);
   }
   std::string error;
+  ErrorKind error_kind = ErrorKind::kOther;
   if (Rank() == 0) {
     try {
       RunOverLiveServers(op, work);
     } catch (const Error& e) {
       error = e.what();
+      error_kind = e.kind();
       try {
         if (undo) undo();
       } catch (const std::exception& undo_error) {  // the outcome vote must still happen
@@ -520,9 +526,9 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
     }
   }
   try {
-    AgreeAmongWorkers(call + " (outcome)", error);
+    AgreeAmongWorkers(call + " (outcome)", error, error_kind);
   } catch (const Error& e) {
-    throw failed_everywhere(e);
+    failed_everywhere(e);
   }
 }
 
@@ -550,7 +556,7 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {
-        ThrowFailure(FailureOf(result, result.error), result.error);
+        ThrowFailure(FailureOf(result, result.error), result.error, result.error_kind);
       }
       const auto& reply = result.responses.at(0);
       if (reply.data.size() != 1 || reply.data[0].count() != 3 ||
@@ -1180,7 +1186,8 @@ void DistKVStore::OnReplies(Inflight& inflight, const RequestResult& result) {
   }
   for (auto& frames : inflight.frames) frames.clear();
   // Before the record goes back to the pool: Complete reads its keys.
-  Complete(error, FailureOf(result, error), inflight.keys, inflight.pulls);
+  Complete(error, FailureOf(result, error), inflight.keys, inflight.pulls,
+           error == result.error ? result.error_kind : ErrorKind::kOther);
   inflights_.Give(inflight);
 }
 

@@ -293,9 +293,11 @@ class DistKVStore final : public KVStore {
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);
   // One request is done, with `error` ("" for success) of kind `failure` (a server it waited
-  // on died, or its connection was reset: RunOverLiveServers may run the call again).
+  // on died, or its connection was reset: RunOverLiveServers may run the call again) and
+  // `error_kind` (the server's, for the exception WaitAll throws).
   // `keys`: its slices'; `pulls`: whether it was a Pull or PushPull.
-  void Complete(const std::string& error, Failure failure, std::span<const Key> keys, bool pulls);
+  void Complete(const std::string& error, Failure failure, std::span<const Key> keys, bool pulls,
+                ErrorKind error_kind = ErrorKind::kOther);
   // WaitAll and Wait: returns once `done()` (called with ops_mu_ held) is true, first polling
   // `poll()` (the same test, called without the lock); then throws the first error reported
   // since the last wait. `keys`: those Wait waits for (empty: WaitAll).
@@ -375,7 +377,8 @@ class DistKVStore final : public KVStore {
   // (kCollective; every push it sent before is then in), so that a round that waits for its
   // push, which cannot come before the collective ends, fails naming both instead of hanging:
   // the workers pushed a key unequally often (kv_server.h, in_collective_).
-  void AgreeAmongWorkers(const std::string& call, const std::string& failure);
+  void AgreeAmongWorkers(const std::string& call, const std::string& failure,
+                         ErrorKind failure_kind = ErrorKind::kOther);
   // Sends kCollective to every live server and counts the collective, both under seq_mu_;
   // returns "" or the first refusal (a round found waiting).
   std::string AnnounceCollective(const std::string& call);
@@ -464,7 +467,8 @@ class DistKVStore final : public KVStore {
   // Per key: the Pull and PushPull requests among those (WaitPulls).
   std::unordered_map<Key, std::size_t> key_pulls_ PS_GUARDED_BY(ops_mu_);
   std::string first_error_ PS_GUARDED_BY(ops_mu_);
-  Failure first_error_kind_ PS_GUARDED_BY(ops_mu_) = Failure::kOther;
+  Failure first_failure_ PS_GUARDED_BY(ops_mu_) = Failure::kOther;
+  ErrorKind first_error_kind_ PS_GUARDED_BY(ops_mu_) = ErrorKind::kOther;  // as its sender said
 };
 
 }  // namespace ps

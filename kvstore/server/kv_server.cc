@@ -501,7 +501,7 @@ void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
       loaded.emplace_back(&slice, std::move(assembled));
     }
   } catch (const Error& e) {
-    runtime_.ReplyError(meta, server + ": " + e.what());
+    runtime_.ReplyError(meta, server + ": " + e.what(), e.kind());
     return;
   }
   std::vector<Slice*> served;

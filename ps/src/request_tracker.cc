@@ -55,6 +55,7 @@ void RequestTracker::Finish(Slot& slot) {
   const auto release = [&] {
     slot.callback = nullptr;  // drops what the callback captured, outside the lock
     slot.result.error.clear();
+    slot.result.error_kind = ErrorKind::kOther;
     slot.result.lost_peer = kNoNode;
     slot.result.peer_reset = false;
     // The responses, emptied of their frames, go back to the receive loop one by one.
@@ -85,7 +86,10 @@ bool RequestTracker::OnResponse(Message&& msg) {
   if (peer == waiting.end()) return false;
   waiting.erase(peer);
   const bool failed = msg.meta.control == Control::kError || !msg.meta.error.empty();
-  if (failed) slot->result.error = msg.meta.error.empty() ? "request failed" : msg.meta.error;
+  if (failed) {
+    slot->result.error = msg.meta.error.empty() ? "request failed" : msg.meta.error;
+    slot->result.error_kind = msg.meta.error_kind;
+  }
   slot->result.responses.push_back(std::move(msg));
   if (!slot->spare.empty()) {
     msg = std::move(slot->spare.back());

@@ -358,6 +358,7 @@ void Runtime::OnControl(Message&& msg) {
         break;
       waiting->second.released = true;
       waiting->second.error = meta.error;
+      waiting->second.error_kind = meta.error_kind;
       changed_.NotifyAll();
       break;
     }
@@ -861,22 +862,25 @@ bool Runtime::SendToNode(Message& msg) {
 }
 
 void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeout) {
-  if (std::string error = VotedBarrier(groups, "", "", timeout); !error.empty()) {
-    throw Error("barrier failed: " + error);
+  if (const BarrierOutcome outcome = VotedBarrier(groups, "", "", ErrorKind::kOther, timeout);
+      !outcome.error.empty()) {
+    ThrowError(outcome.kind, "barrier failed: " + outcome.error);
   }
 }
 
 void Runtime::Agree(int groups, const std::string& vote, const std::string& failure,
-                    const std::function<void()>& stalled) {
-  if (std::string error = VotedBarrier(groups, vote, failure, std::nullopt, stalled);
-      !error.empty()) {
-    throw Error(error);
+                    ErrorKind failure_kind, const std::function<void()>& stalled) {
+  if (const BarrierOutcome outcome =
+          VotedBarrier(groups, vote, failure, failure_kind, std::nullopt, stalled);
+      !outcome.error.empty()) {
+    ThrowError(outcome.kind, outcome.error);
   }
 }
 
-std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std::string& failure,
-                                  std::optional<std::chrono::milliseconds> timeout,
-                                  const std::function<void()>& stalled) {
+Runtime::BarrierOutcome Runtime::VotedBarrier(int groups, const std::string& vote,
+                                              const std::string& failure, ErrorKind failure_kind,
+                                              std::optional<std::chrono::milliseconds> timeout,
+                                              const std::function<void()>& stalled) {
   Message msg;
   msg.meta.control = Control::kBarrier;
   msg.meta.request = true;
@@ -884,16 +888,17 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
   msg.meta.barrier_group = groups;
   msg.meta.body = vote;
   msg.meta.error = failure;
+  msg.meta.error_kind = failure.empty() ? ErrorKind::kOther : failure_kind;
   {
     MutexLock lock(mu_);
     if (barriers_.contains(groups)) {
       // Its release would end either wait, and the other's vote pair with the wrong call.
-      return "another thread of " + self_.Describe() +
-             " is in a barrier of the same group: call barriers and collectives of one group "
-             "from one thread";
+      return {"another thread of " + self_.Describe() +
+              " is in a barrier of the same group: call barriers and collectives of one group "
+              "from one thread"};
     }
     msg.meta.timestamp = ++barrier_count_;
-    barriers_.emplace(groups, PendingBarrier{msg, false, ""});
+    barriers_.emplace(groups, PendingBarrier{msg, false, "", ErrorKind::kOther});
   }
   SendToNode(msg);
   const auto start = SteadyClock::now();
@@ -920,13 +925,13 @@ std::string Runtime::VotedBarrier(int groups, const std::string& vote, const std
     changed_.WaitUntil(mu_, stalled ? std::min(deadline, reports.next()) : deadline);
     timed_out = timeout && SteadyClock::now() >= deadline && !ready();
   }
-  std::string outcome;
+  BarrierOutcome outcome;
   if (timed_out) {
-    outcome = "timed out after " + FormatSeconds(*timeout);
+    outcome.error = "timed out after " + FormatSeconds(*timeout);
   } else if (barrier.released) {
-    outcome = barrier.error;
+    outcome = {barrier.error, barrier.error_kind};
   } else {
-    outcome = failure_.empty() ? "the job has ended" : failure_;
+    outcome.error = failure_.empty() ? "the job has ended" : failure_;
   }
   barriers_.erase(groups);
   return outcome;
@@ -990,10 +995,11 @@ void Runtime::ReplyWith(const Meta& request, Message& response) {
   SendToNode(response);
 }
 
-void Runtime::ReplyError(const Meta& request, const std::string& error) {
+void Runtime::ReplyError(const Meta& request, const std::string& error, ErrorKind kind) {
   Message response;
   response.meta.control = Control::kError;
   response.meta.error = error;
+  response.meta.error_kind = kind;
   Reply(request, std::move(response));
 }
 

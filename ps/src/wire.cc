@@ -40,6 +40,7 @@ const std::string& HeaderEncoder::Encode(const Meta& meta, const std::vector<Blo
   header.set_body(meta.body);
   header.set_barrier_group(meta.barrier_group);
   header.set_error(meta.error);
+  header.set_error_kind(static_cast<std::uint32_t>(meta.error_kind));
   header.set_priority(meta.priority);
   for (const Blob& blob : data) {
     auto* desc = header.add_data();
@@ -90,6 +91,9 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
   if (header.nodes_size() > static_cast<int>(kMaxNodes) || header.body().size() > kMaxBodyBytes) {
     return "node table or body too large";
   }
+  if (header.error_kind() >= kErrorKinds) {
+    return "unknown error kind " + std::to_string(header.error_kind());
+  }
   if (header.barrier_group() < 0 || header.barrier_group() > kAllGroups) {
     return "barrier group " + std::to_string(header.barrier_group()) + " out of range";
   }
@@ -134,6 +138,7 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
   meta.body.assign(header.body());
   meta.barrier_group = header.barrier_group();
   meta.error.assign(header.error());
+  meta.error_kind = static_cast<ErrorKind>(header.error_kind());
   meta.priority = header.priority();
   return "";
 }

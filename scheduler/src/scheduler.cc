@@ -636,8 +636,9 @@ void Scheduler::OnBarrier(const Meta& meta) {
   const int group = meta.barrier_group & (kServerGroup | kWorkerGroup);
   if (group == 0 || !(RoleBit(nodes_[meta.sender].role) & group)) {
     SendBarrierRelease(meta.barrier_group, meta.sender,
-                       {meta.timestamp, "barrier group " + std::to_string(meta.barrier_group) +
-                                            " does not include " + nodes_[meta.sender].Describe()});
+                       {meta.timestamp,
+                        {"barrier group " + std::to_string(meta.barrier_group) +
+                         " does not include " + nodes_[meta.sender].Describe()}});
     return;
   }
   // A request sent again after a reset: for a barrier that ended, the release again; for
@@ -649,7 +650,7 @@ void Scheduler::OnBarrier(const Meta& meta) {
     return;
   }
   auto& arrived = barriers_[meta.barrier_group];
-  arrived[meta.sender] = BarrierArrival{meta.body, meta.error, meta.timestamp};
+  arrived[meta.sender] = BarrierArrival{meta.body, meta.error, meta.error_kind, meta.timestamp};
   if (config_.verbose >= 2) {
     LOG(INFO) << nodes_[meta.sender].Describe() << " waits in barrier " << meta.timestamp
               << " of group " << meta.barrier_group << " (" << arrived.size() << " of "
@@ -657,7 +658,7 @@ void Scheduler::OnBarrier(const Meta& meta) {
   }
   for (int member : GroupMembers(group)) {
     if (!IsLive(member)) {
-      ReleaseBarrier(meta.barrier_group, WhyAbsent(member));
+      ReleaseBarrier(meta.barrier_group, {WhyAbsent(member)});
       return;
     }
   }
@@ -674,7 +675,7 @@ std::string Scheduler::WhyAbsent(int id) const {
          "SetOptimizer, checkpoints)";
 }
 
-std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const {
+Scheduler::Verdict Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const {
   // At most this many failures or distinct votes are spelled out, each at most this long: the
   // verdict goes to every member.
   constexpr std::size_t kListed = 4;
@@ -686,15 +687,21 @@ std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arriv
     const NodeInfo& node = nodes_[id];
     return RoleName(node.role) + " " + std::to_string(node.rank);
   };
-  std::string verdict;
+  Verdict verdict;
   std::size_t failures = 0;
   for (const auto& [id, arrival] : arrived) {
     if (arrival.error.empty()) continue;
+    // One kind only if all that failed agree on it: a mix is no failure a caller can act on.
+    verdict.kind = failures == 0 || verdict.kind == arrival.error_kind ? arrival.error_kind
+                                                                       : ErrorKind::kOther;
     if (++failures <= kListed) {
-      verdict += (verdict.empty() ? "" : "; ") + who(id) + " failed: " + shown(arrival.error);
+      verdict.error +=
+          (verdict.error.empty() ? "" : "; ") + who(id) + " failed: " + shown(arrival.error);
     }
   }
-  if (failures > kListed) verdict += " (and " + std::to_string(failures - kListed) + " more)";
+  if (failures > kListed) {
+    verdict.error += " (and " + std::to_string(failures - kListed) + " more)";
+  }
   if (failures > 0) return verdict;
   // Members that are about to do different things (a collective called with other arguments,
   // or another collective): each distinct vote once, with the members that gave it.
@@ -709,14 +716,15 @@ std::string Scheduler::BarrierVerdict(const std::map<int, BarrierArrival>& arriv
       same->second += ", " + std::to_string(nodes_[id].rank);
     }
   }
-  if (votes.size() == 1) return "";
-  verdict = "the members disagree" + FirstDifference(votes[0], votes[1]) + ": ";
+  if (votes.size() == 1) return {};
+  verdict.kind = ErrorKind::kDisagreement;
+  verdict.error = "the members disagree" + FirstDifference(votes[0], votes[1]) + ": ";
   for (std::size_t i = 0; i < votes.size() && i < kListed; ++i) {
-    verdict += (i == 0 ? "" : "; ") + votes[i].second + " called " +
-               (votes[i].first->empty() ? "a plain barrier" : shown(*votes[i].first));
+    verdict.error += (i == 0 ? "" : "; ") + votes[i].second + " called " +
+                     (votes[i].first->empty() ? "a plain barrier" : shown(*votes[i].first));
   }
   if (votes.size() > kListed) {
-    verdict += " (and " + std::to_string(votes.size() - kListed) + " other calls)";
+    verdict.error += " (and " + std::to_string(votes.size() - kListed) + " other calls)";
   }
   return verdict;
 }
@@ -726,14 +734,14 @@ void Scheduler::ReleaseBarriersOf(int id) {
   for (const auto& [group, arrived] : barriers_) {
     if (RoleBit(nodes_[id].role) & group) blocked.push_back(group);
   }
-  for (int group : blocked) ReleaseBarrier(group, WhyAbsent(id));
+  for (int group : blocked) ReleaseBarrier(group, {WhyAbsent(id)});
 }
 
-void Scheduler::ReleaseBarrier(int group, const std::string& error) {
+void Scheduler::ReleaseBarrier(int group, const Verdict& verdict) {
   const auto it = barriers_.find(group);
   if (it == barriers_.end()) return;
   for (const auto& [id, arrival] : it->second) {
-    const BarrierRelease& release = released_[{group, id}] = {arrival.number, error};
+    const BarrierRelease& release = released_[{group, id}] = {arrival.number, verdict};
     SendBarrierRelease(group, id, release);
   }
   barriers_.erase(it);
@@ -745,7 +753,8 @@ void Scheduler::SendBarrierRelease(int group, int id, const BarrierRelease& rele
   message.meta.recipient = id;
   message.meta.barrier_group = group;
   message.meta.timestamp = release.number;
-  message.meta.error = release.error;
+  message.meta.error = release.verdict.error;
+  message.meta.error_kind = release.verdict.kind;
   Send(std::move(message));
 }
 

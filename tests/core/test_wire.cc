@@ -25,6 +25,7 @@ ps::Meta FullMeta() {
                  "fedcba9876543210"}};
   meta.barrier_group = ps::kWorkerGroup | ps::kServerGroup;
   meta.error = "something failed";
+  meta.error_kind = ps::ErrorKind::kCheckpointMismatch;
   meta.priority = -5;
   return meta;
 }
@@ -127,6 +128,11 @@ TEST_CASE("wire: malformed headers are rejected with a reason", "[wire]") {
     auto header = ValidHeader();
     for (std::size_t i = 0; i <= ps::wire::kMaxDataFrames; ++i) header.add_data();
     CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("data frames"));
+  }
+  SECTION("an unknown error kind") {
+    auto header = ValidHeader();
+    header.set_error_kind(ps::kErrorKinds);
+    CHECK_THAT(Decode(Encode(header)).error, Catch::Contains("unknown error kind 3"));
   }
   SECTION("a barrier group out of range") {
     auto header = ValidHeader();

@@ -1,5 +1,6 @@
 #pragma once
 // Checks shared by the multi-process KVStore tests: exact dist_sync sums over rounds.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,18 @@ std::string ErrorOf(Call call) {
     return e.what();
   }
   return "(no error)";
+}
+
+// The kind of the ps::Error that `call` throws (std::nullopt: none): what a caller that
+// catches by type (DisagreementError, ...) would see.
+template <class Call>
+std::optional<ps::ErrorKind> ErrorKindOf(Call call) {
+  try {
+    call();
+  } catch (const ps::Error& e) {
+    return e.kind();
+  }
+  return std::nullopt;
 }
 
 }  // namespace ps::test

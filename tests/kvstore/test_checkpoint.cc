@@ -288,6 +288,41 @@ TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every 
   CHECK_THROWS_WITH(
       bigger.LoadCheckpoint(adam_dir.path()),
       Catch::Contains("key 1: the checkpoint holds 6 x float32, this job 7 x float32"));
+  // Another model's parameters are a type of their own; another optimizer is not.
+  CHECK_THROWS_AS(bigger.LoadCheckpoint(adam_dir.path()), ps::CheckpointMismatchError);
+  try {
+    plain.LoadCheckpoint(adam_dir.path());
+  } catch (const ps::Error& e) {
+    CHECK(e.kind() == ps::ErrorKind::kOther);
+  }
+}
+
+TEST_CASE("checkpoint: another model's checkpoint is a CheckpointMismatchError on every worker",
+          "[dist][checkpoint][errors]") {
+  // The server that finds a key missing answers so; worker 0's outcome vote carries the kind
+  // through the scheduler to the other worker, so both can tell it from other failures.
+  TempDir dir;
+  KVCluster cluster(2, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(kSmall, 3.0f);
+    kv.Init({1, 2}, {ps::Tensor(value.data(), kSmall), ps::Tensor(value.data(), kSmall)});
+    kv.SaveCheckpoint(dir.path());
+    kv.Init(3, ps::Tensor(value.data(), kSmall));
+    std::string what;
+    try {
+      kv.LoadCheckpoint(dir.path());
+      what = "no error";
+    } catch (const ps::CheckpointMismatchError& e) {
+      what = e.what();
+    } catch (const ps::Error& e) {
+      what = std::string("another kind: ") + e.what();
+    }
+    Expect(what.find("LoadCheckpoint failed on every worker") != std::string::npos &&
+               what.find("key 3: not in the checkpoint") != std::string::npos,
+           "a CheckpointMismatchError naming key 3: " + what);
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
 }
 
 TEST_CASE("checkpoint: a save that cannot hold every slice fails and keeps the last checkpoint",

@@ -22,6 +22,7 @@ using ps::test::AllOk;
 using ps::test::Expect;
 using ps::test::KVCluster;
 
+using ps::test::ErrorKindOf;
 using ps::test::ErrorOf;
 using ps::test::Has;
 
@@ -117,6 +118,9 @@ TEST_CASE("dist kvstore: ranks in different collectives fail instead of waiting 
                 Has(optimizer, "worker 1's lr=0.200000003, worker 0's lr=0.100000001)")),
            "SetOptimizer message: " + optimizer);
     Expect(Has(optimizer, "max_update=0"), "the schedule's length by its name: " + optimizer);
+    // Thrown as the type a program catches to act on it (ps-train names its flags).
+    Expect(ErrorKindOf([&] { kv.SetOptimizer(sgd); }) == ps::ErrorKind::kDisagreement,
+           "a disagreement is a ps::DisagreementError");
     std::vector<float> value(3, 1.0f);
     const std::string mixed = ErrorOf([&] {
       if (kv.Rank() == 0) {

@@ -100,6 +100,14 @@ class TrainResume(unittest.TestCase):
             self.assertIn("which holds another model's parameters: resume with the --model it "
                           "was written with, --model cnn here", result.stderr)
             self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+            # Another optimizer is not another model (the store's error type tells them apart,
+            # where both messages say "the checkpoint holds").
+            other = subprocess.run(cmd + ["--epochs", "2", "--resume", "--optimizer", "adam"],
+                                   env=env, capture_output=True, text=True, timeout=120)
+            self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
+            self.assertIn("the checkpoint holds sgd optimizer state, this job's optimizer is adam",
+                          other.stderr)
+            self.assertNotIn("another model", other.stderr)
 
     def test_resume_without_a_checkpoint_is_a_one_line_error(self):
         with tempfile.TemporaryDirectory() as empty:

@@ -32,7 +32,7 @@ class FakeKVStore final : public KVStore {
   }
   void Barrier() override { ++barriers; }
   void SetOptimizer(const OptimizerConfig& config) override {
-    if (!set_optimizer_error.empty()) throw Error(set_optimizer_error);
+    if (!set_optimizer_error.empty()) ThrowError(set_optimizer_error_kind, set_optimizer_error);
     optimizer = config;
     has_optimizer = true;
   }
@@ -51,6 +51,7 @@ class FakeKVStore final : public KVStore {
   int wait_alls = 0;
   int barriers = 0;
   std::string set_optimizer_error;  // when set, SetOptimizer throws it (a failed collective)
+  ErrorKind set_optimizer_error_kind = ErrorKind::kOther;  // ... as this kind
 
  protected:
   void InitImpl(std::span<const Key> keys, std::span<const Tensor> values) override {

@@ -415,6 +415,7 @@ TEST_CASE("workers whose optimizer settings differ are told which ps-train flags
   FakeKVStore kv;
   kv.set_optimizer_error =
       "dist kvstore: SetOptimizer failed on every worker: the members disagree (...)";
+  kv.set_optimizer_error_kind = ErrorKind::kDisagreement;
   {
     KVTrainer trainer(config, kv, *model);
     CHECK_THROWS_WITH(trainer.Start(),
@@ -422,8 +423,13 @@ TEST_CASE("workers whose optimizer settings differ are told which ps-train flags
                                         "worker with the same --lr,") &&
                           Catch::EndsWith("; " + kv.set_optimizer_error));
   }
-  // Another failure (a server lost, say) is passed on as it is.
-  kv.set_optimizer_error = "dist kvstore: SetOptimizer failed: server 1 died";
+  {
+    KVTrainer trainer(config, kv, *model);
+    CHECK_THROWS_AS(trainer.Start(), DisagreementError);  // and stays one
+  }
+  // Another failure (a server lost, say) is passed on as it is, whatever its words.
+  kv.set_optimizer_error = "dist kvstore: SetOptimizer failed: the members disagree, server 1 died";
+  kv.set_optimizer_error_kind = ErrorKind::kOther;
   KVTrainer trainer(config, kv, *model);
   CHECK_THROWS_WITH(trainer.Start(), kv.set_optimizer_error);
 }

@@ -19,7 +19,9 @@
 // one on another thread while the first waits throws).
 //
 // Errors: ps::Error, thrown by the call itself (bad arguments) or by the next WaitAll()
-// (anything the servers report, a peer that died).
+// (anything the servers report, a peer that died); for the failures a program may act on, a
+// subclass of it (ps/error.h): DisagreementError when the workers' collective calls differ,
+// CheckpointMismatchError when LoadCheckpoint finds another model's parameters.
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -177,8 +179,8 @@ class KVStore {
   // LoadCheckpoint restores a checkpoint into the keys this job initialized (Init them first,
   // and SetOptimizer first when the checkpoint holds optimizer state), whatever the number of
   // servers that saved it. A missing or corrupt file, a key missing from the checkpoint or of
-  // another size, or another optimizer is a ps::Error on every worker; a server that finds one
-  // changes none of its keys.
+  // another size (CheckpointMismatchError), or another optimizer is a ps::Error on every
+  // worker; a server that finds one changes none of its keys.
   virtual void SaveCheckpoint(const std::string& dir) = 0;
   virtual void LoadCheckpoint(const std::string& dir) = 0;
   // Tells the job that this worker failed and why: a distributed job ends at once with an error

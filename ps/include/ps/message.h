@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ps/config.h"
+#include "ps/error.h"
 #include "ps/tensor.h"
 
 namespace ps {
@@ -130,6 +131,7 @@ struct Meta {
   std::vector<NodeInfo> nodes;
   int barrier_group = 0;
   std::string error;
+  ErrorKind error_kind = ErrorKind::kOther;  // with `error`: what it reports
   int priority = 0;
 
   friend bool operator==(const Meta&, const Meta&) = default;

@@ -36,6 +36,7 @@ struct RequestResult {
   // not come back, and where not to send it again after a death.
   int lost_peer = kNoNode;
   bool peer_reset = false;
+  ErrorKind error_kind = ErrorKind::kOther;  // what `error` reports, as its sender said
   bool ok() const { return error.empty(); }
   // Failed because `lost_peer` died (not a reset: the peer lives and may answer again).
   bool peer_died() const { return lost_peer != kNoNode && !peer_reset; }

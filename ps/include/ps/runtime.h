@@ -102,8 +102,10 @@ class Runtime {
   // a collective whose ranks disagree fails everywhere instead of leaving some waiting.
   // `stalled`, if given, is called by the waiting thread (no lock held) when the wait has
   // lasted kStallReportAfter, then after twice as long each time, at most kMaxStallReportGap.
+  // The exception is the one of the failure's kind: DisagreementError when the votes differ,
+  // the members' own (`failure_kind`) when every member that failed gave the same kind.
   void Agree(int groups, const std::string& vote, const std::string& failure = "",
-             const std::function<void()>& stalled = {});
+             ErrorKind failure_kind = ErrorKind::kOther, const std::function<void()>& stalled = {});
   // How long a wait lasts before a worker reports it as a stall (ReportStall), then between
   // its reports while it lasts: twice as long each time, at most kMaxStallReportGap.
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
@@ -161,7 +163,8 @@ class Runtime {
   // again and again reuses the memory of its lists.
   void ReplyWith(const Meta& request, Message& response);
   // Answers `request` with an error the requester's callback will see.
-  void ReplyError(const Meta& request, const std::string& error);
+  void ReplyError(const Meta& request, const std::string& error,
+                  ErrorKind kind = ErrorKind::kOther);
 
   // --- workers that wait for each other (dist_sync) ---
   // Worker: a thread waits for dist_sync rounds, and every live server has heard so as stall
@@ -264,10 +267,15 @@ class Runtime {
   // (nothing listens, no answer, or a port that accepts but does not reply).
   // `accepted` (optional): set when the port accepted the probe's connection.
   std::string SchedulerProbe(bool* accepted = nullptr) const;
-  // Barrier / Agree: "" when released cleanly, else why not.
-  std::string VotedBarrier(int groups, const std::string& vote, const std::string& failure,
-                           std::optional<std::chrono::milliseconds> timeout,
-                           const std::function<void()>& stalled = {});
+  // Barrier / Agree: an empty error when released cleanly, else why not and its kind.
+  struct BarrierOutcome {
+    std::string error;
+    ErrorKind kind = ErrorKind::kOther;
+  };
+  BarrierOutcome VotedBarrier(int groups, const std::string& vote, const std::string& failure,
+                              ErrorKind failure_kind,
+                              std::optional<std::chrono::milliseconds> timeout,
+                              const std::function<void()>& stalled = {});
   // Register's wait for the node table: true once it came, the scheduler refused this node or
   // the job ended.
   bool RegistrationAnswered() const PS_REQUIRES(mu_);
@@ -343,6 +351,7 @@ class Runtime {
     Message request;  // sent again after a reset of a connection with the scheduler
     bool released = false;
     std::string error;  // the release's: why the barrier failed, if it did
+    ErrorKind error_kind = ErrorKind::kOther;
   };
   std::map<int, PendingBarrier> barriers_ PS_GUARDED_BY(mu_);
   std::uint64_t barrier_count_ PS_GUARDED_BY(mu_) = 0;

@@ -127,7 +127,13 @@ class Scheduler {
   // A control request to `recipient` about node `about` (NODE_DEAD, NODE_JOINED, WORKER_DONE).
   static Message Notice(Control control, int recipient, const NodeInfo& about);
   void DeclareDead(int id, const std::string& why) PS_REQUIRES(mu_);
-  void ReleaseBarrier(int group, const std::string& error) PS_REQUIRES(mu_);
+  // Why a barrier fails ("": it does not), and as what: kDisagreement when the votes differ,
+  // the members' kind when all that failed gave the same one.
+  struct Verdict {
+    std::string error;
+    ErrorKind kind = ErrorKind::kOther;
+  };
+  void ReleaseBarrier(int group, const Verdict& verdict) PS_REQUIRES(mu_);
   // Fails the barriers in progress of every group that includes node `id`, which died or
   // finished: they can never complete.
   void ReleaseBarriersOf(int id) PS_REQUIRES(mu_);
@@ -212,17 +218,17 @@ class Scheduler {
   struct BarrierArrival {
     std::string vote;
     std::string error;
+    ErrorKind error_kind = ErrorKind::kOther;
     std::uint64_t number = 0;  // the member's count of its barriers: its request's timestamp
   };
-  // "" when every member voted alike and none failed; else why the barrier fails.
-  std::string BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const PS_REQUIRES(mu_);
+  Verdict BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const PS_REQUIRES(mu_);
   std::map<int, std::map<int, BarrierArrival>> barriers_ PS_GUARDED_BY(mu_);  // group -> arrivals
   // The last barrier released for each member of each group, (group, node id) -> its number
   // and verdict: a member whose connection was reset sends its request again, and gets the
   // release again if that barrier has ended.
   struct BarrierRelease {
     std::uint64_t number = 0;
-    std::string error;
+    Verdict verdict;
   };
   std::map<std::pair<int, int>, BarrierRelease> released_ PS_GUARDED_BY(mu_);
   void SendBarrierRelease(int group, int id, const BarrierRelease& release) PS_REQUIRES(mu_);
