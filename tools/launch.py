@@ -1246,9 +1246,10 @@ class Launch:
                         key=lambda p: (rank[p.spec.role], p.exit_time))
         primary = failed[0]
         self.drain(failed)
-        self.report_lost_hosts(failed)
+        # A host or process found lost is the cause; the exits are its consequences.
+        consequence = ", after the above" if self.report_lost_hosts(failed) else ""
         self.say(f"{primary.spec.label} on {primary.spec.where} exited with status "
-                 f"{primary.status_text()}; last lines:")
+                 f"{primary.status_text()}{consequence}; last lines:")
         self.report_lines(primary)
         for p in failed[1:]:
             self.say(f"also failed: {p.spec.label} on {p.spec.where} "
@@ -1265,7 +1266,8 @@ class Launch:
         - every process on a remote host failed with ssh's 255 (its processes were killed,
           the host went down, or sshd died): the host is named;
         - the scheduler declared a node dead (no heartbeat) whose process, as far as the
-          launcher sees, still runs: its host or the network to it is down."""
+          launcher sees, still runs: its host or the network to it is down.
+        Returns whether it named one."""
         remote = [p for p in self.procs if p.spec.host is not None]
         lost = []
         for name in dict.fromkeys(p.spec.host.name for p in failed if p.spec.host is not None):
@@ -1276,6 +1278,7 @@ class Launch:
                          f"({', '.join(p.spec.label for p in there)}) ended with status 255 "
                          "(its processes were killed, or the host, its sshd or the network "
                          "to it failed)")
+        named = bool(lost)
         seen = set()
         for p in failed:
             for line in p.lines:
@@ -1300,10 +1303,13 @@ class Launch:
                                 if state in ("T", "t") else
                                 "it runs but sent no heartbeat (it hangs, or the machine is "
                                 "too busy for it to answer)"))
+                    named = True
                     continue
                 self.say(f"{role} {rank} at {addr} was declared dead by the scheduler, but "
                          "its process has not exited as far as the launcher sees: "
                          f"{addr} or the network to it is down")
+                named = True
+        return named
 
     def stop_all(self):
         """Stops every process still running, on every host; bounded in time."""

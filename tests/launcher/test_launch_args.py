@@ -390,7 +390,7 @@ class Args(LauncherTest):
                                           "h2:4242) died (no heartbeat for over 20 s)")
         by_label["server 0"].lines.append("also server 2 (node 3 at h3:4000) died")
         failed = [by_label[k] for k in ("server 0", "server 2", "worker 2")]
-        la.report_lost_hosts(failed)
+        self.assertTrue(la.report_lost_hosts(failed))
         lines = err.getvalue().splitlines()
         self.assertEqual(lines, [
             "[launch] lost host h3: the ssh connections of all its processes (server 2, "
@@ -402,7 +402,7 @@ class Args(LauncherTest):
         by_label["server 2"].returncode = None
         err.truncate(0)
         err.seek(0)
-        la.report_lost_hosts([by_label["worker 2"]])
+        self.assertFalse(la.report_lost_hosts([by_label["worker 2"]]))
         self.assertEqual(err.getvalue(), "")
 
     def test_failure_report_on_this_machine_names_the_process_state(self):
@@ -426,9 +426,9 @@ class Args(LauncherTest):
             while launch.process_state(stand_in.pid) not in ("T", "t") and \
                     time.monotonic() < deadline:
                 time.sleep(0.01)  # the kernel stops it asynchronously
-            la.report_lost_hosts([server])
+            self.assertTrue(la.report_lost_hosts([server]))
             os.kill(stand_in.pid, signal.SIGCONT)
-            la.report_lost_hosts([server])
+            self.assertTrue(la.report_lost_hosts([server]))
         finally:
             stand_in.kill()
             stand_in.wait()
