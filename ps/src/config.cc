@@ -15,6 +15,11 @@ namespace {
 // PS_SERVER_WEIGHTS's largest weight once scaled: fine enough for a share of 1/1000.
 constexpr double kServerWeightScale = 1000;
 
+// PS_HEARTBEAT_TIMEOUT's least value: the scheduler checks heartbeats every 0.2 s and takes a
+// gap of half the timeout between its checks for a pause of its own (PauseWatch), so a shorter
+// timeout would find a pause at every check and never declare a node dead.
+constexpr double kMinHeartbeatTimeoutSeconds = 1.0;
+
 // PS_TCP_RCVBUF's least non-zero value: a few segments; the kernel rounds smaller ones up.
 constexpr int kMinTcpReceiveBuffer = 4096;
 
@@ -195,8 +200,8 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
       ReadInt(lookup, "PS_WAIT_SPIN_US", 0, 1000000, static_cast<int>(config.wait_spin.count())));
   config.heartbeat_interval =
       ReadSeconds(lookup, "PS_HEARTBEAT_INTERVAL", 0.0, config.heartbeat_interval);
-  config.heartbeat_timeout =
-      ReadSeconds(lookup, "PS_HEARTBEAT_TIMEOUT", 0.1, config.heartbeat_timeout);
+  config.heartbeat_timeout = ReadSeconds(lookup, "PS_HEARTBEAT_TIMEOUT",
+                                         kMinHeartbeatTimeoutSeconds, config.heartbeat_timeout);
   config.register_timeout =
       ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
   config.stall_timeout = ReadSeconds(lookup, "PS_STALL_TIMEOUT", 0.0, config.stall_timeout);

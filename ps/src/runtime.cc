@@ -149,6 +149,14 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
     }
     const bool acknowledged = acknowledged_;
     lock.Unlock();
+    if (const auto closed = SchedulerClosedFor(now);
+        acknowledged && closed && *closed > config_.heartbeat_timeout) {
+      // It accepted this node, then went away: waiting out PS_REGISTER_TIMEOUT helps nobody.
+      throw Error("the scheduler at " + config_.SchedulerAddress() + " accepted this " +
+                  RoleName(self_.role) + ", but its connection closed " + FormatSeconds(*closed) +
+                  " ago, before the job filled up, and has not opened again: it exited or was "
+                  "killed (its log says why), or its host went down; start the job again");
+    }
     if (acknowledged) {
       PS_LOG(WARNING) << "registered with the scheduler at " << config_.SchedulerAddress()
                       << "; waiting for the job to fill up (DMLC_NUM_SERVER=" << config_.num_servers
@@ -642,6 +650,14 @@ void Runtime::NotifyPeer(const NodeInfo& peer, PeerEvent event) {
   }
 }
 
+std::optional<std::chrono::milliseconds> Runtime::SchedulerClosedFor(
+    RequestTracker::Clock::time_point now) {
+  MutexLock lock(reset_mu_);
+  const auto closed = closed_peers_.find(kSchedulerId);
+  if (closed == closed_peers_.end() || closed->second.never_connected) return std::nullopt;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - closed->second.since);
+}
+
 void Runtime::OnPeerConnection(int node_id, bool connected) {
   MutexLock lock(reset_mu_);
   if (!connected) {
@@ -795,7 +811,18 @@ void Runtime::OnTick() {
   }
   tracker_.ExpireOverdue(now);
   AnnounceResets();
-  if (config_.heartbeat_interval.count() == 0) return;
+  if (config_.heartbeat_interval.count() == 0) {
+    // No heartbeats to miss, but a scheduler that exited or was killed closes its connection:
+    // without this, every node would wait for it for ever.
+    if (const auto closed = SchedulerClosedFor(now);
+        closed && *closed > config_.heartbeat_timeout) {
+      Fail("lost the scheduler at " + config_.SchedulerAddress() + ": its connection closed " +
+           FormatSeconds(*closed) +
+           " ago and has not opened again: it exited or was killed, or its host or the network "
+           "went down (heartbeats are off: PS_HEARTBEAT_INTERVAL=0)");
+    }
+    return;
+  }
   auto reading_since = now;
   // Whatever else happened (the node failed, or the job ended, meanwhile): a receive thread
   // held for good must be known, or the process waits for it for ever.
@@ -824,11 +851,7 @@ void Runtime::OnTick() {
     // A process that exits or is killed has its kernel close the connection; one that is
     // stopped or hung keeps it open, and so does a network that stopped carrying packets
     // until the unacknowledged data times out.
-    bool closed = false;
-    {
-      MutexLock lock(reset_mu_);
-      closed = closed_peers_.contains(kSchedulerId);
-    }
+    const bool closed = SchedulerClosedFor(now).has_value();
     Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
          FormatSeconds(config_.heartbeat_timeout) +
          (closed ? ": its connection closed: it exited or was killed, or its host or the "

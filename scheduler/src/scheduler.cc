@@ -16,7 +16,6 @@
 namespace ps {
 namespace {
 
-constexpr auto kTickPeriod = std::chrono::milliseconds(200);
 // How long a live node's closed connection may stay closed before the node is declared dead.
 // A closed TCP connection means the peer's kernel closed its socket (the process exited or was
 // killed) or reset it; ZeroMQ reconnects within 100 ms (ZMQ_RECONNECT_IVL) to a process that is

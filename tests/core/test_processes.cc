@@ -558,6 +558,41 @@ TEST_CASE("processes: nodes whose scheduler disappears exit non-zero with a clea
   }
 }
 
+TEST_CASE("processes: a scheduler killed is noticed with heartbeats off and before the job fills",
+          "[processes][fault]") {
+  SECTION("PS_HEARTBEAT_INTERVAL=0: its closed connection, not a heartbeat, ends the nodes") {
+    Env env = JobEnv(1, 1, 0);
+    env["PS_HEARTBEAT_INTERVAL"] = "0";
+    auto [scheduler, port] = StartSchedulerWith(env);
+    env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+    env["PS_VERBOSE"] = "1";
+    auto server = Start("ps-server", env);
+    auto worker = Start("ps-test-node", env, {"--block"});
+    REQUIRE(worker->WaitForOutput("registered as worker", 30s));
+    REQUIRE(server->WaitForOutput("registered as server", 30s));
+    scheduler->Kill(SIGKILL);
+    const std::string says =
+        "lost the scheduler at 127.0.0.1:" + std::to_string(port) + ": its connection closed ";
+    CHECK(server->Wait(15s) == 1);
+    CHECK_THAT(server->Output(),
+               Catch::Contains(says) && Catch::Contains("PS_HEARTBEAT_INTERVAL=0"));
+    CHECK(worker->Wait(15s) == 2);
+    CHECK_THAT(worker->Output(), Catch::Contains(says));
+  }
+  SECTION("registered, waiting for the job to fill up: not until PS_REGISTER_TIMEOUT") {
+    auto [scheduler, port] = StartScheduler(1, 2);
+    auto server = Start("ps-server", JobEnv(1, 2, port));  // the workers never come
+    REQUIRE(server->WaitForOutput("waiting for the job to fill up", 20s));
+    scheduler->Kill(SIGKILL);
+    CHECK(server->Wait(15s) == 1);  // PS_REGISTER_TIMEOUT is 30 s
+    CHECK_THAT(server->Output(),
+               Catch::Contains("the scheduler at 127.0.0.1:" + std::to_string(port) +
+                               " accepted this server, but its connection closed ") &&
+                   Catch::Contains("before the job filled up, and has not opened again: it "
+                                   "exited or was killed"));
+  }
+}
+
 TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the job",
           "[processes][fault]") {
   auto [scheduler, port] = StartScheduler(1, 2);

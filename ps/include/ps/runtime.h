@@ -303,6 +303,10 @@ class Runtime {
                                         RequestTracker::Clock::time_point deadline);
   // The transport's news of a send socket's connection (monitor thread: records only).
   void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
+  // How long the connection to the scheduler has been closed (it was open before), or nullopt
+  // while it is open.
+  std::optional<std::chrono::milliseconds> SchedulerClosedFor(RequestTracker::Clock::time_point now)
+      PS_EXCLUDES(reset_mu_);
   // Tells each peer whose connection came back after a close (timer thread).
   void AnnounceResets() PS_EXCLUDES(reset_mu_);
   // Tells the scheduler of each live peer whose connection has stayed closed, or not opened,

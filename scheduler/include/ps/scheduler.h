@@ -9,6 +9,7 @@
 //
 // Threads: the receive thread handles every message; a timer thread checks heartbeats and the
 // registration deadline; Run() waits on the caller's thread; Stop() may come from any thread.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -168,9 +169,14 @@ class Scheduler {
   CondVar finished_cv_;
   std::vector<NodeInfo> nodes_ PS_GUARDED_BY(mu_);               // index = id; [0] is us
   std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);  // index = id
+  // OnTick's period: heartbeats, deaths and deadlines are checked this often.
+  static constexpr auto kTickPeriod = std::chrono::milliseconds(200);
   // OnTick's gaps of half PS_HEARTBEAT_TIMEOUT or more: the scheduler itself did not run
-  // (SIGSTOP, a frozen VM), and the heartbeats of that time wait unread.
-  PauseWatch pause_watch_ PS_GUARDED_BY(mu_){config_.heartbeat_timeout / 2};
+  // (SIGSTOP, a frozen VM), and the heartbeats of that time wait unread. Never under a few
+  // ticks (a heartbeat_timeout set in code below PS_HEARTBEAT_TIMEOUT's least): a threshold
+  // every tick reaches would hold every judgement off for ever.
+  PauseWatch pause_watch_ PS_GUARDED_BY(mu_){
+      std::max<PauseWatch::Clock::duration>(config_.heartbeat_timeout / 2, 3 * kTickPeriod)};
   std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);  // index = id; -1: none
   // The first registered server or worker ("server at HOST:PORT") and its shared settings,
   // which the later ones must match (SharedSetting::Among::kDataNodes).
