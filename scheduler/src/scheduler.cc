@@ -168,7 +168,9 @@ void Scheduler::Send(Message msg) {
   transport_->Send(msg);
 }
 
-bool Scheduler::IsLive(int id) const { return !dead_.contains(id) && !done_.contains(id); }
+bool Scheduler::IsLive(int id) const {
+  return !dead_.contains(id) && !done_.contains(id) && !vacated_.contains(id);
+}
 
 void Scheduler::OnMessage(Message&& msg) {
   MutexLock lock(mu_);
@@ -371,7 +373,7 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
       return Refusal{"a node at " + node.host + ":" + std::to_string(node.port) +
                      " is already registered"};
     }
-    if (other.role == node.role) ++same_role;
+    if (other.role == node.role && !vacated_.contains(other.id)) ++same_role;
   }
   const int wanted = node.role == Role::kServer ? config_.num_servers : config_.num_workers;
   if (!complete_ && same_role >= wanted) {
@@ -424,6 +426,7 @@ void Scheduler::FailRegistration(const std::string& why) {
     // Not logged: the refusal that caused it was (Refuse), and the job's failure is the
     // caller's to report (failure()); ps-scheduler prints it once.
     for (std::size_t id = 1; id < nodes_.size(); ++id) {
+      if (vacated_.contains(static_cast<int>(id))) continue;  // gone, and no longer counted
       Message reply = RegisterReply(static_cast<int>(id), nodes_[id].connection_key);
       reply.meta.error = registration_failure_;
       Send(std::move(reply));
@@ -457,7 +460,10 @@ void Scheduler::OnRegister(Message&& msg) {
 }
 
 void Scheduler::Admit(NodeInfo node, std::string_view settings) {
-  node.id = static_cast<int>(nodes_.size());
+  // The place of one of its role that exited before the job filled up, else a new one.
+  const auto vacated = std::ranges::find_if(
+      vacated_, [&](int id) PS_REQUIRES(mu_) { return nodes_[id].role == node.role; });
+  node.id = vacated != vacated_.end() ? *vacated : static_cast<int>(nodes_.size());
   try {
     transport_->Connect(node.id, node.host, node.port);
   } catch (const Error& e) {
@@ -476,18 +482,27 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
     }
   }
   if (first_data_node_.empty()) first_data_node_ = who;
-  requested_rank_.push_back(node.rank);
-  node.rank = -1;
-  nodes_.push_back(node);
-  last_seen_.push_back(Clock::now());
+  const int requested = std::exchange(node.rank, -1);
+  if (vacated != vacated_.end()) {
+    LOG(WARNING) << who << " takes the place of " << RoleName(node.role) << " at "
+                 << nodes_[node.id].host << ":" << nodes_[node.id].port
+                 << ", which exited before the job filled up";
+    const auto id = static_cast<std::size_t>(node.id);
+    nodes_[id] = node;
+    last_seen_[id] = Clock::now();
+    requested_rank_[id] = requested;
+    vacated_.erase(vacated);
+  } else {
+    nodes_.push_back(node);
+    last_seen_.push_back(Clock::now());
+    requested_rank_.push_back(requested);
+  }
   Send(RegisterReply(node.id, node.connection_key));
   if (config_.verbose >= 1) {
     LOG(INFO) << RoleName(node.role) << " at " << node.host << ":" << node.port << " registered ("
-              << nodes_.size() - 1 << " of " << config_.num_servers + config_.num_workers << ")";
+              << Registrants() << " of " << config_.num_servers + config_.num_workers << ")";
   }
-  if (static_cast<int>(nodes_.size()) == 1 + config_.num_servers + config_.num_workers) {
-    CompleteRegistration();
-  }
+  if (Registrants() == config_.num_servers + config_.num_workers) CompleteRegistration();
 }
 
 int Scheduler::RankHolder(int rank) const {
@@ -764,10 +779,12 @@ void Scheduler::OnTick() {
   const auto now = Clock::now();
   const auto pause = pause_watch_.Tick(now);
   if (!complete_) {
+    VacateClosedRegistrants(now);
     if (now - started_ > config_.register_timeout) {
       int servers = 0;
       int workers = 0;
       for (const NodeInfo& node : nodes_) {
+        if (vacated_.contains(node.id)) continue;
         servers += node.role == Role::kServer;
         workers += node.role == Role::kWorker;
       }
@@ -863,6 +880,26 @@ void Scheduler::SendCatchUp(int id) {
   }
   if (nodes_[id].role != Role::kServer) return;  // only servers hear of finished workers
   for (const int worker : done_) Send(Notice(Control::kWorkerDone, id, nodes_[worker]));
+}
+
+void Scheduler::VacateClosedRegistrants(Clock::time_point now) {
+  for (auto it = suspected_.begin(); it != suspected_.end();) {
+    const int id = it->first;
+    if (now - it->second < kReconnectGrace) {
+      ++it;
+      continue;
+    }
+    it = suspected_.erase(it);
+    vacated_.insert(id);
+    transport_->Disconnect(id);  // its process is gone; the next of its role connects anew
+    const NodeInfo& node = nodes_[static_cast<std::size_t>(id)];
+    LOG(WARNING) << RoleName(node.role) << " at " << node.host << ":" << node.port
+                 << " registered, then its connection closed and did not come back within "
+                 << FormatSeconds(kReconnectGrace)
+                 << " (the process exited or was killed) before the job filled up: its place "
+                    "goes to the next "
+                 << RoleName(node.role) << " that registers";
+  }
 }
 
 bool Scheduler::DeclareClosedConnectionsDead(Clock::time_point now) {

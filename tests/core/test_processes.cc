@@ -593,6 +593,34 @@ TEST_CASE("processes: a scheduler killed is noticed with heartbeats off and befo
   }
 }
 
+TEST_CASE("processes: a worker that dies before the job fills up is replaced",
+          "[processes][fault]") {
+  // A pod that crash-loops before the job starts: its restart takes the dead one's place,
+  // where before it was refused ("the job already has its 2 worker(s)") and the job failed.
+  Env env = JobEnv(1, 2, 0);
+  env["PS_VERBOSE"] = "1";
+  auto [scheduler, port] = StartSchedulerWith(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto server = Start("ps-server", env);
+  auto doomed = Start("ps-test-node", env, {"--barriers", "2"});
+  // Its first wait report (after 3 s): the scheduler's connection to it is long open, so its
+  // closing is seen (one that never opened says nothing).
+  REQUIRE(doomed->WaitForOutput("waiting for the job to fill up", 20s));
+  doomed->Kill(SIGKILL);
+  REQUIRE(
+      scheduler->WaitForOutput("before the job filled up: its place goes to the next worker", 10s));
+  auto first = Start("ps-test-node", env, {"--barriers", "2"});
+  auto second = Start("ps-test-node", env, {"--barriers", "2"});
+  CHECK(first->Wait(30s) == 0);
+  CHECK(second->Wait(30s) == 0);
+  CHECK(server->Wait(15s) == 0);
+  CHECK(scheduler->Wait(15s) == 0);
+  INFO(scheduler->Output());
+  CHECK_THAT(first->Output() + second->Output(), Catch::Contains("registered as worker 0") &&
+                                                     Catch::Contains("registered as worker 1"));
+  CHECK_THAT(scheduler->Output(), Catch::Contains("takes the place of worker at"));
+}
+
 TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the job",
           "[processes][fault]") {
   auto [scheduler, port] = StartScheduler(1, 2);

@@ -115,6 +115,13 @@ class Scheduler {
   // Declares dead the first suspected node whose connection stayed closed too long; true when
   // it did (the job has ended).
   bool DeclareClosedConnectionsDead(Clock::time_point now) PS_REQUIRES(mu_);
+  // Before the job filled up: frees the places of the registrants whose connection stayed
+  // closed for kReconnectGrace (they exited), for the next of their role to take (Admit).
+  void VacateClosedRegistrants(Clock::time_point now) PS_REQUIRES(mu_);
+  // Registered nodes that hold a place (not vacated), the scheduler not counted.
+  int Registrants() const PS_REQUIRES(mu_) {
+    return static_cast<int>(nodes_.size() - 1 - vacated_.size());
+  }
   void CompleteRegistration() PS_REQUIRES(mu_);
   // With replication, a server that registers once the job runs takes the rank of a dead one
   // (DeadServerRank), with a new node id: it gets the table and the job's server deaths and
@@ -200,6 +207,10 @@ class Scheduler {
   int rejoins_ PS_GUARDED_BY(mu_) = 0;  // servers admitted in the place of dead ones
   // Live nodes whose connection closed, and when.
   std::map<int, Clock::time_point> suspected_ PS_GUARDED_BY(mu_);
+  // Ids of registrants that exited before the job filled up (VacateClosedRegistrants): not
+  // live, and each given to the next registrant of its role, so that a node restarted then (a
+  // pod that crash-loops) takes the place of the one that died instead of being refused.
+  std::set<int> vacated_ PS_GUARDED_BY(mu_);
   // PEER_UNREACHABLE reports by (reporter, peer): the latest one's arrival and content, and
   // the question to the peer (its timestamp) and when it answered.
   struct UnreachableReport {
