@@ -3,7 +3,9 @@
 // users write them, and which repeats of a problem get a log line.
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <string_view>
 
 namespace ps {
 
@@ -17,5 +19,24 @@ inline std::string FormatSeconds(std::chrono::milliseconds ms) {
 // Whether the count-th occurrence (from 1) of a repeated problem gets a log line: the first
 // ten, then every 1000th, so that a peer sending bad messages in a loop cannot flood the log.
 inline bool LogOccurrence(std::uint64_t count) { return count <= 10 || count % 1000 == 0; }
+
+// Text a peer sent, fit for one log line: bytes outside printable ASCII as \xNN (so that a
+// hostile or corrupt message cannot forge lines or send terminal escapes), at most `max_chars`
+// of them, then "...".
+inline std::string PrintableText(std::string_view text, std::size_t max_chars = 300) {
+  std::string out;
+  for (const char c : text.substr(0, max_chars)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
+      out += c;
+      continue;
+    }
+    char escaped[5];
+    std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+    out += escaped;
+  }
+  if (text.size() > max_chars) out += "...";
+  return out;
+}
 
 }  // namespace ps

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "ps/src/log_text.h"
+
 namespace ps {
 
 std::string ControlName(Control control) {
@@ -63,7 +65,7 @@ std::string Message::DebugString() const {
       << " head=" << meta.head << " body=" << meta.body.size() << "B";
   if (!meta.nodes.empty()) out << " nodes=" << meta.nodes.size();
   if (meta.barrier_group != 0) out << " group=" << meta.barrier_group;
-  if (!meta.error.empty()) out << " error=\"" << meta.error << "\"";
+  if (!meta.error.empty()) out << " error=\"" << PrintableText(meta.error) << "\"";
   for (const Blob& blob : data)
     out << " [" << DTypeName(blob.dtype()) << " x" << blob.count() << "]";
   return out.str();

@@ -68,6 +68,17 @@ TEST_CASE("wire: every header field survives a round trip", "[wire]") {
   CHECK(ps::wire::CheckFrames(decoded.header->data, {12, 16, 0}).empty());
 }
 
+TEST_CASE("wire: a message's debug line shows a peer's text escaped and bounded", "[wire]") {
+  // Logged for every dropped message: bytes a peer chose must not forge log lines or send
+  // terminal escapes, nor fill the log.
+  ps::Message msg;
+  msg.meta.error = std::string("bad\n[sch] forged\x1b[31m\0\\end", 26);
+  CHECK_THAT(msg.DebugString(),
+             Catch::EndsWith(" error=\"bad\\x0a[sch] forged\\x1b[31m\\x00\\x5cend\""));
+  msg.meta.error = std::string(1000, 'x');
+  CHECK_THAT(msg.DebugString(), Catch::EndsWith(" error=\"" + std::string(300, 'x') + "...\""));
+}
+
 TEST_CASE("wire: each control command round-trips", "[wire]") {
   for (int raw = 0; raw <= 9; ++raw) {
     ps::Meta meta;
