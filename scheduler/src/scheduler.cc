@@ -324,9 +324,13 @@ std::optional<Scheduler::Refusal> Scheduler::LateJoinRefusal(const NodeInfo& nod
   }
   // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
   if (DeadServerRank() < 0) {
+    // Every rank has a live server: none died, or each dead one was replaced already.
     return Refusal{full +
-                   " and none of its servers died: a server started later joins a running "
-                   "job only in the place of a dead one"};
+                   (rejoins_ == 0 ? " and none of its servers died"
+                                  : " and each of its servers that died was replaced "
+                                    "already") +
+                   ": a server started later joins a running job only in the place of a dead "
+                   "one"};
   }
   if (rejoins_ >= kMaxRejoins) {
     return Refusal{"the job already admitted " + std::to_string(kMaxRejoins) +

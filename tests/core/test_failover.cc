@@ -298,6 +298,12 @@ TEST_CASE(
   Env other = env;
   other["PS_HEARTBEAT_TIMEOUT"] = "3";
   refused(other, "PS_HEARTBEAT_TIMEOUT");
+  // Once a server took the free rank, the next one is told that, not that none died.
+  auto replacement = Start("ps-server", env);
+  REQUIRE(scheduler->WaitForOutput("joined the job in the place of dead server", 30s));
+  refused(env,
+          "and each of its servers that died was replaced already: a server started later "
+          "joins a running job only in the place of a dead one");
   REQUIRE(workers[0]->Wait(0ms) == std::nullopt);  // still running: the refusals were mid-job
   CheckJobSucceeded(workers, *scheduler);
 }
