@@ -19,10 +19,14 @@ namespace {
 
 std::string KeyText(Key key) { return "key " + std::to_string(key); }
 
-// Why a dist_sync round of `key` can never close, because a worker is gone.
+// Why a dist_sync round of `key` can never close, because a worker is gone (`gone`: "worker 1
+// (...) died" or "... has finished"). Only a finished worker's missing push is the program's
+// doing: one that died was cut off.
 std::string UnfinishableRound(Key key, const std::string& gone) {
   return KeyText(key) + ": this dist_sync round can never complete: " + gone +
-         " without pushing it (every worker must push each key equally often)";
+         (gone.ends_with(" died") ? " before pushing it"
+                                  : " without pushing it (every worker must push each key "
+                                    "equally often)");
 }
 
 // Every pushed chunk arrives in a buffer ZeroMQ mallocs and the server frees after its round.

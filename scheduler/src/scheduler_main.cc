@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   } target;
   // Started before any other thread so that all of them inherit the blocked signals.
   ps::cli::SignalWatcher signals([&](int signal) {
-    const std::string why =
-        std::string("stopped by signal ") + (signal == SIGINT ? "SIGINT" : "SIGTERM");
+    const std::string why = std::string("the scheduler was stopped by signal ") +
+                            (signal == SIGINT ? "SIGINT" : "SIGTERM");
     ps::MutexLock lock(target.mu);
     if (target.running != nullptr) {
       target.running->Stop(why);

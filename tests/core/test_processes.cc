@@ -278,7 +278,8 @@ TEST_CASE("processes: a failed scheduler says why once", "[processes][fault]") {
     const std::string output = scheduler->Output();
     INFO(output);
     CHECK(count(output, "stopped by signal") == 1);
-    CHECK_THAT(output, Catch::EndsWith("ps-scheduler: error: stopped by signal SIGTERM\n"));
+    CHECK_THAT(output, Catch::EndsWith(
+                           "ps-scheduler: error: the scheduler was stopped by signal SIGTERM\n"));
   }
 }
 
