@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +17,7 @@
 
 #include "ps/error.h"
 #include "ps/src/internal.h"
+#include "ps/src/log_text.h"
 
 namespace ps::checkpoint {
 namespace {
@@ -398,18 +400,22 @@ Manifest Manifest::Parse(const std::string& text, const std::string& source) {
   Manifest manifest;
   std::string word;
   if (!std::getline(in, line) || !(std::istringstream(line) >> word >> manifest.servers) ||
-      word != "servers" || manifest.servers <= 0 || manifest.servers > 65536) {
+      word != "servers") {
     throw bad("no 'servers N' line");
+  }
+  if (manifest.servers <= 0 || manifest.servers > 65536) {
+    throw bad("'" + PrintableText(line, 80) + "' names no server count in 1..65536");
   }
   while (std::getline(in, line)) {
     std::istringstream fields(line);
     FileSummary file;
     std::string checksum;
     if (!(fields >> word >> file.name >> file.bytes >> checksum) || word != "file" ||
-        file.name.find('/') != std::string::npos || checksum.size() != 16) {
-      throw bad("malformed line '" + line + "'");
+        file.name.find('/') != std::string::npos || checksum.size() != 16 ||
+        std::from_chars(checksum.data(), checksum.data() + checksum.size(), file.checksum, 16)
+                .ptr != checksum.data() + checksum.size()) {
+      throw bad("malformed line '" + PrintableText(line, 200) + "'");
     }
-    file.checksum = std::stoull(checksum, nullptr, 16);
     manifest.files.push_back(std::move(file));
   }
   if (manifest.files.size() != static_cast<std::size_t>(manifest.servers)) {

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvstore/checkpoint.h"
 #include "kvstore/local_kvstore.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
@@ -295,6 +296,27 @@ TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every 
   } catch (const ps::Error& e) {
     CHECK(e.kind() == ps::ErrorKind::kOther);
   }
+}
+
+TEST_CASE("checkpoint: a malformed MANIFEST names what is wrong with it", "[checkpoint][errors]") {
+  const auto error_of = [](const std::string& text) -> std::string {
+    try {
+      ps::checkpoint::Manifest::Parse(text, "/ckpt/MANIFEST");
+    } catch (const ps::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string prefix = "checkpoint manifest /ckpt/MANIFEST is not valid: ";
+  CHECK(error_of("ps-checkpoint 1\nservers 2\n") == prefix + "0 files listed for 2 servers");
+  // A checksum that is not hexadecimal: the line, not a bare "stoull" from the library.
+  CHECK(error_of("ps-checkpoint 1\nservers 1\nfile server-0-of-1.psckpt 10 zzzzzzzzzzzzzzzz\n") ==
+        prefix + "malformed line 'file server-0-of-1.psckpt 10 zzzzzzzzzzzzzzzz'");
+  CHECK(error_of("ps-checkpoint 1\nsurvers 2\n") == prefix + "no 'servers N' line");
+  CHECK(error_of("ps-checkpoint 1\nservers 100000000\n") ==
+        prefix + "'servers 100000000' names no server count in 1..65536");
+  CHECK(error_of("ps-checkpoint 1\nservers 0\x1b[2J\n") ==
+        prefix + "'servers 0\\x1b[2J' names no server count in 1..65536");
 }
 
 TEST_CASE("checkpoint: another model's checkpoint is a CheckpointMismatchError on every worker",
