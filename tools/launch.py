@@ -1247,7 +1247,7 @@ class Launch:
         primary = failed[0]
         self.drain(failed)
         # A host or process found lost is the cause; the exits are its consequences.
-        consequence = ", after the above" if self.report_lost_hosts(failed) else ""
+        consequence = ", after the loss named above" if self.report_lost_hosts(failed) else ""
         self.say(f"{primary.spec.label} on {primary.spec.where} exited with status "
                  f"{primary.status_text()}{consequence}; last lines:")
         self.report_lines(primary)

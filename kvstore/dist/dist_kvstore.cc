@@ -370,7 +370,7 @@ void DistKVStore::Barrier() {
   try {
     AgreeAmongWorkers("Barrier", "");
   } catch (const Error& e) {
-    throw Error(std::string(kStore) + ": Barrier failed on every worker: " + e.what());
+    ThrowError(e.kind(), std::string(kStore) + ": Barrier failed on every worker: " + e.what());
   }
 }
 
@@ -434,14 +434,14 @@ void DistKVStore::AgreeAmongWorkers(const std::string& call, const std::string& 
   }
   ++collectives_entered_;  // every worker counts it, failed or not
   if (!sync_ || !why.empty()) {
-    runtime_->Agree(kWorkerGroup, call, why, failure_kind);
+    runtime_->Agree(kWorkerGroup, call, why, {}, failure_kind);
     return;
   }
   // Unannounced, the servers cannot tell that a round waits for this worker's push while it
   // votes: a vote that lasts is reported as a stall of several threads, for the scheduler to
   // suspect a deadlock with a worker whose wait needs that push (deadlock_watch.h).
   WaitStall stall(*this, {}, true);  // ends with the vote, thrown or not
-  runtime_->Agree(kWorkerGroup, call, why, ErrorKind::kOther, [&stall] { stall.Tick(); });
+  runtime_->Agree(kWorkerGroup, call, why, [&stall] { stall.Tick(); });
 }
 
 bool DistKVStore::OnlyCallerPushes() const {

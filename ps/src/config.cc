@@ -17,7 +17,8 @@ constexpr double kServerWeightScale = 1000;
 
 // PS_HEARTBEAT_TIMEOUT's least value: the scheduler checks heartbeats every 0.2 s and takes a
 // gap of half the timeout between its checks for a pause of its own (PauseWatch), so a shorter
-// timeout would find a pause at every check and never declare a node dead.
+// timeout would find a pause at every check and never declare a node dead. (Both the scheduler
+// and the nodes also keep that threshold at three of their ticks or more.)
 constexpr double kMinHeartbeatTimeoutSeconds = 1.0;
 
 // PS_TCP_RCVBUF's least non-zero value: a few segments; the kernel rounds smaller ones up.
@@ -186,10 +187,11 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
     if (config.rank_hint >= count) {
       Invalid("PS_RANK", std::to_string(config.rank_hint),
               "a job of " + std::string(server ? "DMLC_NUM_SERVER=" : "DMLC_NUM_WORKER=") +
-                  std::to_string(count) + (server ? " servers" : " workers") + " has ranks 0.." +
-                  std::to_string(count - 1) +
-                  ": ask for one of those, or "
-                  "leave PS_RANK unset");
+                  std::to_string(count) + (server ? " servers" : " workers") +
+                  (count == 1
+                       ? " has only rank 0"
+                       : " has ranks 0.." + std::to_string(count - 1) + ": ask for one of those") +
+                  ", or leave PS_RANK unset");
     }
   }
   config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");

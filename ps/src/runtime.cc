@@ -91,9 +91,7 @@ void Runtime::Register() {
                  << " server(s) and " << config_.num_workers << " worker(s)";
   }
   // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
-  const auto period = config_.heartbeat_interval.count() > 0 ? config_.heartbeat_interval
-                                                             : std::chrono::milliseconds(500);
-  timer_ = std::make_unique<PeriodicTask>(period, [this] { OnTick(); });
+  timer_ = std::make_unique<PeriodicTask>(TickPeriod(config_), [this] { OnTick(); });
 }
 
 void Runtime::OpenTransport(std::chrono::steady_clock::time_point deadline) {
@@ -812,6 +810,10 @@ void Runtime::OnTick() {
   tracker_.ExpireOverdue(now);
   AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) {
+    {
+      MutexLock lock(mu_);
+      if (terminated_ || !failure_.empty()) return;  // ended: the scheduler may well be gone
+    }
     // No heartbeats to miss, but a scheduler that exited or was killed closes its connection:
     // without this, every node would wait for it for ever.
     if (const auto closed = SchedulerClosedFor(now);
@@ -892,7 +894,7 @@ void Runtime::Barrier(int groups, std::optional<std::chrono::milliseconds> timeo
 }
 
 void Runtime::Agree(int groups, const std::string& vote, const std::string& failure,
-                    ErrorKind failure_kind, const std::function<void()>& stalled) {
+                    const std::function<void()>& stalled, ErrorKind failure_kind) {
   if (const BarrierOutcome outcome =
           VotedBarrier(groups, vote, failure, failure_kind, std::nullopt, stalled);
       !outcome.error.empty()) {

@@ -91,9 +91,6 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
   if (header.nodes_size() > static_cast<int>(kMaxNodes) || header.body().size() > kMaxBodyBytes) {
     return "node table or body too large";
   }
-  if (header.error_kind() >= kErrorKinds) {
-    return "unknown error kind " + std::to_string(header.error_kind());
-  }
   if (header.barrier_group() < 0 || header.barrier_group() > kAllGroups) {
     return "barrier group " + std::to_string(header.barrier_group()) + " out of range";
   }
@@ -138,7 +135,9 @@ std::string HeaderDecoder::Decode(const void* bytes, std::size_t size, DecodedHe
   meta.body.assign(header.body());
   meta.barrier_group = header.barrier_group();
   meta.error.assign(header.error());
-  meta.error_kind = static_cast<ErrorKind>(header.error_kind());
+  // A kind this build does not know (a newer peer's) is still an error: a plain one.
+  meta.error_kind = header.error_kind() < kErrorKinds ? static_cast<ErrorKind>(header.error_kind())
+                                                      : ErrorKind::kOther;
   meta.priority = header.priority();
   return "";
 }

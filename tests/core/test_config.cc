@@ -177,6 +177,10 @@ TEST_CASE("config: PS_RANK must be one of the role's ranks", "[config]") {
         "of those, or leave PS_RANK unset");
   settings["PS_RANK"] = "1";
   CHECK(ParseSettings(settings).rank_hint == 1);
+  settings["DMLC_NUM_SERVER"] = "1";
+  CHECK(ErrorOf(settings) ==
+        "PS_RANK='1' is invalid: a job of DMLC_NUM_SERVER=1 servers has only rank 0, or leave "
+        "PS_RANK unset");
 }
 
 TEST_CASE("config: PS_SERVER_WEIGHTS scales each rank's share, the largest to 1000", "[config]") {

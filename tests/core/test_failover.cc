@@ -304,6 +304,7 @@ TEST_CASE(
   refused(env,
           "and each of its servers that died was replaced already: a server started later "
           "joins a running job only in the place of a dead one");
+  INFO("worker 0 at the end of the refusals: " << workers[0]->Tail(1));
   REQUIRE(workers[0]->Wait(0ms) == std::nullopt);  // still running: the refusals were mid-job
   CheckJobSucceeded(workers, *scheduler);
 }

@@ -132,6 +132,16 @@ TEST_CASE("dist kvstore: ranks in different collectives fail instead of waiting 
     Expect(Has(mixed, "failed on every worker") && Has(mixed, "called Barrier") &&
                Has(mixed, "called Init key 9"),
            "mixed collectives: " + mixed);
+    // The same type in either call (Barrier's own rewording keeps it).
+    const auto mixed_kind = ErrorKindOf([&] {
+      if (kv.Rank() == 0) {
+        kv.Barrier();
+      } else {
+        kv.Init(9, ps::Tensor(value.data(), 3));
+      }
+    });
+    Expect(mixed_kind == ps::ErrorKind::kDisagreement,
+           "rank " + std::to_string(kv.Rank()) + ": a ps::DisagreementError");
     kv.Barrier();  // agreeing again works
   });
   CHECK(AllOk(outcomes) == "");

@@ -105,7 +105,7 @@ class Runtime {
   // The exception is the one of the failure's kind: DisagreementError when the votes differ,
   // the members' own (`failure_kind`) when every member that failed gave the same kind.
   void Agree(int groups, const std::string& vote, const std::string& failure = "",
-             ErrorKind failure_kind = ErrorKind::kOther, const std::function<void()>& stalled = {});
+             const std::function<void()>& stalled = {}, ErrorKind failure_kind = ErrorKind::kOther);
   // How long a wait lasts before a worker reports it as a stall (ReportStall), then between
   // its reports while it lasts: twice as long each time, at most kMaxStallReportGap.
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
@@ -303,6 +303,12 @@ class Runtime {
                                         RequestTracker::Clock::time_point deadline);
   // The transport's news of a send socket's connection (monitor thread: records only).
   void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
+  // The timer's period: the heartbeat interval, or with heartbeats off (0) often enough for
+  // request deadlines to expire on time.
+  static std::chrono::milliseconds TickPeriod(const ClusterConfig& config) {
+    return config.heartbeat_interval.count() > 0 ? config.heartbeat_interval
+                                                 : std::chrono::milliseconds(500);
+  }
   // How long the connection to the scheduler has been closed (it was open before), or nullopt
   // while it is open.
   std::optional<std::chrono::milliseconds> SchedulerClosedFor(RequestTracker::Clock::time_point now)
@@ -372,7 +378,10 @@ class Runtime {
   // contact, before the timer thread starts; then that thread's alone): this process itself
   // did not run (SIGSTOP, a frozen VM), which explains a lost scheduler better than the
   // network. A message sent before such a pause may still arrive after it and count as contact.
-  PauseWatch pause_watch_{config_.heartbeat_timeout / 2};
+  // Its threshold is half the heartbeat timeout, but never under three ticks: a gap every
+  // tick reaches would make every tick a pause.
+  PauseWatch pause_watch_{std::max<PauseWatch::Clock::duration>(config_.heartbeat_timeout / 2,
+                                                                3 * TickPeriod(config_))};
 
   std::atomic<std::size_t> dead_count_{0};           // dead_.size(), readable without mu_
   std::atomic<std::size_t> dropped_{0};              // from unknown senders, or unexpected controls
