@@ -597,6 +597,16 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
                     << " before this node heard of its death";
     OnNodeDead(*predecessor);
   }
+  // Connected before it is in the table: a thread that finds the rank's server there (a
+  // collective's request, say) must find a socket to it too, or its send is refused.
+  if (is_new && node.id != self_.id) {
+    try {
+      ConnectTo(node);
+    } catch (const Error& e) {  // out of descriptors: this node cannot go on
+      Fail("cannot connect to " + node.Describe() + ", which joined the job: " + e.what());
+      return;
+    }
+  }
   {
     MutexLock lock(mu_);
     if (is_new) {
@@ -607,14 +617,6 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
     server_event_count_.store(server_events_.size());
   }
   if (node.id != self_.id) {
-    if (is_new) {
-      try {
-        ConnectTo(node);
-      } catch (const Error& e) {  // out of descriptors: this node cannot go on
-        Fail("cannot connect to " + node.Describe() + ", which joined the job: " + e.what());
-        return;
-      }
-    }
     PS_LOG(WARNING) << node.Describe() << " joined the job in the place of a dead server";
   }
   NotifyPeer(node, PeerEvent::kJoined);

@@ -191,6 +191,9 @@ void RunRejoinJob(const std::string& type, bool collectives) {
     // The survivors copy what the change gives them as soon as they hear of it (a few ms
     // here); the workers keep going meanwhile, so this checks the job, not a race with it.
     std::this_thread::sleep_for(1500ms);
+    INFO("worker 0: " << workers[0]->Tail(12) << "\nworker 1: " << workers[1]->Tail(12)
+                      << "\njoined server: " << joined->Tail(8)
+                      << "\nscheduler: " << scheduler->Tail(8));
     REQUIRE(workers[0]->Wait(0ms) == std::nullopt);  // still running: the kill is mid-job
     servers[order[i]]->Kill(SIGKILL);
   }
