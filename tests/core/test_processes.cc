@@ -45,6 +45,13 @@ std::pair<std::unique_ptr<ChildProcess>, int> StartSchedulerWith(const Env& env)
   return {std::move(scheduler), std::stoi(match[1])};
 }
 
+// The same, then points `env` at it (DMLC_PS_ROOT_PORT): the nodes started with it join.
+std::pair<std::unique_ptr<ChildProcess>, int> StartSchedulerFor(Env& env) {
+  auto started = StartSchedulerWith(env);
+  env["DMLC_PS_ROOT_PORT"] = std::to_string(started.second);
+  return started;
+}
+
 std::pair<std::unique_ptr<ChildProcess>, int> StartScheduler(int servers, int workers) {
   return StartSchedulerWith(JobEnv(servers, workers, 0));
 }
@@ -371,8 +378,7 @@ TEST_CASE("processes: a node with the wrong secret names it after the scheduler 
   Env env = JobEnv(1, 1, 0);
   env["PS_JOB_SECRET"] = "right";
   env["PS_REGISTER_TIMEOUT"] = "4";
-  auto [scheduler, port] = StartSchedulerWith(env);
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto [scheduler, port] = StartSchedulerFor(env);
   env["PS_JOB_SECRET"] = "wrong";
   env["PS_REGISTER_TIMEOUT"] = "9";  // past the scheduler's, with probes (every 3 s) before it
   auto server = Start("ps-server", env);
@@ -400,8 +406,7 @@ TEST_CASE("processes: a scheduler paused for a while judges no node on its own s
   // scheduler, resumed, counts heartbeats from then on instead of from before its pause.
   Env env = JobEnv(1, 1, 0);
   env["PS_HEARTBEAT_TIMEOUT"] = "4";
-  auto [scheduler, port] = StartSchedulerWith(env);
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto [scheduler, port] = StartSchedulerFor(env);
   auto server = Start("ps-server", env);
   auto worker = Start("ps-test-node", env, {"--block"});
   REQUIRE(worker->WaitForOutput("registered as worker", 20s));
@@ -564,8 +569,7 @@ TEST_CASE("processes: a scheduler killed is noticed with heartbeats off and befo
   SECTION("PS_HEARTBEAT_INTERVAL=0: its closed connection, not a heartbeat, ends the nodes") {
     Env env = JobEnv(1, 1, 0);
     env["PS_HEARTBEAT_INTERVAL"] = "0";
-    auto [scheduler, port] = StartSchedulerWith(env);
-    env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+    auto [scheduler, port] = StartSchedulerFor(env);
     env["PS_VERBOSE"] = "1";
     auto server = Start("ps-server", env);
     auto worker = Start("ps-test-node", env, {"--block"});
@@ -600,8 +604,7 @@ TEST_CASE("processes: a worker that dies before the job fills up is replaced",
   // where before it was refused ("the job already has its 2 worker(s)") and the job failed.
   Env env = JobEnv(1, 2, 0);
   env["PS_VERBOSE"] = "1";
-  auto [scheduler, port] = StartSchedulerWith(env);
-  env["DMLC_PS_ROOT_PORT"] = std::to_string(port);
+  auto [scheduler, port] = StartSchedulerFor(env);
   auto server = Start("ps-server", env);
   auto doomed = Start("ps-test-node", env, {"--barriers", "2"});
   // Its first wait report (after 3 s): the scheduler's connection to it is long open, so its
