@@ -19,14 +19,13 @@ namespace {
 
 std::string KeyText(Key key) { return "key " + std::to_string(key); }
 
-// Why a dist_sync round of `key` can never close, because a worker is gone (`gone`: "worker 1
-// (...) died" or "... has finished"). Only a finished worker's missing push is the program's
-// doing: one that died was cut off.
-std::string UnfinishableRound(Key key, const std::string& gone) {
-  return KeyText(key) + ": this dist_sync round can never complete: " + gone +
-         (gone.ends_with(" died") ? " before pushing it"
-                                  : " without pushing it (every worker must push each key "
-                                    "equally often)");
+// Why a dist_sync round of `key` can never close, because worker `who` is gone. Only a
+// finished worker's missing push is the program's doing: one that died was cut off.
+std::string UnfinishableRound(Key key, const std::string& who, bool died) {
+  return KeyText(key) + ": this dist_sync round can never complete: " + who +
+         (died ? " died before pushing it"
+               : " has finished without pushing it (every worker must push each key "
+                 "equally often)");
 }
 
 // Every pushed chunk arrives in a buffer ZeroMQ mallocs and the server frees after its round.
@@ -296,7 +295,8 @@ std::string KVServerStore::ValidateSlice(const kv::Request& request, std::size_t
            DTypeName(slice.dtype);
   }
   if (request.sync && !gone_workers_.empty()) {
-    return UnfinishableRound(ref.key, gone_workers_.begin()->second);
+    const GoneWorker& gone = gone_workers_.begin()->second;
+    return UnfinishableRound(ref.key, gone.who, gone.died);
   }
   return "";
 }
@@ -675,8 +675,9 @@ void KVServerStore::HandlePull(const Meta& meta, const kv::Request& request,
     } else if (gone_workers_.empty()) {
       slice.waiters.push_back({round, waiter});
     } else {
+      const GoneWorker& gone = gone_workers_.begin()->second;
       FailWaiter(waiter, "server " + std::to_string(runtime_.rank()) + ": " +
-                             UnfinishableRound(slice.key, gone_workers_.begin()->second));
+                             UnfinishableRound(slice.key, gone.who, gone.died));
     }
   };
   for (std::size_t i = 0; i < request.slices.size(); ++i) {
@@ -1073,9 +1074,9 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   // stall no longer says that every push it sent is here.
   stalled_.erase(peer.id);
   if (event == Runtime::PeerEvent::kReset) return;
-  const std::string why =
-      peer.Describe() + (event == Runtime::PeerEvent::kDead ? " died" : " has finished");
-  gone_workers_[peer.id] = why;
+  const GoneWorker gone{peer.Describe(), event == Runtime::PeerEvent::kDead};
+  gone_workers_[peer.id] = gone;
+  const std::string why = gone.who + (gone.died ? " died" : " has finished");
   if (runtime_.config().verbose >= 1) {
     LOG(INFO) << "server " << runtime_.rank() << ": " << why
               << ": dist_sync rounds that wait for it fail";
@@ -1089,7 +1090,7 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
         std::find(slice.pushed.begin(), slice.pushed.end(), peer.id) == slice.pushed.end();
     if (waits_on_peer || !slice.deferred.empty()) {
       FailWaiters(slice, "server " + std::to_string(runtime_.rank()) + ": " +
-                             UnfinishableRound(id.first, why));
+                             UnfinishableRound(id.first, gone.who, gone.died));
     }
   }
 }

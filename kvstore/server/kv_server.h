@@ -460,7 +460,13 @@ class KVServerStore {
   std::string compression_body_;
   bool pushed_ = false;  // a push was accepted: the compression is fixed
   std::uint64_t next_state_id_ = 1;
-  std::map<int, std::string> gone_workers_;  // node id -> why it can no longer push
+  // Workers that can no longer push, by node id: who they were and whether they died (cut off)
+  // or finished (their missing push is the program's doing).
+  struct GoneWorker {
+    std::string who;  // NodeInfo::Describe()
+    bool died = false;
+  };
+  std::map<int, GoneWorker> gone_workers_;
   // dist_sync workers in a collective as far as this server knows (HandleCollective), by node
   // id; an entry goes once a push stamped past its collective arrives. On the receive thread.
   std::map<int, CollectiveEntry> in_collective_;

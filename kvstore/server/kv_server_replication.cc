@@ -377,7 +377,8 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   // Segments the dead server shared with this one (as its replica): mapped until the requests
   // that reference them are done.
   std::erase_if(segments_, [&](const auto& entry) { return entry.first.first == peer.id; });
-  FollowRing(peer.Describe() + " died");
+  FollowRing(peer.rank == runtime_.rank() ? "took the place of dead " + peer.Describe()
+                                          : peer.Describe() + " died");
   // This server's segments for it: FollowRing sent every slice that went to it to another
   // replica (or none), which retired their slots, so nothing refers to them. Unmapped here,
   // their memory goes back to the kernel (node ids are never reused).

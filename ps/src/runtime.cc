@@ -554,7 +554,13 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
       server_event_count_.store(server_events_.size());
     }
   }
-  PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
+  if (dead.role == self_.role && dead.rank == self_.rank) {
+    // The server whose rank this one took: the catch-up at its registration tells of that
+    // death, which is old news here.
+    if (config_.verbose >= 1) PS_LOG(INFO) << "took the place of dead " << dead.Describe();
+  } else {
+    PS_LOG(WARNING) << "the scheduler reports " << dead.Describe() << " dead";
+  }
   // What is queued for it goes now, not when it comes back (a stopped process may resume):
   // queued frames may borrow memory their senders get back with the failure below.
   transport_->Abandon(dead.id);

@@ -203,6 +203,13 @@ void RunRejoinJob(const std::string& type, bool collectives) {
   CHECK(joined_status == 0);
   // It served the job alone at the end.
   CHECK_THAT(joined->Output(), Catch::Contains("no replica is left for this server's keys"));
+  // The death of the server whose rank it took is no news to it: not reported as a fresh loss.
+  const std::string output = joined->Output();
+  const std::string took = "took the place of dead server ";
+  const std::size_t at = output.find(took);
+  REQUIRE(at != std::string::npos);
+  const std::string rank = output.substr(at + took.size(), 1);  // ranks 0-2 here
+  CHECK_THAT(output, !Catch::Contains("scheduler reports server " + rank + " (node"));
 }
 
 }  // namespace
