@@ -552,7 +552,8 @@ KVServerStore::ReplicaVerdict KVServerStore::ApplyReplicaOp(int sender, const kv
     return {};
   }
   if (op.kind == kv::ReplicaKind::kState) {
-    if (!IsSummableDType(frame.dtype()) || frame.count() == 0 ||
+    // A zero-length key is one empty slice; any other slice holds at least one element.
+    if (!IsSummableDType(frame.dtype()) || (frame.count() == 0 && ref.total != 0) ||
         frame.count() > ref.total - ref.offset) {
       return {SliceText(ref) + ": a malformed copy from " + runtime_.Describe(sender)};
     }

@@ -42,6 +42,38 @@ TEST_CASE("dist_sync: exact sums for 1 to 4 workers over 1 to 3 servers with a c
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist kvstore: zero-length keys work beside others with replicas", "[dist]") {
+  // As on `local` and one server: an empty key is a key. With 2 servers each slice also goes
+  // to a replica, which must take an empty copy too (and no server may die of it).
+  const std::string type = GENERATE("dist_sync", "dist_async");
+  INFO(type);
+  KVCluster cluster(2, 2);
+  const auto outcomes = cluster.RunWorkers(type, [&](ps::KVStore& kv) {
+    std::vector<float> value(10, 1.0f);
+    std::vector<float> grad(10, 2.0f);
+    const std::vector<ps::Key> empty_keys{20, 21, 22, 23, 24, 25};
+    kv.Init(empty_keys, std::vector<ps::Tensor>(empty_keys.size(), ps::Tensor(value.data(), 0)));
+    kv.Init(1, ps::Tensor(value.data(), value.size()));
+    ps::OptimizerConfig sgd;
+    sgd.learning_rate = 1.0f;
+    kv.SetOptimizer(sgd);
+    for (const ps::Key key : empty_keys) {
+      kv.PushPull(key, ps::Tensor(grad.data(), 0), ps::Tensor(value.data(), 0));
+    }
+    kv.PushPull(1, ps::Tensor(grad.data(), grad.size()), ps::Tensor(value.data(), value.size()));
+    kv.WaitAll();
+    kv.Barrier();
+    kv.Pull(1, ps::Tensor(value.data(), value.size()));
+    kv.WaitAll();
+    // Both workers' pushes of 2 applied with learning rate 1 (dist_sync: their sum at once).
+    Expect(value == std::vector<float>(10, 1.0f - 2 * 2.0f), "key 1 after both pushes");
+  });
+  CHECK(AllOk(outcomes) == "");
+  for (auto& server : cluster.servers())
+    CHECK_THAT(server->Output(), !Catch::Contains("malformed"));
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("dist_sync: push then pull of the same key sees that round", "[dist]") {
   KVCluster cluster(2, 3);
   const auto outcomes = cluster.RunWorkers(
