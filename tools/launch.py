@@ -63,6 +63,10 @@ FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "PS_TCP_RCVBUF", "PS_
 
 STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
 LAST_LINES = 20  # lines kept per process for failure reports
+# After processes exit, their output is shown to its end (EOF): while lines keep coming (a
+# backlog behind a slow reader of the launcher's output), for up to DRAIN_LIMIT_S in all; a
+# pipe silent for its quiet period is left (a child of the process may hold it open).
+DRAIN_LIMIT_S = 120.0
 PORT_ATTEMPTS = 3  # scheduler starts when the launcher picks the root port itself
 SSH_STARTS_PER_HOST = 8  # ssh connections to one host in their handshake at once
 
@@ -628,6 +632,7 @@ class Launch:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.events = queue.Queue()
+        self.lines_seen = 0  # output lines taken from `events` so far
         self.procs = []
         self.lost_servers = []  # servers that died while the job went on (replication)
         # server rank -> how many times the scheduler said the job goes on without it (each
@@ -888,6 +893,7 @@ class Launch:
                 if line is None:
                     p.eof = True
                 else:
+                    self.lines_seen += 1
                     p.lines.append(line)
                     if SCHEDULER_DONE in line:
                         p.saw_job_end = True  # kept past the last lines that `lines` holds
@@ -911,11 +917,22 @@ class Launch:
             if remaining <= 0 or self.signal_received is not None:
                 return
 
-    def drain(self, procs, timeout=1.0):
-        """Waits (bounded) for the output of `procs` to reach EOF, showing it."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(p.eof for p in procs):
+    def drain(self, procs, quiet=1.0):
+        """Shows the output of `procs` to its end (EOF): bounded by `quiet` s without a line
+        and by DRAIN_LIMIT_S in all, after which what is left unshown is counted."""
+        start = last_line = time.monotonic()
+        while not all(p.eof for p in procs):
+            now = time.monotonic()
+            if now - last_line > quiet or now - start > DRAIN_LIMIT_S:
+                break
+            shown = self.lines_seen
             self.pump(0.05)
+            if self.lines_seen != shown:
+                last_line = time.monotonic()
+        if time.monotonic() - start > DRAIN_LIMIT_S:
+            self.say(f"stopped showing the processes' output after {DRAIN_LIMIT_S:g} s: about "
+                     f"{self.events.qsize()} line(s) more were not shown (is the reader of "
+                     "this output slow?)")
 
     def wait_scheduler_ready(self, sched, probe_port):
         """Waits for the scheduler's listening line (or, when probe_port, for the port to accept
@@ -1292,6 +1309,13 @@ class Launch:
                 if node is not None and node.spec.host is not None and \
                         node.spec.host.name in lost:
                     continue
+                if node is not None and role == "worker" and node.returncode == 0:
+                    self.say(f"worker {rank} at {addr} exited 0 but was declared dead by the "
+                             "scheduler: its program ended without destroying its KVStore, "
+                             "which counts as dying (let the store be destroyed, or call "
+                             "ReportFailure, before the process exits)")
+                    named = True
+                    continue
                 if node is None or node.returncode is not None:
                     continue
                 state = process_state(node.child_pgid) if node.spec.host is None else None
@@ -1339,7 +1363,7 @@ class Launch:
                 kill_group(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
             p.poll()
-        self.drain(running, timeout=0.5)
+        self.drain(running, quiet=0.5)
 
 
 def pick_free_port(addr):

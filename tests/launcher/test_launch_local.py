@@ -5,6 +5,7 @@ reports, signals, and that no process is left behind (checked by pid and start t
 """
 import os
 import signal
+import subprocess
 import time
 import unittest
 
@@ -126,6 +127,44 @@ class LocalJob(LauncherTest):
         self.assertTrue(r.out.strip())
         for line in r.out.splitlines():
             self.assertRegex(line, r"^\[worker \d\] ")
+
+    def test_output_behind_a_slow_reader_is_shown_to_its_end(self):
+        # The launcher's reader falls behind: when the processes have exited, their output is
+        # still queued (far more than a pipe holds). Every line must come through, the last
+        # ones included, however long after the exits showing it takes.
+        lines = 20000
+        proc = subprocess.Popen(
+            self.launch_argv(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
+                             + self.fake_cmd("--lines", str(lines))),
+            env=self.env(), cwd=self.tmp, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True)
+        chunks = []
+        try:
+            # A reader of 400 KB/s: the 1.6 MB of output takes seconds after the exits.
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                time.sleep(0.01)  # the slow reader's pace, not a synchronization
+            proc.wait(timeout=30)
+            err = proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        out = b"".join(chunks)
+        out, err = out.decode(errors="replace"), err.decode(errors="replace")
+        self.assertEqual(proc.returncode, 0, err[-2000:])
+        for rank in range(2):
+            shown = self.worker_lines(out, rf"line \d+ of rank {rank}$")
+            count = sum(len(v) for v in shown.values())
+            self.assertEqual(count, lines, f"rank {rank}: {count} of {lines} lines shown")
+            self.assertEqual(len(self.worker_lines(out, rf"fake-worker: ok rank={rank}$")), 1)
+        self.assertNotIn("not shown", err)
 
     def test_worker_command_not_found(self):
         r = self.run_launcher(["-n", "1", "-s", "1", "--server-cmd", f"{PY} {FAKE}",
