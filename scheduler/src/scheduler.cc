@@ -914,7 +914,11 @@ bool Scheduler::DeclareClosedConnectionsDead(Clock::time_point now) {
     } else if (now - it->second >= kReconnectGrace) {
       suspected_.erase(it);
       DeclareDead(id, "its connection closed and did not come back within " +
-                          FormatSeconds(kReconnectGrace) + ": the process exited or was killed");
+                          FormatSeconds(kReconnectGrace) + ": the process exited or was killed" +
+                          (nodes_[static_cast<std::size_t>(id)].role == Role::kWorker
+                               ? " (a worker whose program ends without destroying its "
+                                 "KVStore counts as dead too)"
+                               : ""));
       return true;
     } else {
       ++it;

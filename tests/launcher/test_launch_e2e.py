@@ -128,6 +128,21 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assertIn("worker giving up", r.err)
         self.assert_nothing_left_here()
 
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-exit-worker"),
+                     missing("ps-scheduler", "ps-server", "ps-test-exit-worker"))
+    def test_worker_exiting_without_destroying_its_store_is_named(self):
+        # Its process ends 0 with the store alive: the job counts it as dead (it never said it
+        # finished), and the launcher names the program's omission, not a lost host.
+        r = self.run_launcher(["-n", "2", "-s", "1"] + self.marked()
+                              + [binary("ps-test-exit-worker")],
+                              env=self.real_env(), timeout=60)
+        self.assertEqual(r.rc, 1, r)
+        self.assertRegex(r.err, r"worker [01] at \S+ exited 0 but was declared dead by the "
+                                r"scheduler: its program ended without destroying its KVStore")
+        self.assertIn("counts as dead too", r.out + r.err)
+        self.assertNotIn("network", r.err)
+        self.assert_nothing_left_here()
+
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
                      missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
     def test_killed_server_is_survived_with_replication(self):
