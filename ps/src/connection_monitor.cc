@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 
 #include "ps/error.h"
@@ -55,6 +56,24 @@ std::string PeerName(int fd) {
     return "[" + std::string(text) + "]:" + std::to_string(ntohs(in6.sin6_port));
   }
   return "a local (ipc) peer";
+}
+
+// Why a peer's security handshake failed, from ZeroMQ's protocol error code, and the fix.
+std::string HandshakeFailure(std::uint32_t code) {
+  switch (code) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+      return "the peer speaks another security mechanism (PLAIN or CURVE): every node of a "
+             "job must set the same PS_ENCRYPT";
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+      return "the peer's CURVE keys are not this job's: with PS_ENCRYPT=1 they come from "
+             "PS_JOB_SECRET, so every node must be given the job's secret";
+    default: {
+      char hex[16];
+      std::snprintf(hex, sizeof(hex), "%#x", code);
+      return std::string("the peer broke ZeroMQ's handshake (protocol error ") + hex +
+             "): is it a node of this job, of the same version, with the same PS_ENCRYPT?";
+    }
+  }
 }
 
 // Whether descriptor `fd` is a socket accepted by the listener bound to `endpoint`
@@ -284,13 +303,11 @@ void ConnectionMonitor::OnReceiverEventOnMonitorThread(const Event& event) {
       accepted_.erase(fd);
       break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
-      // The refused peer learns why from its own side; this side says it too, once in a while.
-      if (event.value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH) {
-        if (const auto count = ++mechanism_mismatches_; LogOccurrence(count)) {
-          PS_LOG(WARNING) << "refused a connection (#" << count
-                          << "): the peer speaks another security mechanism (PLAIN or CURVE): "
-                             "every node of a job must set the same PS_ENCRYPT";
-        }
+      // The refused peer may learn why from its own side; this side says it too, once in a
+      // while (a CURVE peer with other keys learns nothing: its handshake just stalls).
+      if (const auto count = ++refused_handshakes_; LogOccurrence(count)) {
+        PS_LOG(WARNING) << "refused a connection (#" << count
+                        << "): " << HandshakeFailure(event.value);
       }
       ++handshakes_ended_;
       break;

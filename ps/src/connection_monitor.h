@@ -88,9 +88,11 @@ class ConnectionMonitor {
 
   // Connections dropped so far to keep within the limits.
   std::uint64_t dropped_connections() const { return dropped_.load(); }
-  // Connections whose handshake failed because the peer speaks another security mechanism
-  // (PLAIN against CURVE: the nodes disagree on PS_ENCRYPT).
-  std::uint64_t mechanism_mismatches() const { return mechanism_mismatches_.load(); }
+  // Accepted connections whose security handshake failed: the peer speaks another mechanism
+  // (PLAIN against CURVE: the nodes disagree on PS_ENCRYPT), or its CURVE keys are not this
+  // job's (another PS_JOB_SECRET), or it broke the protocol. (A wrong PLAIN secret is the
+  // authenticator's refusal, not counted here.)
+  std::uint64_t refused_handshakes() const { return refused_handshakes_.load(); }
   const ConnectionLimits& limits() const { return limits_; }
 
  private:
@@ -144,7 +146,7 @@ class ConnectionMonitor {
   const ConnectionLimits limits_;
   std::atomic<std::uint64_t> next_endpoint_{0};  // numbers the inproc monitor endpoints
   std::atomic<std::uint64_t> dropped_{0};
-  std::atomic<std::uint64_t> mechanism_mismatches_{0};
+  std::atomic<std::uint64_t> refused_handshakes_{0};
   WakeFd wake_;  // wakes the monitor thread for changes and for stopping
 
   Mutex mu_;                                                         // guards the hand-over below

@@ -142,7 +142,7 @@ class ZmqTransport {
   std::uint64_t dropped_connections() const { return monitor_.dropped_connections(); }
   // Connections turned away for a wrong or missing PS_JOB_SECRET, or another PS_ENCRYPT.
   std::uint64_t refused_connections() const {
-    return authenticator_.refused() + monitor_.mechanism_mismatches();
+    return authenticator_.refused() + monitor_.refused_handshakes();
   }
   const ConnectionLimits& connection_limits() const { return monitor_.limits(); }
 

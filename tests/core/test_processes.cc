@@ -400,6 +400,28 @@ TEST_CASE("processes: a node with the wrong secret names it after the scheduler 
                                  "PS_JOB_SECRET or another PS_ENCRYPT"));
 }
 
+TEST_CASE("processes: with PS_ENCRYPT a node of another secret is refused and logged",
+          "[processes][fault][security]") {
+  // Its CURVE keys come from its secret, so its handshake fails: the node itself learns
+  // nothing (its handshake stalls), so the scheduler must say it, and count it in its verdict.
+  Env env = JobEnv(1, 1, 0);
+  env["PS_JOB_SECRET"] = "right";
+  env["PS_ENCRYPT"] = "1";
+  env["PS_REGISTER_TIMEOUT"] = "4";
+  auto [scheduler, port] = StartSchedulerFor(env);
+  env["PS_JOB_SECRET"] = "wrong";
+  auto server = Start("ps-server", env);
+  CHECK(scheduler->Wait(20s) == 1);
+  CHECK(server->Wait(20s) == 1);
+  const std::string scheduler_output = scheduler->Output();
+  INFO(scheduler_output);
+  CHECK_THAT(scheduler_output,
+             Catch::Contains("refused a connection (#1): the peer's CURVE keys are not this "
+                             "job's") &&
+                 Catch::Contains(" connection(s) were refused meanwhile for a wrong or missing "
+                                 "PS_JOB_SECRET or another PS_ENCRYPT"));
+}
+
 TEST_CASE("processes: a scheduler paused for a while judges no node on its own silence",
           "[processes][fault]") {
   // Stopped for 3 s of a 4 s heartbeat timeout: the nodes keep their contact, and the
