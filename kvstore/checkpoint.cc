@@ -439,6 +439,13 @@ std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& m
 
 std::string ReadManifestText(const std::string& dir) {
   const std::string path = dir + "/" + kManifestName;
+  struct stat status {};
+  if (::stat(dir.c_str(), &status) == 0 && !S_ISDIR(status.st_mode)) {
+    throw Error("no checkpoint in " + dir +
+                ": it is a file, not a directory (give the "
+                "directory SaveCheckpoint wrote, the one that holds " +
+                kManifestName + ")");
+  }
   if (::access(path.c_str(), F_OK) != 0) {
     throw Error("no checkpoint in " + dir + ": " + kManifestName +
                 " is missing (SaveCheckpoint writes it last, so a save that did not finish "

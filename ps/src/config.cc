@@ -1,9 +1,12 @@
 #include "ps/config.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -102,12 +105,19 @@ std::string ReadJobSecret(const SettingLookup& lookup) {
   }
   std::string text;
   if (file) {
-    std::ifstream in(*file);
-    if (!in || !std::getline(in, text)) {
-      throw Error("PS_JOB_SECRET_FILE='" + *file +
-                  "' cannot be read: point it to a readable file whose first line is the job "
-                  "secret");
+    const std::string fix = ": point it to a readable file whose first line is the job secret";
+    std::error_code error;
+    if (std::filesystem::is_directory(*file, error)) {
+      throw Error("PS_JOB_SECRET_FILE='" + *file + "' is a directory" + fix);
     }
+    std::ifstream in(*file);
+    if (!in) {
+      const int open_errno = errno;  // what open(2) said, when it said anything
+      throw Error("PS_JOB_SECRET_FILE='" + *file + "' cannot be read" +
+                  (open_errno != 0 ? " (" + std::string(std::strerror(open_errno)) + ")" : "") +
+                  fix);
+    }
+    if (!std::getline(in, text)) Invalid("PS_JOB_SECRET_FILE", *file, "the file is empty");
     if (text.empty()) Invalid("PS_JOB_SECRET_FILE", *file, "its first line is empty");
   } else if (secret) {
     text = *secret;

@@ -320,7 +320,9 @@ std::optional<Scheduler::Refusal> Scheduler::LateJoinRefusal(const NodeInfo& nod
                                ? "; without replication (PS_REPLICATION=0) a server cannot join "
                                  "a running job: to use more servers, restart the job from a "
                                  "checkpoint (SaveCheckpoint, ps-train --resume)"
-                               : "")};
+                               : "; was this worker started twice, or does its process create a "
+                                 "second dist KVStore (each Create registers a worker: share "
+                                 "one store per process)?")};
   }
   // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
   if (DeadServerRank() < 0) {

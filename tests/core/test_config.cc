@@ -228,8 +228,14 @@ TEST_CASE("config: the job secret comes from PS_JOB_SECRET or the first line of 
   std::ofstream(path, std::ios::trunc) << "\nsecond line\n";
   CHECK_THAT(ErrorOf(from_file), Catch::Contains("PS_JOB_SECRET_FILE='" + path + "' is invalid") &&
                                      Catch::Contains("first line is empty"));
+  std::ofstream(path, std::ios::trunc).flush();  // 0 bytes: no first line at all
+  CHECK_THAT(ErrorOf(from_file), Catch::Contains("PS_JOB_SECRET_FILE='" + path + "' is invalid") &&
+                                     Catch::Contains("the file is empty"));
   std::filesystem::remove(path);
-  CHECK_THAT(ErrorOf(from_file), Catch::Contains("cannot be read"));
+  CHECK_THAT(ErrorOf(from_file), Catch::Contains("cannot be read (No such file or directory)"));
+  Settings directory = Valid();
+  directory["PS_JOB_SECRET_FILE"] = "/tmp";
+  CHECK_THAT(ErrorOf(directory), Catch::Contains("PS_JOB_SECRET_FILE='/tmp' is a directory"));
   Settings empty = Valid();
   empty["PS_JOB_SECRET"] = "";
   CHECK_THAT(ErrorOf(empty), Catch::Contains("PS_JOB_SECRET='' is invalid"));

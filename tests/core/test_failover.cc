@@ -301,6 +301,13 @@ TEST_CASE(
   refused(env,
           "none of its servers died: a server started later joins a running job only in "
           "the place of a dead one");
+  // A worker too many (started twice, or a second store in a process): refused, named.
+  auto late_worker = Start("ps-kvstore-check", env, {"--rounds", "1"});
+  const auto late_worker_status = late_worker->Wait(30s);
+  INFO("late worker: " << late_worker->Tail(4));
+  CHECK(late_worker_status == 1);
+  CHECK_THAT(late_worker->Output(), Catch::Contains("the job already has all its nodes") &&
+                                        Catch::Contains("second dist KVStore"));
   servers[0]->Kill(SIGKILL);
   REQUIRE(scheduler->WaitForOutput("the job goes on without server", 30s));
   // A rank is free now, but a server that sees the job differently cannot take it; the job

@@ -245,6 +245,8 @@ TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every 
     Expect(e.find("MANIFEST is missing") != std::string::npos, "no checkpoint: " + e);
     kv.SaveCheckpoint(dir.path());
     kv.Barrier();
+    e = error_of(dir.path() + "/MANIFEST");  // a file of the checkpoint, not its directory
+    Expect(e.find("it is a file, not a directory") != std::string::npos, "a file: " + e);
     if (kv.Rank() == 0) {  // flip one byte of server 1's file
       std::fstream file(dir.path() + "/server-1-of-2.psckpt",
                         std::ios::in | std::ios::out | std::ios::binary);
