@@ -16,6 +16,14 @@ How processes are run and stopped (the part MXNet gets wrong):
   on any host, even when the launcher itself is killed with SIGKILL.
 """
 
+import signal
+import sys
+
+if __name__ == "__main__":
+    # Ctrl-C before the job starts (the imports below, the arguments): nothing runs yet, so
+    # the launcher ends quietly with 130 rather than a traceback. run() handles it from there.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(130))
+
 import argparse
 import collections
 import ipaddress
@@ -26,10 +34,8 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
