@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <new>
 
 #include "kvstore/checkpoint.h"
@@ -1165,7 +1166,8 @@ int RunServer(const ClusterConfig& config) {
     // The store's own failures name this server already; the runtime's do not.
     const std::string self = "server " + std::to_string(rank);
     const bool named = failure.starts_with(self + ":") || failure.starts_with(self + " ");
-    LOG(ERROR) << (named ? failure : self + ": " + failure);
+    // The process's last word, as every role's fatal error is: "ps-server: error: ...".
+    std::cerr << "ps-server: error: " << (named ? failure : self + ": " + failure) << std::endl;
     return 1;
   }
   return 0;

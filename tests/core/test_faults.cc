@@ -1206,7 +1206,8 @@ TEST_CASE("faults: a replica that lacks every update ends the job, bounded", "[f
   CHECK(job.server->Wait(30s) != 0);
   CHECK_THAT(
       job.server->Output(),
-      Catch::Contains("lacked what came before an update of key " + std::to_string(job.key)) &&
+      Catch::Contains("ps-server: error: server ") &&
+          Catch::Contains("lacked what came before an update of key " + std::to_string(job.key)) &&
           Catch::Contains("9 times in a row") && Catch::Contains("scripted: lacks"));
   // The Init's copy, then 9 updates lacked, each followed by a copy but the last.
   CHECK(job.Count(sync ? ReplicaKind::kRound : ReplicaKind::kAsyncPush, true) == 9);
