@@ -595,9 +595,9 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
         Resolve(waiter, slice);
         continue;
       }
-      // A push sent again after a server died is applied once: answered once the replica
-      // holds it when it was applied (`seen` names exactly the pushes in the value, so a copy
-      // to a new replica claims only what it carries), or with the copy under way.
+      // A push sent again after a server died is applied once: answered now when it was
+      // applied (`seen` holds applied pushes only, so a copy to a new replica never claims one
+      // that is still on its way), or with the copy under way.
       const std::uint64_t seq = request.seqs[i];
       if (slice.seen[meta.sender].Contains(seq)) {
         ResolveWhenReplicated(slice, waiter);
@@ -617,7 +617,7 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
       push.worker = meta.sender;
       push.gradient = gradient;
       push.waiters.push_back(waiter);
-      ReplicateAndApplyAhead(slice, std::move(push));
+      StartForward(slice, std::move(push));
       continue;
     }
     const std::uint64_t round = RoundOf(slice, meta.sender, request, i);
@@ -888,31 +888,20 @@ void KVServerStore::CloseRound(Slice& slice) {
                                                              : kv::ReplicaKind::kRound;
   round.seq = slice.completed;
   if (round.kind == kv::ReplicaKind::kRound) round.gradient = slice.sum;
-  ReplicateAndApplyAhead(slice, std::move(round));  // CommitRound, now or when it is answered
-}
-
-void KVServerStore::ReplicateAndApplyAhead(Slice& slice, Forward update) {
   // Only behind nothing else on its way: a request waiting on an earlier update (a push sent
-  // again after a failover, waiting on the copy) is answered with the value before this one.
-  const bool apply_ahead = update.kind != kv::ReplicaKind::kSkippedRound &&
+  // again after a failover, waiting on the copy) is answered with the value before this round.
+  const bool apply_ahead = round.kind == kv::ReplicaKind::kRound &&
                            slice.replicated_to != kNoNode && slice.forwards.empty();
-  StartForward(slice, std::move(update));
+  StartForward(slice, std::move(round));  // CommitRound, now or when the replica answers
   if (!apply_ahead) return;
-  // On its way to the replica (at the back of the queue: a failed send never answers on this
-  // thread): applied here meanwhile. Were this server to die before the replica answers, the
-  // workers send what it never acknowledged to the new owner, which applies it once. Out of
-  // memory, it is applied when the replica answers, as the rest.
+  // The sum is on its way to the replica (at the back of the queue: a failed send never
+  // answers on this thread): applied here meanwhile, so the two updates overlap rather than
+  // follow each other. Out of memory, it is applied when the replica answers, as the rest.
   Forward& sent = slice.forwards.back();
   ApplyUpdate(slice, sent.gradient);
   sent.applied = failed_update_ != &slice;
   failed_update_ = nullptr;
-  if (!sent.applied) return;
-  if (sent.kind == kv::ReplicaKind::kAsyncPush) {
-    // Applied: a full copy carries it (CopyToReplica), so a copy's `seen` must name it.
-    slice.seen[sent.worker].Add(sent.seq);
-  } else {
-    ResolveEarlyPulls(slice);
-  }
+  if (sent.applied) ResolveEarlyPulls(slice);
 }
 
 void KVServerStore::ResolveEarlyPulls(Slice& slice) {
@@ -1018,8 +1007,8 @@ void KVServerStore::ResolveWhenReplicated(Slice& slice, const Waiter& waiter) {
 }
 
 void KVServerStore::ResolveCurrent(Slice& slice, const Waiter& waiter) {
-  // At most one update is applied ahead (ReplicateAndApplyAhead), and no other applies here
-  // before it is answered: its waiters see exactly what the replica holds.
+  // At most one round is on its way at a time (CloseRound waits for the one before), and no
+  // update applies here before it is answered: its waiters see exactly what the replica holds.
   Forward* const ahead = slice.AppliedAhead();
   if (ahead == nullptr || AnswersEarly(waiter)) {
     Resolve(waiter, slice);

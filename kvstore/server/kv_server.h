@@ -136,7 +136,7 @@ class KVServerStore {
     void Add(std::uint64_t seq);
   };
   // An update sent to the replica and applied here when the replica answers, in order (or,
-  // `applied`, already: an update whose answers wait for the replica's).
+  // `applied`, already: a dist_sync round whose answers wait for the replica's).
   struct Forward {
     std::uint64_t serial = 0;  // unique on this server: matches the replica's answer
     kv::ReplicaKind kind = kv::ReplicaKind::kRound;
@@ -149,11 +149,10 @@ class KVServerStore {
     // still read until it answers this copy (it handles a sender's messages in order). Held
     // until then, and released with this copy's answer (CopyToReplica).
     std::vector<ShmSlot*> held_slots;
-    // Applied to the value when it was sent (ApplyAhead): a round's sum, or a dist_async push
-    // (in `seen` from then on).
+    // A round's sum applied to the value when it was sent (CloseRound).
     bool applied = false;
-    // An applied update that a full copy sent since holds (CopyToReplica): never sent again,
-    // done when the copy before it is answered (the copy counts it too).
+    // An applied round that a full copy sent since holds (CopyToReplica): never sent again,
+    // done when the copy before it is answered (the copy counts the round too).
     bool in_copy = false;
     // Whether it changes the slice (a round, a push) rather than copying or dropping it.
     bool updates() const {
@@ -201,8 +200,8 @@ class KVServerStore {
     // the replica maps (null: updates travel as frames).
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
-    // The update applied here while on its way to the replica (ApplyAhead; at most one: only
-    // an update with nothing else on its way is), or null.
+    // The dist_sync round applied here while on its way to the replica (CloseRound; at most
+    // one), or null.
     const Forward* AppliedAhead() const {
       const auto it = std::ranges::find_if(forwards, &Forward::applied);
       return it == forwards.end() ? nullptr : &*it;
@@ -329,10 +328,6 @@ class KVServerStore {
   // on its way to the replica): its update goes to the replica and, when no other update is
   // on its way, is applied here meanwhile; then CommitRound once the replica answered.
   void CloseRound(Slice& slice);
-  // Sends `update` (a round's sum or a dist_async push) to the replica and, when nothing else
-  // is on its way there, applies it here meanwhile, so that the two applications overlap
-  // rather than follow each other; its waiters are answered when the replica answers.
-  void ReplicateAndApplyAhead(Slice& slice, Forward update);
   // Applies a closed round's sum (unless the round failed or `sum` is empty: applied already),
   // answers its waiters, then `replicated` (waiters on the replica's answer), and opens the next
   // round, merging the pushes that waited for it.
@@ -420,8 +415,8 @@ class KVServerStore {
   // was applied before and is asked for again after a server died.
   void ResolveWhenReplicated(Slice& slice, const Waiter& waiter);
   // Resolves `waiter` with the value the replica holds too: now, or once the replica answered
-  // the update applied here ahead of it. For pulls served from the current value. A plain pull
-  // (AnswersEarly) takes the value as it is, the update applied ahead included.
+  // the round applied here ahead of it. For pulls served from the current value. A plain pull
+  // (AnswersEarly) takes the value as it is, the round applied ahead included.
   void ResolveCurrent(Slice& slice, const Waiter& waiter);
   // Whether `waiter` may see a round applied here before the replica answered it: a plain
   // pull. Were this server to die, the workers send the round's pushes, which it never
@@ -432,7 +427,7 @@ class KVServerStore {
     return waiter.pending != nullptr && waiter.pending->values_only;
   }
   // dist_sync: resolves the plain pulls that wait for the round applied here ahead of the
-  // replica (ReplicateAndApplyAhead).
+  // replica (CloseRound).
   void ResolveEarlyPulls(Slice& slice);
   void Answer(Pending& pending);
   void FailWaiters(Slice& slice, const std::string& why);

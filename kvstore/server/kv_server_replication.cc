@@ -148,12 +148,8 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   Blob frame(nullptr, nullptr, 0, slice.dtype);
   switch (forward.kind) {
     case kv::ReplicaKind::kState:
-      // The rounds closed here, one applied ahead included (it rides on this copy).
-      if (const Forward* ahead = slice.AppliedAhead(); ahead != nullptr) {
-        op.seq = slice.completed + (ahead->kind == kv::ReplicaKind::kRound ? 1 : 0);
-      } else {
-        op.seq = slice.completed;
-      }
+      // The rounds closed here, the one applied ahead included (it rides on this copy).
+      op.seq = slice.completed + (slice.AppliedAhead() != nullptr ? 1 : 0);
       op.state = EncodeState(slice);
       frame = slice.value;
       break;
@@ -301,7 +297,7 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
       CommitRound(slice, forward.applied ? Gradient() : forward.gradient, forward.waiters);
       return;
     case kv::ReplicaKind::kAsyncPush:
-      if (!forward.applied) ApplyUpdate(slice, forward.gradient);
+      ApplyUpdate(slice, forward.gradient);
       slice.seen[forward.worker].Add(forward.seq);
       break;
     case kv::ReplicaKind::kState:
