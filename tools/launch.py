@@ -638,13 +638,13 @@ class Launch:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.events = queue.Queue()
-        self.lines_seen = 0  # output lines taken from `events` so far
         self.procs = []
         self.lost_servers = []  # servers that died while the job went on (replication)
         # server rank -> how many times the scheduler said the job goes on without it (each
         # death of a server holding that rank: the first one, then each restarted one)
         self.survived_deaths = {}
         self.joins = {}  # server rank -> servers the scheduler admitted in a dead one's place
+        self.deaths_heard = {}  # (role, rank) -> when a process's output first said it died
         self.ranks_to_restart = []  # survived ranks for which a new server is due (watch)
         self.restarts_left = c.server_restarts
         self.waiting_on_scheduler = False  # a server exit awaits the scheduler's word (watch)
@@ -899,8 +899,12 @@ class Launch:
                 if line is None:
                     p.eof = True
                 else:
-                    self.lines_seen += 1
+                    p.lines_seen += 1
                     p.lines.append(line)
+                    m = DEAD_NODE_RE.search(line)
+                    if m:  # when the launcher first heard of each death
+                        self.deaths_heard.setdefault((m.group(1), int(m.group(2))),
+                                                     time.monotonic())
                     if SCHEDULER_DONE in line:
                         p.saw_job_end = True  # kept past the last lines that `lines` holds
                     self.show(p, line)
@@ -925,15 +929,16 @@ class Launch:
 
     def drain(self, procs, quiet=1.0):
         """Shows the output of `procs` to its end (EOF): bounded by `quiet` s without a line
-        and by DRAIN_LIMIT_S in all, after which what is left unshown is counted."""
+        from them (others' lines do not count) and by DRAIN_LIMIT_S in all, after which what
+        is left unshown is counted; a signal to the launcher ends it at once."""
         start = last_line = time.monotonic()
-        while not all(p.eof for p in procs):
+        while not all(p.eof for p in procs) and self.signal_received is None:
             now = time.monotonic()
             if now - last_line > quiet or now - start > DRAIN_LIMIT_S:
                 break
-            shown = self.lines_seen
+            shown = sum(p.lines_seen for p in procs)
             self.pump(0.05)
-            if self.lines_seen != shown:
+            if sum(p.lines_seen for p in procs) != shown:
                 last_line = time.monotonic()
         if time.monotonic() - start > DRAIN_LIMIT_S:
             self.say(f"stopped showing the processes' output after {DRAIN_LIMIT_S:g} s: about "
@@ -1315,7 +1320,9 @@ class Launch:
                 if node is not None and node.spec.host is not None and \
                         node.spec.host.name in lost:
                     continue
-                if node is not None and role == "worker" and node.returncode == 0:
+                heard = self.deaths_heard.get((role, rank))
+                if (node is not None and role == "worker" and node.returncode == 0
+                        and heard is not None and node.exit_time <= heard):
                     self.say(f"worker {rank} at {addr} exited 0 but was declared dead by the "
                              "scheduler: its program ended without destroying its KVStore, "
                              "which counts as dying (let the store be destroyed, or call "
@@ -1416,6 +1423,7 @@ class Proc:
         self.returncode = None
         self.exit_time = None
         self.eof = False
+        self.lines_seen = 0  # output lines the launcher took from this process so far
         self.stop_requested = False
         self.saw_job_end = False  # the scheduler logged that every worker finished
 

@@ -549,8 +549,8 @@ KVServerStore::ReplicaVerdict KVServerStore::ApplyReplicaOp(int sender, const kv
   }
   if (op.kind == kv::ReplicaKind::kState) {
     // A zero-length key is one empty slice; any other slice holds at least one element.
-    if (!IsSummableDType(frame.dtype()) || (frame.count() == 0 && ref.total != 0) ||
-        frame.count() > ref.total - ref.offset) {
+    if (!IsSummableDType(frame.dtype()) || ref.offset > ref.total ||
+        (frame.count() == 0 && ref.total != 0) || frame.count() > ref.total - ref.offset) {
       return {SliceText(ref) + ": a malformed copy from " + runtime_.Describe(sender)};
     }
     auto [it, added] = slices_.try_emplace(id);

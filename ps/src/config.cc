@@ -110,6 +110,7 @@ std::string ReadJobSecret(const SettingLookup& lookup) {
     if (std::filesystem::is_directory(*file, error)) {
       throw Error("PS_JOB_SECRET_FILE='" + *file + "' is a directory" + fix);
     }
+    errno = 0;  // so that only open(2)'s own errno is named below
     std::ifstream in(*file);
     if (!in) {
       const int open_errno = errno;  // what open(2) said, when it said anything

@@ -304,9 +304,17 @@ void ConnectionMonitor::OnReceiverEventOnMonitorThread(const Event& event) {
       break;
     case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
       // The refused peer may learn why from its own side; this side says it too, once in a
-      // while (a CURVE peer with other keys learns nothing: its handshake just stalls).
-      if (const auto count = ++refused_handshakes_; LogOccurrence(count)) {
-        PS_LOG(WARNING) << "refused a connection (#" << count
+      // while (a CURVE peer with other keys learns nothing: its handshake just stalls). Only
+      // another mechanism or other keys count as a job's node with other settings; any other
+      // protocol error (a port scanner, a stray client) is logged apart.
+      if (event.value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ||
+          event.value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC) {
+        if (const auto count = ++refused_handshakes_; LogOccurrence(count)) {
+          PS_LOG(WARNING) << "refused a connection (#" << count
+                          << "): " << HandshakeFailure(event.value);
+        }
+      } else if (const auto count = ++broken_handshakes_; LogOccurrence(count)) {
+        PS_LOG(WARNING) << "dropped a connection (#" << count
                         << "): " << HandshakeFailure(event.value);
       }
       ++handshakes_ended_;

@@ -88,10 +88,10 @@ class ConnectionMonitor {
 
   // Connections dropped so far to keep within the limits.
   std::uint64_t dropped_connections() const { return dropped_.load(); }
-  // Accepted connections whose security handshake failed: the peer speaks another mechanism
-  // (PLAIN against CURVE: the nodes disagree on PS_ENCRYPT), or its CURVE keys are not this
-  // job's (another PS_JOB_SECRET), or it broke the protocol. (A wrong PLAIN secret is the
-  // authenticator's refusal, not counted here.)
+  // Accepted connections whose security handshake failed because the peer speaks another
+  // mechanism (PLAIN against CURVE: the nodes disagree on PS_ENCRYPT) or its CURVE keys are
+  // not this job's (another PS_JOB_SECRET). (A wrong PLAIN secret is the authenticator's
+  // refusal, not counted here; other protocol errors are logged, not counted.)
   std::uint64_t refused_handshakes() const { return refused_handshakes_.load(); }
   const ConnectionLimits& limits() const { return limits_; }
 
@@ -147,6 +147,7 @@ class ConnectionMonitor {
   std::atomic<std::uint64_t> next_endpoint_{0};  // numbers the inproc monitor endpoints
   std::atomic<std::uint64_t> dropped_{0};
   std::atomic<std::uint64_t> refused_handshakes_{0};
+  std::atomic<std::uint64_t> broken_handshakes_{0};  // other protocol errors
   WakeFd wake_;  // wakes the monitor thread for changes and for stopping
 
   Mutex mu_;                                                         // guards the hand-over below
