@@ -1077,9 +1077,9 @@ void KVServerStore::OnPeer(const NodeInfo& peer, Runtime::PeerEvent event) {
   if (event == Runtime::PeerEvent::kReset) return;
   const GoneWorker gone{peer.Describe(), event == Runtime::PeerEvent::kDead};
   gone_workers_[peer.id] = gone;
-  const std::string why = gone.who + (gone.died ? " died" : " has finished");
   if (runtime_.config().verbose >= 1) {
-    LOG(INFO) << "server " << runtime_.rank() << ": " << why
+    LOG(INFO) << "server " << runtime_.rank() << ": " << gone.who
+              << (gone.died ? " died" : " has finished")
               << ": dist_sync rounds that wait for it fail";
   }
   // Its segments: requests still holding one keep it mapped until they are answered.
