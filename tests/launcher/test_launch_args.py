@@ -481,6 +481,95 @@ class Args(LauncherTest):
                 self.assertIn(want, str(cm.exception))
 
 
+class Drain(LauncherTest):
+    """Launch.drain: shows exited processes' output to its end, within bounds. The lines come
+    from a feeder thread through the launcher's own event queue, as the readers' would."""
+
+    parse = Args.parse
+
+    def setUp(self):
+        super().setUp()
+        self.err = io.StringIO()
+        self.la = launch.Launch(self.parse(["-n", "2", "-s", "1", "--launcher", "local", "prog"]),
+                                out=io.StringIO(), err=self.err)
+        for spec in self.la.make_specs("127.0.0.1", 9000):
+            p = launch.Proc(spec, None)
+            p.returncode = 0  # exited: pump reaps nothing
+            self.la.procs.append(p)
+        self.by_label = {p.spec.label: p for p in self.la.procs}
+        self.stop_feeding = threading.Event()
+        self.feeders = []
+
+    def tearDown(self):
+        self.stop_feeding.set()
+        for t in self.feeders:
+            t.join(timeout=10)
+        super().tearDown()
+
+    def feed(self, p, count, every=0.002):
+        """Queues up to `count` lines of `p`, one per `every` s, until the test ends."""
+        def run():
+            for i in range(count):
+                if self.stop_feeding.wait(every):
+                    return
+                self.la.events.put((p, f"line {i}"))
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.feeders.append(t)
+
+    def timed_drain(self, procs, quiet):
+        t0 = time.monotonic()
+        self.la.drain(procs, quiet=quiet)
+        return time.monotonic() - t0
+
+    def test_a_process_that_keeps_printing_is_shown_for_the_limit_then_counted(self):
+        worker = self.by_label["worker 0"]
+        self.feed(worker, 20000)  # 40 s of lines: far past the limit below
+        limit = 0.5
+        saved, launch.DRAIN_LIMIT_S = launch.DRAIN_LIMIT_S, limit
+        try:
+            took = self.timed_drain([worker], quiet=5.0)
+        finally:
+            launch.DRAIN_LIMIT_S = saved
+        self.assertGreaterEqual(took, limit)
+        self.assertLess(took, 10)
+        self.assertGreater(worker.lines_seen, 0)
+        self.assertRegex(self.err.getvalue(),
+                         r"stopped showing the processes' output after 0\.5 s: about \d+ "
+                         r"line\(s\) more were not shown")
+
+    def test_the_quiet_timer_counts_only_the_drained_processes_lines(self):
+        # worker 1 keeps printing; worker 0, the one drained, is silent and never sends EOF:
+        # the drain ends after `quiet`, not at the limit.
+        self.feed(self.by_label["worker 1"], 20000)
+        took = self.timed_drain([self.by_label["worker 0"]], quiet=0.3)
+        self.assertGreaterEqual(took, 0.3)
+        self.assertLess(took, 10)
+        self.assertNotIn("stopped showing", self.err.getvalue())
+
+    def test_every_line_up_to_eof_is_shown(self):
+        worker = self.by_label["worker 0"]
+        for i in range(500):
+            self.la.events.put((worker, f"line {i}"))
+        self.la.events.put((worker, None))  # EOF
+        self.timed_drain([worker], quiet=5.0)
+        self.assertTrue(worker.eof)
+        self.assertEqual(worker.lines_seen, 500)
+        self.assertIn("[worker 0] line 499\n", self.la.out.getvalue())
+
+    def test_a_signal_ends_the_drain_at_once(self):
+        worker = self.by_label["worker 0"]
+        self.feed(worker, 20000)
+        timer = threading.Timer(0.2, self.la.on_signal, args=(signal.SIGINT, None))
+        timer.start()
+        try:
+            took = self.timed_drain([worker], quiet=5.0)
+        finally:
+            timer.cancel()
+        self.assertLess(took, 5.0)
+        self.assertEqual(self.la.signal_received, signal.SIGINT)
+
+
 class RemoteCommand(LauncherTest):
     """The command line sent to a remote host, run through a local POSIX shell as the remote
     login shell would: every value and word must arrive unchanged."""
