@@ -3,20 +3,34 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <filesystem>
 
 #include "worker/errors.h"
 #include "worker/idx_reader.h"
 
 namespace ps::worker {
 
+namespace {
+
+// The file as distributed (gzip), or unpacked under its usual name when only that is there.
+std::string DataFile(const std::string& data_dir, const char* name) {
+  const std::string packed = data_dir + "/" + name + ".gz";
+  const std::string plain = data_dir + "/" + name;
+  std::error_code error;
+  return !std::filesystem::exists(packed, error) && std::filesystem::exists(plain, error) ? plain
+                                                                                          : packed;
+}
+
+}  // namespace
+
 std::string ImagesPath(const std::string& data_dir, Split split) {
-  return data_dir +
-         (split == Split::kTrain ? "/train-images-idx3-ubyte.gz" : "/t10k-images-idx3-ubyte.gz");
+  return DataFile(data_dir,
+                  split == Split::kTrain ? "train-images-idx3-ubyte" : "t10k-images-idx3-ubyte");
 }
 
 std::string LabelsPath(const std::string& data_dir, Split split) {
-  return data_dir +
-         (split == Split::kTrain ? "/train-labels-idx1-ubyte.gz" : "/t10k-labels-idx1-ubyte.gz");
+  return DataFile(data_dir,
+                  split == Split::kTrain ? "train-labels-idx1-ubyte" : "t10k-labels-idx1-ubyte");
 }
 
 Dataset LoadIdxDataset(const std::string& images_path, const std::string& labels_path,

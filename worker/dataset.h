@@ -23,7 +23,9 @@ enum class Split { kTrain, kTest };
 
 inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
-// File names inside a Fashion-MNIST directory (as Debian's dataset-fashion-mnist ships them).
+// File paths inside a Fashion-MNIST directory: train-images-idx3-ubyte.gz etc., as Debian's
+// dataset-fashion-mnist ships them, or the same names without .gz (unpacked) when only those
+// are there.
 std::string ImagesPath(const std::string& data_dir, Split split);
 std::string LabelsPath(const std::string& data_dir, Split split);
 

@@ -7,12 +7,15 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <new>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -117,6 +120,28 @@ int ParseLocalRank(const std::string& text) {
   return value;
 }
 
+// The float flags are read as doubles and used as float32: a value that float32 cannot hold
+// would silently become 0 or infinity (--lr 1e-50 would read as 0, 1e39 as inf).
+void CheckFloat32Flags() {
+  for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", FLAGS_lr},
+                                    {"--lr-factor", FLAGS_lr_factor},
+                                    {"--warmup-begin-lr", FLAGS_warmup_begin_lr},
+                                    {"--final-lr", FLAGS_final_lr},
+                                    {"--momentum", FLAGS_momentum},
+                                    {"--wd", FLAGS_wd},
+                                    {"--compression-threshold", FLAGS_compression_threshold}}) {
+    const auto single = static_cast<float>(value);
+    if (std::isfinite(value) && (std::isinf(single) || (value != 0.0 && single == 0.0f))) {
+      std::ostringstream text;
+      text << flag << ' ' << value;
+      throw ps::worker::ConfigError(
+          text.str() +
+          " is outside float32's range (magnitudes from about 1.2e-38 to 3.4e38), in which "
+          "ps-train computes");
+    }
+  }
+}
+
 // A local store under a launcher's DMLC_* environment trains this process alone, beside a job
 // whose scheduler waits for it to register: worth a line before the run rather than after.
 void WarnIfLocalInAJob(const std::string& kvstore) {
@@ -183,6 +208,7 @@ int main(int argc, char** argv) {
   config.pull_compression = FLAGS_pull_compression;
 
   try {
+    CheckFloat32Flags();
     if (const char* local_rank = std::getenv("PS_LOCAL_RANK"); local_rank != nullptr) {
       config.local_rank = ParseLocalRank(local_rank);
     }
@@ -205,6 +231,14 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       kv->ReportFailure(e.what());  // the job ends naming this worker and why, at once
       throw;
+    }
+    errno = 0;
+    if (!std::cout.flush()) {  // the log, the final accuracy included, did not get through
+      std::fprintf(stderr,
+                   "ps-train: error: cannot write the standard output%s%s: the training log, "
+                   "its final accuracy included, is incomplete\n",
+                   errno != 0 ? ": " : "", errno != 0 ? std::strerror(errno) : "");
+      return 1;
     }
     return 0;
   } catch (const ps::worker::DataError& e) {

@@ -17,6 +17,7 @@
 
 #include "worker/device.h"
 #include "worker/errors.h"
+#include "worker/run_record.h"
 
 namespace ps::worker {
 namespace {
@@ -51,7 +52,12 @@ void ValidateConfig(const TrainConfig& c) {
   }
   if (c.batch_size < 1) throw ConfigError("--batch-size must be >= 1");
   if (c.epochs < 1) throw ConfigError("--epochs must be >= 1");
-  if (!(c.lr > 0.0f)) throw ConfigError("--lr must be > 0");
+  if (c.data_dir.empty()) {
+    throw ConfigError(std::string("--data-dir is empty: name the directory of the Fashion-MNIST "
+                                  "files (default ") +
+                      kDefaultDataDir + ")");
+  }
+  if (!(c.lr > 0.0f) || std::isinf(c.lr)) throw ConfigError("--lr must be a finite number > 0");
   if (!(c.momentum >= 0.0f && c.momentum < 1.0f)) throw ConfigError("--momentum must be in [0, 1)");
   if (!(c.weight_decay >= 0.0f)) throw ConfigError("--wd must be >= 0");
   if (c.log_interval < 1) throw ConfigError("--log-interval must be >= 1");
@@ -101,6 +107,24 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("--warmup-epochs " + std::to_string(c.warmup_epochs) +
                       " must be below --epochs " + std::to_string(c.epochs) +
                       " with --lr-scheduler cosine (it decays over the epochs after the warm-up)");
+  }
+  // The optimizer's own rules below, said in flags where a flag alone breaks them.
+  if ((c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") &&
+      !(c.lr_factor > 0.0f && c.lr_factor <= 1.0f)) {
+    throw ConfigError("--lr-factor " + Format("%g", c.lr_factor) +
+                      " must be in (0, 1]: the rate is multiplied by it at each step");
+  }
+  if (!(c.warmup_begin_lr >= 0.0f) || std::isinf(c.warmup_begin_lr)) {
+    throw ConfigError("--warmup-begin-lr must be a finite number >= 0");
+  }
+  if (c.warmup_epochs > 0 && c.warmup_begin_lr > c.lr) {
+    throw ConfigError("--warmup-begin-lr " + Format("%g", c.warmup_begin_lr) + " is above --lr " +
+                      Format("%g", c.lr) +
+                      ": a warm-up rises to --lr from a lower rate (MXNet refuses it too)");
+  }
+  if (c.lr_scheduler == "cosine" && !(c.final_lr >= 0.0f && c.final_lr <= c.lr)) {
+    throw ConfigError("--final-lr " + Format("%g", c.final_lr) + " must be in [0, --lr " +
+                      Format("%g", c.lr) + "]: cosine decays from --lr down to it");
   }
   // The schedule itself is checked by the optimizer's own rules, in updates.
   try {
@@ -209,7 +233,11 @@ void ApplyModelDefaults(TrainConfig& c, const std::function<bool(std::string_vie
   if (!given("batch_size")) c.batch_size = d.batch_size;
   if (!given("lr")) c.lr = d.lr * mode_scale * (sign_like ? kSignLikeRateScale : 1.0f);
   if (!given("momentum")) c.momentum = sign_like ? 0.0f : d.momentum;
-  if (sign_like && !given("compression_threshold")) c.compression_threshold = kSignLikeThreshold;
+  // The threshold is the step of 2bit pulls too: 0.5 moves every weight by 0.5 per pull.
+  const bool pull_sign_like = c.pull_compression == "2bit" || c.pull_compression == "1bit";
+  if ((sign_like || pull_sign_like) && !given("compression_threshold")) {
+    c.compression_threshold = kSignLikeThreshold;
+  }
   if (!given("wd")) c.weight_decay = d.weight_decay;
   // Step epochs alone mean MXNet's multifactor schedule (its examples' default), not steps the
   // model's default schedule would ignore.
@@ -282,6 +310,16 @@ void PrepareCheckpointDir(const std::string& dir) {
     throw ConfigError("--checkpoint-dir " + dir +
                       ": cannot write into it: " + std::strerror(errno));
   }
+  // A job started again without --resume would write its epochs over the first job's and move
+  // LATEST back, leaving a mix of two runs.
+  std::ifstream latest(dir + "/" + kLatestName);
+  std::string name;
+  if (latest >> name) {
+    throw ConfigError("--checkpoint-dir " + dir + " holds checkpoints already (" + kLatestName +
+                      " names " + name.substr(0, 40) +
+                      "): add --resume to go on from there, or name an empty directory; a new "
+                      "job would write over them");
+  }
 }
 
 std::string EpochDir(const std::string& dir, int epoch) {
@@ -307,11 +345,18 @@ MetricsLog::MetricsLog(std::ostream& log, const std::string& metrics_path, int r
     if (!json_) {
       throw ConfigError("cannot write --metrics-out " + path + ": " + std::strerror(errno));
     }
+    json_path_ = path;
   }
 }
 
 void MetricsLog::Json(const std::string& record) {
-  if (json_.is_open()) json_ << record << '\n' << std::flush;
+  if (!json_.is_open()) return;
+  errno = 0;
+  if (!(json_ << record << '\n' << std::flush)) {
+    throw std::runtime_error("cannot write --metrics-out " + json_path_ + ": " +
+                             (errno != 0 ? std::strerror(errno) : "write failed") +
+                             " (the metrics written so far are in it)");
+  }
 }
 
 void MetricsLog::Batch(int epoch, int batch, double samples_per_sec, double loss, double accuracy) {
@@ -423,26 +468,30 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
   }
   kv_.Init(keys, values);
   const bool async = kv_.Type() == "dist_async";
+  // A key is updated once per round in dist_sync, once per push of any worker in dist_async;
+  // updating on the worker, once per batch.
+  updates_per_epoch_ =
+      batches_per_epoch *
+      (config_.update_on_kvstore && async ? static_cast<std::uint64_t>(kv_.NumWorkers()) : 1);
   if (config_.update_on_kvstore) {
-    // A key is updated once per round in dist_sync, once per push of any worker in dist_async.
-    const std::uint64_t updates =
-        batches_per_epoch * (async ? static_cast<std::uint64_t>(kv_.NumWorkers()) : 1);
     // Each worker pushes its batch-mean gradient, scaled by 1/num_workers: a synchronous round
     // sums num_workers of them into their mean, and in dist_async each push moves the weights
     // by its share, so one learning rate means the same step per sample in both modes.
     try {
-      kv_.SetOptimizer(
-          MakeOptimizerConfig(config_, updates, 1.0f / static_cast<float>(kv_.NumWorkers())));
+      kv_.SetOptimizer(MakeOptimizerConfig(config_, updates_per_epoch_,
+                                           1.0f / static_cast<float>(kv_.NumWorkers())));
     } catch (const ps::DisagreementError& e) {
       // Workers disagree when they were started with other flags: say which ones matter.
       throw ps::DisagreementError(
           "the workers' optimizer settings differ: start every worker with the same --lr, "
-          "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size and "
-          "--num-examples (they set the optimizer and its schedule's length); " +
+          "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size, "
+          "--num-examples and --gradient-compression (they set the optimizer and its "
+          "schedule's length; 2bit and 1bit compression change the default --lr and "
+          "--momentum); " +
           std::string(e.what()));
     }
   } else {
-    local_schedule_ = MakeOptimizerConfig(config_, batches_per_epoch, 1.0f);
+    local_schedule_ = MakeOptimizerConfig(config_, updates_per_epoch_, 1.0f);
   }
   if (config_.gradient_compression != "none" || config_.pull_compression != "none") {
     kv_.SetGradientCompression({.type = config_.gradient_compression,
@@ -682,10 +731,24 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
 
   KVTrainer trainer(config, kv, *model);
   trainer.Start(static_cast<std::uint64_t>(sampler.batches_per_epoch()));
+  const RunRecord record{.model = config.model,
+                         .optimizer = config.optimizer,
+                         .momentum = config.momentum,
+                         .kvstore = kv.Type(),
+                         .gradient_compression = config.gradient_compression,
+                         .workers = workers,
+                         .batch_size = config.batch_size,
+                         .examples = train.count,
+                         .updates_per_epoch = trainer.updates_per_epoch(),
+                         .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0};
   int first_epoch = 0;
   if (config.resume) {
     first_epoch = ReadLatest(config.checkpoint_dir);
     const std::string resumed = EpochDir(config.checkpoint_dir, first_epoch);
+    // Every worker reads it, so that all refuse alike before the collective load.
+    if (const std::optional<RunRecord> saved = ReadRunRecord(resumed)) {
+      CheckResume(*saved, record, first_epoch, resumed);
+    }
     try {
       kv.LoadCheckpoint(resumed);
     } catch (const ps::Error& e) {
@@ -726,6 +789,7 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
         (done % config.checkpoint_every == 0 || done == config.epochs)) {
       kv.SaveCheckpoint(EpochDir(config.checkpoint_dir, done));
       if (rank == 0) {
+        WriteRunRecord(EpochDir(config.checkpoint_dir, done), record);
         WriteLatest(config.checkpoint_dir, done);
         log << "ps-train: checkpoint saved to " << EpochDir(config.checkpoint_dir, done) << "\n"
             << std::flush;

@@ -97,7 +97,9 @@ void ValidateConfig(const TrainConfig& config);
 // as JSON lines to a file.
 class MetricsLog {
  public:
-  // Throws ConfigError when metrics_path cannot be written.
+  // Throws ConfigError when metrics_path cannot be opened; each record that cannot be written
+  // later (a full disk) throws std::runtime_error naming the file: the metrics are not lost
+  // silently.
   MetricsLog(std::ostream& log, const std::string& metrics_path, int rank);
   void Batch(int epoch, int batch, double samples_per_sec, double loss, double accuracy);
   void EpochEnd(int epoch, const EpochResult& train);
@@ -109,6 +111,7 @@ class MetricsLog {
 
   std::ostream& log_;  // not owned
   std::ofstream json_;
+  std::string json_path_;  // empty: no JSON lines from this worker
   int rank_;
 };
 
@@ -123,6 +126,9 @@ class KVTrainer {
   // Init, SetOptimizer (update on kvstore) and the initial pull of every key. Collective.
   // `batches_per_epoch` (this worker's) turns the schedule's epochs into updates.
   void Start(std::uint64_t batches_per_epoch = 1);
+  // Updates of a key per epoch where the optimizer runs (set by Start): the unit of the
+  // learning-rate schedule.
+  std::uint64_t updates_per_epoch() const { return updates_per_epoch_; }
   // Pulls every key's stored value into the model (after Start, or a LoadCheckpoint).
   void PullWeights();
   // Brings every pull still in flight into the model: after it the model holds the weights of
@@ -191,6 +197,7 @@ class KVTrainer {
   std::unique_ptr<SgdOptimizer> local_optimizer_;  // --no-update-on-kvstore only
   OptimizerConfig local_schedule_;                 // its rate per update (set by Start)
   std::uint64_t local_updates_ = 0;                // updates it applied
+  std::uint64_t updates_per_epoch_ = 0;
 };
 
 struct TrainSummary {

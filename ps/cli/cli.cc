@@ -37,7 +37,8 @@ DEFINE_double(register_timeout, -1, "Seconds to wait for the whole job to regist
 DEFINE_bool(use_kubernetes, false, "Listen on 0.0.0.0 instead of the DMLC_PS_ROOT_URI address");
 DEFINE_double(stall_timeout, -1,
               "Seconds dist_sync workers that push from other threads than the waiting one may "
-              "wait for each other's pushes, none of them pushing, before the job ends; 0: never");
+              "wait for each other's pushes, none of them pushing, before the job ends; 0: only "
+              "warn");
 
 namespace ps::cli {
 namespace {

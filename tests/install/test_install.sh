@@ -79,9 +79,13 @@ PY
 for tool in $tools; do
   [[ -x $prefix/bin/$tool ]] || fail "README.md lists $tool, but the install has no bin/$tool"
 done
-if [[ -x $prefix/bin/ps-train ]]; then
-  "$prefix/bin/ps-train" --version | grep -q "ps-train version [0-9]" || fail "ps-train --version"
-fi
+# README: "The ps-* programs take --help and --version".
+for program in "$prefix"/bin/ps-*; do
+  name=${program##*/}
+  [[ $name == *.py ]] && continue
+  "$program" --version | grep -q "^$name version [0-9]" || fail "$name --version"
+  "$program" --help > /dev/null || fail "$name --help"
+done
 
 # Every shared library is versioned alike: libX.so -> libX.so.MAJOR -> libX.so.MAJOR.MINOR.PATCH.
 for lib in ps ps_scheduler ps_kvstore; do

@@ -42,9 +42,18 @@ class TrainResume(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         return result.stdout + result.stderr
 
+    def local(self, ckpt, *extra, examples=100):
+        """ps-train alone (--kvstore local) with checkpoints in ckpt: the finished process."""
+        cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
+               "--checkpoint-dir", ckpt, "--num-examples", str(examples), "--log-interval",
+               "1000", *extra]
+        env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
     def files(self, checkpoint):
         names = sorted(os.listdir(checkpoint))
-        self.assertEqual(names, ["MANIFEST", "server-0-of-2.psckpt", "server-1-of-2.psckpt"])
+        self.assertEqual(names, ["MANIFEST", "TRAINING", "server-0-of-2.psckpt",
+                                 "server-1-of-2.psckpt"])
         contents = {}
         for name in names:
             with open(os.path.join(checkpoint, name), "rb") as f:
@@ -88,26 +97,67 @@ class TrainResume(unittest.TestCase):
 
     def test_resume_with_another_model_names_it(self):
         with tempfile.TemporaryDirectory() as ckpt:
-            cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
-                   "--checkpoint-dir", ckpt, "--num-examples", "100", "--log-interval", "1000"]
-            env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
-            first = subprocess.run(cmd + ["--epochs", "1"], env=env, capture_output=True,
-                                   text=True, timeout=120)
+            first = self.local(ckpt, "--epochs", "1")
             self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
-            result = subprocess.run(cmd + ["--epochs", "2", "--resume", "--model", "cnn"],
-                                    env=env, capture_output=True, text=True, timeout=120)
+            result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn")
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job of --model mlp, "
+                          "this one is --model cnn: resume with --model mlp", result.stderr)
+            self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+            other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam")
+            self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
+            self.assertIn("with --optimizer sgd, this one has --optimizer adam: the checkpoint "
+                          "holds sgd's state; resume with --optimizer sgd", other.stderr)
+            # Without ps-train's record (a checkpoint of an older ps-train, or written through
+            # the API) the store itself tells another model from another optimizer.
+            os.remove(os.path.join(ckpt, "epoch-1", "TRAINING"))
+            result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn")
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
             self.assertIn("which holds another model's parameters: resume with the --model it "
                           "was written with, --model cnn here", result.stderr)
-            self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
-            # Another optimizer is not another model (the store's error type tells them apart,
-            # where both messages say "the checkpoint holds").
-            other = subprocess.run(cmd + ["--epochs", "2", "--resume", "--optimizer", "adam"],
-                                   env=env, capture_output=True, text=True, timeout=120)
+            other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam")
             self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
             self.assertIn("the checkpoint holds sgd optimizer state, this job's optimizer is adam",
                           other.stderr)
             self.assertNotIn("another model", other.stderr)
+
+    def test_a_resume_whose_schedule_would_slip_is_refused(self):
+        # The servers' update counts go on from the checkpoint's; with another number of
+        # updates per epoch (here the batch size; in a job also the workers, --num-examples,
+        # --kvstore) a schedule would sit elsewhere than the epoch: in the worst case past its
+        # end, training a whole epoch at rate 0 and exiting 0.
+        with tempfile.TemporaryDirectory() as ckpt:
+            first = self.local(ckpt, "--epochs", "1", examples=640)
+            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            again = ["--epochs", "2", "--resume", "--batch-size", "32"]
+            result = self.local(ckpt, *again, examples=640)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job of 10 updates per "
+                          "epoch (1 worker(s), --batch-size 64, 640 examples, --kvstore local), "
+                          "this one makes 20 (1 worker(s), --batch-size 32, 640 examples, "
+                          "--kvstore local)", result.stderr)
+            self.assertIn("(--lr-scheduler none --warmup-epochs 0)", result.stderr)
+            self.assertNotIn("Epoch[", result.stdout)
+            # A constant rate does not count updates: the same resume goes on.
+            result = self.local(ckpt, *again, "--lr-scheduler", "none", examples=640)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn("Epoch[1]", result.stdout)
+
+    def test_a_new_job_does_not_write_over_a_directory_of_checkpoints(self):
+        # Started again after a crash without --resume: refused, not a mix of two runs.
+        with tempfile.TemporaryDirectory() as ckpt:
+            first = self.local(ckpt, "--epochs", "1")
+            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            with open(os.path.join(ckpt, "epoch-1", "MANIFEST"), "rb") as f:
+                manifest = f.read()
+            again = self.local(ckpt, "--epochs", "1", "--seed", "7")
+            self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
+            self.assertEqual(again.stderr.strip(),
+                             f"ps-train: error: --checkpoint-dir {ckpt} holds checkpoints "
+                             "already (LATEST names epoch-1): add --resume to go on from there, "
+                             "or name an empty directory; a new job would write over them")
+            with open(os.path.join(ckpt, "epoch-1", "MANIFEST"), "rb") as f:
+                self.assertEqual(f.read(), manifest)
 
     def test_resume_without_a_checkpoint_is_a_one_line_error(self):
         with tempfile.TemporaryDirectory() as empty:

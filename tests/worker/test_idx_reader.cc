@@ -173,6 +173,18 @@ TEST_CASE("dataset loader checks that images and labels agree", "[idx]") {
   SECTION("a directory without the dataset") {
     RequireDataError([&] { LoadFashionMnist(dir.path(), Split::kTest); },
                      ImagesPath(dir.path(), Split::kTest), "cannot open data file");
+    CHECK(ImagesPath(dir.path(), Split::kTest) == dir.file("t10k-images-idx3-ubyte.gz"));
+  }
+  SECTION("unpacked files under their usual names") {
+    WritePlain(dir.file("t10k-images-idx3-ubyte"), ImagesFile(kIdxImagesMagic, 3, 2, 2, 12));
+    WritePlain(dir.file("t10k-labels-idx1-ubyte"), LabelsFile(kIdxLabelsMagic, 3, {1, 2, 3}));
+    CHECK(ImagesPath(dir.path(), Split::kTest) == dir.file("t10k-images-idx3-ubyte"));
+    const Dataset data = LoadFashionMnist(dir.path(), Split::kTest);
+    CHECK(data.count == 3);
+    CHECK(data.labels == std::vector<std::int32_t>{1, 2, 3});
+    // Both there: the packed one, as shipped.
+    WriteGzip(dir.file("t10k-images-idx3-ubyte.gz"), ImagesFile(kIdxImagesMagic, 3, 2, 2, 12));
+    CHECK(ImagesPath(dir.path(), Split::kTest) == dir.file("t10k-images-idx3-ubyte.gz"));
   }
 }
 

@@ -23,9 +23,11 @@ struct PipeCloser {
   void operator()(FILE* f) const { pclose(f); }
 };
 
-Result RunPsTrain(const std::string& args, const std::string& env = "") {
-  const std::string cmd =
-      "env -u DMLC_ROLE " + env + " " + std::string(PS_BIN_DIR) + "/ps-train " + args + " 2>&1";
+// `redirect`: where the output goes (the default: both streams into the result).
+Result RunPsTrain(const std::string& args, const std::string& env = "",
+                  const std::string& redirect = "2>&1") {
+  const std::string cmd = "env -u DMLC_ROLE " + env + " " + std::string(PS_BIN_DIR) + "/ps-train " +
+                          args + " " + redirect;
   std::unique_ptr<FILE, PipeCloser> pipe(popen(cmd.c_str(), "r"));
   REQUIRE(pipe != nullptr);
   Result r;
@@ -76,6 +78,13 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
   CheckOneLineError(RunPsTrain("--kvstore local --epoch 2"), "unknown flag --epoch: see --help");
   CheckOneLineError(RunPsTrain("--kvstore local --epochs two"),
                     "invalid value 'two' for --epochs (int32)");
+  // Values float32 cannot hold are not read as 0 or infinity.
+  CheckOneLineError(RunPsTrain("--kvstore local --lr 1e-50"),
+                    "--lr 1e-50 is outside float32's range (magnitudes from about 1.2e-38 to "
+                    "3.4e38), in which ps-train computes");
+  CheckOneLineError(RunPsTrain("--kvstore local --lr 1e39"), "--lr 1e+39 is outside float32's");
+  CheckOneLineError(RunPsTrain("--kvstore local --compression-threshold 1e-50"),
+                    "--compression-threshold 1e-50 is outside");
   CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=first"),
                     "PS_LOCAL_RANK='first' is invalid");
   CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=-1"),
@@ -83,6 +92,15 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
   if (ps::worker::ProbeCuda().devices == 0) {
     CheckOneLineError(RunPsTrain("--kvstore local --device cuda"), "no CUDA device found");
   }
+}
+
+TEST_CASE("ps-train fails when its metrics or its log cannot be written", "[ps-train]") {
+  // Not exit 0 with the metrics or the final accuracy lost (a full disk).
+  const std::string run =
+      "--kvstore local --device cpu --epochs 1 --num-examples 256 --log-interval 1";
+  CheckOneLineError(RunPsTrain(run + " --metrics-out /dev/full", "", "2>&1 >/dev/null"),
+                    "cannot write --metrics-out /dev/full: No space left on device");
+  CheckOneLineError(RunPsTrain(run, "", "2>&1 >/dev/full"), "cannot write the standard output");
 }
 
 TEST_CASE("ps-train warns that --kvstore local trains alone in a job's environment", "[ps-train]") {

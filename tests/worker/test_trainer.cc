@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 
@@ -392,6 +393,14 @@ TEST_CASE("settings not given take the model's defaults, given ones stay", "[tra
   });
   CHECK(two_bit_mine.momentum == 0.5f);
   CHECK(two_bit_mine.compression_threshold == 0.1f);
+  // 2bit pulls alone: the threshold is their step (0.5 would move every weight by 0.5 per
+  // pull), but the pushes are plain: the rate and momentum stay.
+  TrainConfig pull_two_bit;
+  pull_two_bit.pull_compression = "2bit";
+  ApplyModelDefaults(pull_two_bit, nothing_given);
+  CHECK(pull_two_bit.compression_threshold == Approx(0.02f));
+  CHECK(pull_two_bit.momentum == 0.9f);
+  CHECK(pull_two_bit.lr == 0.1f);
   TrainConfig fp16;
   fp16.gradient_compression = "fp16";
   ApplyModelDefaults(fp16, nothing_given);
@@ -447,6 +456,37 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
   c = TrainConfig{};
   c.batch_size = 0;
   CHECK_THROWS_AS(ValidateConfig(c), ConfigError);
+  // Flags that break the optimizer's rules alone are named as flags.
+  c = TrainConfig{};
+  c.data_dir = "";
+  CHECK_THROWS_WITH(ValidateConfig(c), Catch::StartsWith("--data-dir is empty: name the "
+                                                         "directory of the Fashion-MNIST files"));
+  c = TrainConfig{};
+  c.lr = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH(ValidateConfig(c), "--lr must be a finite number > 0");
+  c = TrainConfig{};
+  c.lr_scheduler = "factor";
+  c.lr_step_epochs = "1";
+  c.lr_factor = 2.0f;
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--lr-factor 2 must be in (0, 1]: the rate is multiplied by it at each step");
+  c = TrainConfig{};
+  c.warmup_epochs = 1;
+  c.epochs = 2;
+  c.lr = 0.1f;
+  c.warmup_begin_lr = 5.0f;
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--warmup-begin-lr 5 is above --lr 0.1: a warm-up rises "
+                    "to --lr from a lower rate (MXNet refuses it too)");
+  c.warmup_begin_lr = -1.0f;
+  CHECK_THROWS_WITH(ValidateConfig(c), "--warmup-begin-lr must be a finite number >= 0");
+  c = TrainConfig{};
+  c.lr_scheduler = "cosine";
+  c.lr = 0.1f;
+  c.final_lr = 1.0f;
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--final-lr 1 must be in [0, --lr 0.1]: cosine decays "
+                    "from --lr down to it");
   c = TrainConfig{};
   c.checkpoint_dir = "/dev/null";  // there, but a file: found before any training
   CHECK_THROWS_WITH(ValidateConfig(c),

@@ -27,6 +27,7 @@ struct Options {
   ps::bench::Calibration calibration;
   bool verify = false;
   bool help = false;
+  bool version = false;
 };
 
 constexpr const char* kUsage =
@@ -40,6 +41,7 @@ constexpr const char* kUsage =
     "  --iterations=N         exactly N timed iterations\n"
     "  --warmup=N             warm-up iterations (default: about 128 MB of traffic, 2..50)\n"
     "  --verify               check every reduced value\n"
+    "  --version              print the version\n"
     "Rank 0 prints one 'mpi-allreduce: size=...' line per size.\n";
 
 bool StartsWith(const std::string& text, const std::string& prefix) {
@@ -67,6 +69,8 @@ Options Parse(int argc, char** argv) {
       options.verify = true;
     } else if (ps::cli::IsHelpFlag(arg)) {
       options.help = true;
+    } else if (arg == "--version") {
+      options.version = true;
     } else {
       throw std::invalid_argument("unknown argument '" + arg + "' (see --help)");
     }
@@ -140,8 +144,11 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  if (options.help) {
-    if (rank == 0) std::fputs(kUsage, stdout);
+  if (options.help || options.version) {
+    if (rank == 0 && options.help) std::fputs(kUsage, stdout);
+    if (rank == 0 && options.version) {
+      std::printf("ps-bench-mpi-allreduce version %s\n", ps::cli::Version());
+    }
     MPI_Finalize();
     return 0;
   }

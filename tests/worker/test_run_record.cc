@@ -1,0 +1,101 @@
+// ps-train's record beside a checkpoint (worker/run_record.h): it round-trips, a damaged one is
+// named, and a resume that cannot go on from the checkpoint is refused naming the flag.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+
+#include "tests/worker/test_util.h"
+#include "worker/errors.h"
+#include "worker/run_record.h"
+
+namespace ps::worker {
+namespace {
+
+RunRecord TwoWorkers() {
+  return RunRecord{.model = "mlp",
+                   .optimizer = "sgd",
+                   .momentum = 0.9f,
+                   .kvstore = "dist_sync",
+                   .gradient_compression = "none",
+                   .workers = 2,
+                   .batch_size = 64,
+                   .examples = 4000,
+                   .updates_per_epoch = 31,
+                   .scheduled = true};
+}
+
+TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
+  testing::TempDir dir;
+  CHECK_FALSE(ReadRunRecord(dir.path()).has_value());  // an older checkpoint: no checks
+  RunRecord saved = TwoWorkers();
+  saved.momentum = 0.125f;
+  WriteRunRecord(dir.path(), saved);
+  const std::optional<RunRecord> read = ReadRunRecord(dir.path());
+  REQUIRE(read.has_value());
+  CHECK(read->model == "mlp");
+  CHECK(read->optimizer == "sgd");
+  CHECK(read->momentum == 0.125f);
+  CHECK(read->kvstore == "dist_sync");
+  CHECK(read->gradient_compression == "none");
+  CHECK(read->workers == 2);
+  CHECK(read->batch_size == 64);
+  CHECK(read->examples == 4000);
+  CHECK(read->updates_per_epoch == 31);
+  CHECK(read->scheduled);
+  CHECK_FALSE(std::filesystem::exists(dir.file("TRAINING.tmp")));
+
+  std::ofstream(dir.file("TRAINING"), std::ios::trunc) << "model mlp\nworkers two\n";
+  CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
+                    Catch::StartsWith("--resume: " + dir.file("TRAINING") +
+                                      " has no valid 'momentum' line: the file is damaged"));
+}
+
+TEST_CASE("run record: a resume the checkpoint cannot carry is refused, naming the flag",
+          "[run_record]") {
+  const RunRecord saved = TwoWorkers();
+  const std::string where = "ck/epoch-2";
+  CHECK_NOTHROW(CheckResume(saved, saved, 2, where));
+
+  RunRecord now = TwoWorkers();
+  now.model = "cnn";
+  CHECK_THROWS_WITH(CheckResume(saved, now, 2, where),
+                    "--resume: ck/epoch-2 was written by a job of --model mlp, this one is "
+                    "--model cnn: resume with --model mlp, or start the new model in another "
+                    "--checkpoint-dir");
+
+  now = TwoWorkers();
+  now.optimizer = "adam";
+  CHECK_THROWS_WITH(CheckResume(saved, now, 2, where),
+                    Catch::EndsWith("the checkpoint holds sgd's state; resume with --optimizer "
+                                    "sgd"));
+
+  // 2bit compression sets momentum 0 unless given: the message says so.
+  now = TwoWorkers();
+  now.momentum = 0.0f;
+  now.gradient_compression = "2bit";
+  CHECK_THROWS_WITH(CheckResume(saved, now, 2, where),
+                    Catch::Contains("was written by a job with momentum (--momentum 0.9), this "
+                                    "one runs without it: resume with --momentum 0.9 "
+                                    "(--gradient-compression 2bit or 1bit sets --momentum 0") &&
+                        Catch::Contains("the checkpoint's job had --gradient-compression none"));
+  now.momentum = 0.5f;  // another value, still buffers: the state fits
+  CHECK_NOTHROW(CheckResume(saved, now, 2, where));
+
+  // A third worker: 20 updates per epoch where the checkpoint counted 31.
+  now = TwoWorkers();
+  now.workers = 3;
+  now.updates_per_epoch = 20;
+  CHECK_THROWS_WITH(CheckResume(saved, now, 2, where),
+                    "--resume: ck/epoch-2 was written by a job of 31 updates per epoch (2 "
+                    "worker(s), --batch-size 64, 4000 examples, --kvstore dist_sync), this one "
+                    "makes 20 (3 worker(s), --batch-size 64, 4000 examples, --kvstore "
+                    "dist_sync): its learning-rate schedule counts updates, so after 2 epoch(s) "
+                    "it would go on at update 62 where epoch 2 starts at update 40: resume with "
+                    "the checkpoint's workers, --batch-size, --num-examples and --kvstore, or "
+                    "with a constant rate (--lr-scheduler none --warmup-epochs 0)");
+  now.scheduled = false;  // a constant rate does not count updates
+  CHECK_NOTHROW(CheckResume(saved, now, 2, where));
+}
+
+}  // namespace
+}  // namespace ps::worker

@@ -1,0 +1,151 @@
+#include "worker/run_record.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "worker/errors.h"
+
+namespace ps::worker {
+namespace {
+
+std::string Path(const std::string& epoch_dir) { return epoch_dir + "/" + kRunRecordName; }
+
+// "key value" per line; values have no newline (names and numbers).
+std::map<std::string, std::string> Fields(const RunRecord& r) {
+  std::ostringstream momentum;
+  momentum << r.momentum;
+  return {{"model", r.model},
+          {"optimizer", r.optimizer},
+          {"momentum", momentum.str()},
+          {"kvstore", r.kvstore},
+          {"gradient_compression", r.gradient_compression},
+          {"workers", std::to_string(r.workers)},
+          {"batch_size", std::to_string(r.batch_size)},
+          {"examples", std::to_string(r.examples)},
+          {"updates_per_epoch", std::to_string(r.updates_per_epoch)},
+          {"scheduled", r.scheduled ? "1" : "0"}};
+}
+
+template <typename T>
+T Number(const std::map<std::string, std::string>& fields, const std::string& key,
+         const std::string& path) {
+  const auto it = fields.find(key);
+  T value{};
+  if (it == fields.end() ||
+      std::from_chars(it->second.data(), it->second.data() + it->second.size(), value).ec !=
+          std::errc()) {
+    throw ConfigError("--resume: " + path + " has no valid '" + key +
+                      "' line: the file is damaged; delete it to resume without its checks");
+  }
+  return value;
+}
+
+std::string Text(const std::map<std::string, std::string>& fields, const std::string& key) {
+  const auto it = fields.find(key);
+  return it == fields.end() ? std::string() : it->second;
+}
+
+// "2 workers, --batch-size 64, 4000 examples, dist_sync"
+std::string UpdateSources(const RunRecord& r) {
+  return std::to_string(r.workers) + " worker(s), --batch-size " + std::to_string(r.batch_size) +
+         ", " + std::to_string(r.examples) + " examples, --kvstore " + r.kvstore;
+}
+
+bool HasMomentumBuffers(const RunRecord& r) {
+  return (r.optimizer == "sgd" || r.optimizer == "nag") && r.momentum != 0.0f;
+}
+
+}  // namespace
+
+void WriteRunRecord(const std::string& epoch_dir, const RunRecord& record) {
+  const std::string path = Path(epoch_dir);
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    for (const auto& [key, value] : Fields(record)) out << key << ' ' << value << '\n';
+    if (!out.flush()) {
+      throw ConfigError("cannot write " + temporary + ": " + std::strerror(errno));
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) throw ConfigError("cannot write " + path + ": " + error.message());
+}
+
+std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
+  const std::string path = Path(epoch_dir);
+  errno = 0;
+  std::ifstream in(path);
+  if (!in) {
+    if (errno == ENOENT) return std::nullopt;
+    throw ConfigError("--resume: cannot read " + path + ": " + std::strerror(errno));
+  }
+  std::map<std::string, std::string> fields;
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto space = line.find(' ');
+    if (space != std::string::npos) fields[line.substr(0, space)] = line.substr(space + 1);
+  }
+  RunRecord r;
+  r.model = Text(fields, "model");
+  r.optimizer = Text(fields, "optimizer");
+  r.kvstore = Text(fields, "kvstore");
+  r.gradient_compression = Text(fields, "gradient_compression");
+  r.momentum = Number<float>(fields, "momentum", path);
+  r.workers = Number<int>(fields, "workers", path);
+  r.batch_size = Number<int>(fields, "batch_size", path);
+  r.examples = Number<int>(fields, "examples", path);
+  r.updates_per_epoch = Number<std::uint64_t>(fields, "updates_per_epoch", path);
+  r.scheduled = Number<int>(fields, "scheduled", path) != 0;
+  return r;
+}
+
+void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
+                 const std::string& where) {
+  const std::string head = "--resume: " + where + " was written by a job ";
+  if (saved.model != now.model) {
+    throw ConfigError(head + "of --model " + saved.model + ", this one is --model " + now.model +
+                      ": resume with --model " + saved.model +
+                      ", or start the new model in another --checkpoint-dir");
+  }
+  if (saved.optimizer != now.optimizer) {
+    throw ConfigError(head + "with --optimizer " + saved.optimizer + ", this one has --optimizer " +
+                      now.optimizer + ": the checkpoint holds " + saved.optimizer +
+                      "'s state; resume with --optimizer " + saved.optimizer);
+  }
+  if (HasMomentumBuffers(saved) != HasMomentumBuffers(now)) {
+    std::ostringstream momentum;
+    momentum << saved.momentum;
+    const bool compression_changed = saved.gradient_compression != now.gradient_compression;
+    throw ConfigError(
+        head + (HasMomentumBuffers(saved) ? "with" : "without") + " momentum (--momentum " +
+        momentum.str() + "), this one runs " + (HasMomentumBuffers(now) ? "with" : "without") +
+        " it: resume with --momentum " + momentum.str() +
+        (compression_changed ? " (--gradient-compression 2bit or 1bit sets --momentum 0 and a "
+                               "5x --lr unless they are given; the checkpoint's job had "
+                               "--gradient-compression " +
+                                   saved.gradient_compression + ")"
+                             : ""));
+  }
+  if (now.scheduled && saved.updates_per_epoch != now.updates_per_epoch) {
+    // The servers go on counting from the checkpoint's count; the schedule reads that count
+    // in this job's updates per epoch.
+    const std::uint64_t at = saved.updates_per_epoch * static_cast<std::uint64_t>(epochs_done);
+    throw ConfigError(
+        head + "of " + std::to_string(saved.updates_per_epoch) + " updates per epoch (" +
+        UpdateSources(saved) + "), this one makes " + std::to_string(now.updates_per_epoch) + " (" +
+        UpdateSources(now) + "): its learning-rate schedule counts updates, so after " +
+        std::to_string(epochs_done) + " epoch(s) it would go on at update " + std::to_string(at) +
+        " where epoch " + std::to_string(epochs_done) + " starts at update " +
+        std::to_string(now.updates_per_epoch * static_cast<std::uint64_t>(epochs_done)) +
+        ": resume with the checkpoint's workers, --batch-size, --num-examples and --kvstore, or "
+        "with a constant rate (--lr-scheduler none --warmup-epochs 0)");
+  }
+}
+
+}  // namespace ps::worker
