@@ -219,10 +219,7 @@ int main(int argc, char** argv) {
       return !gflags::GetCommandLineFlagInfoOrDie(std::string(flag).c_str()).is_default;
     };
     ps::worker::ApplyModelDefaults(config, given);
-    if (config.checkpoint_dir.empty() && given("checkpoint_every")) {
-      throw ps::worker::ConfigError(
-          "--checkpoint-every needs --checkpoint-dir, the directory to write checkpoints to");
-    }
+    ps::worker::ValidateGivenFlags(config, given);
     ps::worker::ValidateConfig(config);
     WarnIfLocalInAJob(config.kvstore);
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);

@@ -37,6 +37,30 @@ std::string Format(const char* fmt, Args... args) {
   return out;
 }
 
+// "4,7" -> {4, 7}; throws ConfigError naming the flag.
+std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
+  std::vector<std::uint64_t> epochs;
+  std::size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::uint64_t value = 0;
+    const char* first = text.data() + start;
+    const char* last = text.data() + comma;
+    const auto [end, ec] = std::from_chars(first, last, value);
+    if (ec != std::errc() || end != last || value == 0) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
+    }
+    if (!epochs.empty() && value <= epochs.back()) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: the epochs must increase, e.g. 4,7");
+    }
+    epochs.push_back(value);
+    start = comma + 1;
+  }
+  return epochs;
+}
+
 }  // namespace
 
 void ValidateConfig(const TrainConfig& c) {
@@ -126,6 +150,14 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("--final-lr " + Format("%g", c.final_lr) + " must be in [0, --lr " +
                       Format("%g", c.lr) + "]: cosine decays from --lr down to it");
   }
+  if (c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") {
+    const std::vector<std::uint64_t> steps = ParseEpochList(c.lr_step_epochs);
+    if (!steps.empty() && steps.front() >= static_cast<std::uint64_t>(c.epochs)) {
+      throw ConfigError("--lr-step-epochs " + c.lr_step_epochs + ": the first step, after epoch " +
+                        std::to_string(steps.front()) + ", never comes with --epochs " +
+                        std::to_string(c.epochs) + ": the rate would never drop");
+    }
+  }
   // The schedule itself is checked by the optimizer's own rules, in updates.
   try {
     ValidateOptimizerConfig(MakeOptimizerConfig(c, 1000, 1.0f));
@@ -154,34 +186,6 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("--compression-threshold must be a finite number > 0");
   }
 }
-
-namespace {
-
-// "4,7" -> {4, 7}; throws ConfigError naming the flag.
-std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
-  std::vector<std::uint64_t> epochs;
-  std::size_t start = 0;
-  while (start <= text.size() && !text.empty()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    std::uint64_t value = 0;
-    const char* first = text.data() + start;
-    const char* last = text.data() + comma;
-    const auto [end, ec] = std::from_chars(first, last, value);
-    if (ec != std::errc() || end != last || value == 0) {
-      throw ConfigError("--lr-step-epochs '" + text +
-                        "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
-    }
-    if (!epochs.empty() && value <= epochs.back()) {
-      throw ConfigError("--lr-step-epochs '" + text +
-                        "' is invalid: the epochs must increase, e.g. 4,7");
-    }
-    epochs.push_back(value);
-    start = comma + 1;
-  }
-  return epochs;
-}
-
-}  // namespace
 
 OptimizerConfig MakeOptimizerConfig(const TrainConfig& c, std::uint64_t updates_per_epoch,
                                     float rescale_grad) {
@@ -245,6 +249,25 @@ void ApplyModelDefaults(TrainConfig& c, const std::function<bool(std::string_vie
     c.lr_scheduler = given("lr_step_epochs") ? "multifactor" : d.scheduler;
   }
   if (!given("warmup_epochs")) c.warmup_epochs = d.warmup_epochs;
+}
+
+void ValidateGivenFlags(const TrainConfig& c, const std::function<bool(std::string_view)>& given) {
+  // A flag that nothing reads would be ignored without a word.
+  if (c.checkpoint_dir.empty() && given("checkpoint_every")) {
+    throw ConfigError(
+        "--checkpoint-every needs --checkpoint-dir, the directory to write checkpoints to");
+  }
+  const auto sign_like = [](const std::string& type) { return type == "2bit" || type == "1bit"; };
+  if (given("compression_threshold") && !sign_like(c.gradient_compression) &&
+      !sign_like(c.pull_compression)) {
+    throw ConfigError(
+        "--compression-threshold is for 2bit and 1bit compression (--gradient-compression or "
+        "--pull-compression), which this job does not use: drop it or set one of them");
+  }
+  if (given("lr_factor") && c.lr_scheduler != "factor" && c.lr_scheduler != "multifactor") {
+    throw ConfigError("--lr-factor needs --lr-scheduler factor or multifactor (it is " +
+                      c.lr_scheduler + ", which has no steps): drop one of them");
+  }
 }
 
 namespace {

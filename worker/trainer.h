@@ -92,6 +92,11 @@ OptimizerConfig MakeOptimizerConfig(const TrainConfig& config, std::uint64_t upd
 // Checks every field that can be checked without data or devices. Throws ConfigError naming
 // the flag to fix.
 void ValidateConfig(const TrainConfig& config);
+// Throws ConfigError for a flag the user gave (`given`, as for ApplyModelDefaults) that
+// nothing would read: --checkpoint-every without --checkpoint-dir, --compression-threshold
+// without 2bit or 1bit compression, --lr-factor without a stepped schedule.
+void ValidateGivenFlags(const TrainConfig& config,
+                        const std::function<bool(std::string_view)>& given);
 
 // Writes the training log: human lines to `log`, and, when a path is given, the same records
 // as JSON lines to a file.

@@ -4,6 +4,7 @@
 // format.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -488,6 +489,13 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
                     "--final-lr 1 must be in [0, --lr 0.1]: cosine decays "
                     "from --lr down to it");
   c = TrainConfig{};
+  c.lr_scheduler = "multifactor";
+  c.lr_step_epochs = "5,8";
+  c.epochs = 2;
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--lr-step-epochs 5,8: the first step, after epoch 5, never comes with "
+                    "--epochs 2: the rate would never drop");
+  c = TrainConfig{};
   c.checkpoint_dir = "/dev/null";  // there, but a file: found before any training
   CHECK_THROWS_WITH(ValidateConfig(c),
                     "--checkpoint-dir /dev/null is not a directory: name a "
@@ -517,6 +525,32 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
                     "--num-examples 70000 is more than the 60000 training samples in " +
                         c.data_dir + " (0: all of them)");
   CHECK_FALSE(std::filesystem::exists(c.checkpoint_dir));
+}
+
+TEST_CASE("flags given that nothing would read are refused", "[trainer]") {
+  const auto given = [](std::initializer_list<std::string_view> flags) {
+    const std::vector<std::string_view> names(flags);
+    return [names](std::string_view flag) {
+      return std::find(names.begin(), names.end(), flag) != names.end();
+    };
+  };
+  TrainConfig c;
+  CHECK_NOTHROW(ValidateGivenFlags(c, given({})));
+  CHECK_THROWS_WITH(ValidateGivenFlags(c, given({"checkpoint_every"})),
+                    Catch::StartsWith("--checkpoint-every needs --checkpoint-dir"));
+  CHECK_THROWS_WITH(ValidateGivenFlags(c, given({"compression_threshold"})),
+                    Catch::StartsWith("--compression-threshold is for 2bit and 1bit compression"));
+  c.gradient_compression = "fp16";
+  CHECK_THROWS_AS(ValidateGivenFlags(c, given({"compression_threshold"})), ConfigError);
+  c.pull_compression = "2bit";
+  CHECK_NOTHROW(ValidateGivenFlags(c, given({"compression_threshold"})));
+  c = TrainConfig{};
+  c.lr_scheduler = "cosine";
+  CHECK_THROWS_WITH(ValidateGivenFlags(c, given({"lr_factor"})),
+                    "--lr-factor needs --lr-scheduler factor or multifactor (it is cosine, which "
+                    "has no steps): drop one of them");
+  c.lr_scheduler = "factor";
+  CHECK_NOTHROW(ValidateGivenFlags(c, given({"lr_factor"})));
 }
 
 }  // namespace
