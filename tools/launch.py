@@ -1426,6 +1426,7 @@ class Proc:
         self.lines_seen = 0  # output lines the launcher took from this process so far
         self.stop_requested = False
         self.saw_job_end = False  # the scheduler logged that every worker finished
+        self.orphan_stopped = False  # its wrapper was killed while the command ran (poll)
 
     def read_output(self, events):
         got_pid = got_watch = False
@@ -1454,7 +1455,22 @@ class Proc:
             if rc is not None:
                 self.returncode = rc
                 self.exit_time = time.monotonic()
+                self.stop_orphan()
         return self.returncode
+
+    def stop_orphan(self):
+        """A local wrapper killed by a signal (a `kill` of the wrong pid) leaves its command
+        running in its own session, out of the launcher's sight: it cannot tell when the
+        command ends, so it stops it, and the status says so (status_text)."""
+        if (self.spec.host is not None or self.returncode >= 0 or not self.child_pgid
+                or self.stop_requested):
+            return
+        try:
+            os.killpg(self.child_pgid, 0)
+        except OSError:
+            return  # the command is gone too: a plain death
+        self.orphan_stopped = True
+        self.request_stop()  # its watcher, whose stdin this closes, escalates to KILL
 
     def exit_status(self):
         rc = self.returncode
@@ -1466,6 +1482,10 @@ class Proc:
         rc = self.returncode
         if rc is None:
             return "running"
+        if self.orphan_stopped:
+            return (f"{128 - rc} (its launcher wrapper, not the command, was killed by "
+                    f"{signal.Signals(-rc).name}; the command, process group "
+                    f"{self.child_pgid}, still ran and was stopped)")
         if rc < 0:
             return f"{128 - rc} (killed by {signal.Signals(-rc).name})"
         if rc > 128 and rc - 128 < signal.NSIG:

@@ -275,6 +275,29 @@ class LocalFailures(LauncherTest):
         self.assert_nothing_left()
 
 
+class WrapperKilled(LauncherTest):
+
+    def test_a_killed_wrapper_is_named_and_its_command_stopped(self):
+        # `kill -9` of a wrapper shell (its pid is the one `ps` shows beside the command's
+        # name) leaves the command running out of the launcher's sight: the launcher says
+        # so, and stops the command with the rest of the job.
+        proc = self.start_launcher(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
+                                   + self.fake_cmd("--sleep", "60"))
+        self.wait_records({"scheduler": 1, "server": 1, "worker": 2})
+        worker = next(r for r in self.records("worker") if r["rank"] == 1)
+        with open(f"/proc/{worker['pid']}/stat") as f:
+            wrapper = int(f.read().rsplit(")", 1)[1].split()[1])  # the parent
+        with open(f"/proc/{wrapper}/cmdline", "rb") as f:
+            self.assertIn(b"\0ps-launch\0", f.read())
+        os.kill(wrapper, signal.SIGKILL)
+        r = self.finish_launcher(proc, timeout=30)
+        self.assertEqual(r.rc, 137, r)
+        self.assertRegex(r.err, r"worker 1 on localhost exited with status 137 \(its launcher "
+                                r"wrapper, not the command, was killed by SIGKILL; the command, "
+                                rf"process group {worker['pid']}, still ran and was stopped\)")
+        self.assert_nothing_left()
+
+
 class LocalSignals(LauncherTest):
 
     def start_long_job(self, *extra):
