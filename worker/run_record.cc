@@ -28,6 +28,7 @@ std::map<std::string, std::string> Fields(const RunRecord& r) {
           {"batch_size", std::to_string(r.batch_size)},
           {"examples", std::to_string(r.examples)},
           {"updates_per_epoch", std::to_string(r.updates_per_epoch)},
+          {"updates_done", std::to_string(r.updates_done)},
           {"scheduled", r.scheduled ? "1" : "0"}};
 }
 
@@ -45,12 +46,17 @@ T Number(const std::map<std::string, std::string>& fields, const std::string& ke
   return value;
 }
 
-std::string Text(const std::map<std::string, std::string>& fields, const std::string& key) {
+std::string Text(const std::map<std::string, std::string>& fields, const std::string& key,
+                 const std::string& path) {
   const auto it = fields.find(key);
-  return it == fields.end() ? std::string() : it->second;
+  if (it == fields.end() || it->second.empty()) {
+    throw ConfigError("--resume: " + path + " has no '" + key +
+                      "' line: the file is damaged; delete it to resume without its checks");
+  }
+  return it->second;
 }
 
-// "2 workers, --batch-size 64, 4000 examples, dist_sync"
+// "2 worker(s), --batch-size 64, 4000 examples, --kvstore dist_sync"
 std::string UpdateSources(const RunRecord& r) {
   return std::to_string(r.workers) + " worker(s), --batch-size " + std::to_string(r.batch_size) +
          ", " + std::to_string(r.examples) + " examples, --kvstore " + r.kvstore;
@@ -92,15 +98,16 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
     if (space != std::string::npos) fields[line.substr(0, space)] = line.substr(space + 1);
   }
   RunRecord r;
-  r.model = Text(fields, "model");
-  r.optimizer = Text(fields, "optimizer");
-  r.kvstore = Text(fields, "kvstore");
-  r.gradient_compression = Text(fields, "gradient_compression");
+  r.model = Text(fields, "model", path);
+  r.optimizer = Text(fields, "optimizer", path);
+  r.kvstore = Text(fields, "kvstore", path);
+  r.gradient_compression = Text(fields, "gradient_compression", path);
   r.momentum = Number<float>(fields, "momentum", path);
   r.workers = Number<int>(fields, "workers", path);
   r.batch_size = Number<int>(fields, "batch_size", path);
   r.examples = Number<int>(fields, "examples", path);
   r.updates_per_epoch = Number<std::uint64_t>(fields, "updates_per_epoch", path);
+  r.updates_done = Number<std::uint64_t>(fields, "updates_done", path);
   r.scheduled = Number<int>(fields, "scheduled", path) != 0;
   return r;
 }
@@ -132,19 +139,27 @@ void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
                                    saved.gradient_compression + ")"
                              : ""));
   }
-  if (now.scheduled && saved.updates_per_epoch != now.updates_per_epoch) {
+  const std::uint64_t epoch_start = now.updates_per_epoch * static_cast<std::uint64_t>(epochs_done);
+  if (now.scheduled && saved.updates_done != epoch_start) {
     // The servers go on counting from the checkpoint's count; the schedule reads that count
     // in this job's updates per epoch.
-    const std::uint64_t at = saved.updates_per_epoch * static_cast<std::uint64_t>(epochs_done);
+    const double read_as =
+        now.updates_per_epoch == 0
+            ? 0.0
+            : static_cast<double>(saved.updates_done) / static_cast<double>(now.updates_per_epoch);
+    std::ostringstream epochs;
+    epochs.precision(3);
+    epochs << read_as;
     throw ConfigError(
-        head + "of " + std::to_string(saved.updates_per_epoch) + " updates per epoch (" +
-        UpdateSources(saved) + "), this one makes " + std::to_string(now.updates_per_epoch) + " (" +
-        UpdateSources(now) + "): its learning-rate schedule counts updates, so after " +
-        std::to_string(epochs_done) + " epoch(s) it would go on at update " + std::to_string(at) +
-        " where epoch " + std::to_string(epochs_done) + " starts at update " +
-        std::to_string(now.updates_per_epoch * static_cast<std::uint64_t>(epochs_done)) +
-        ": resume with the checkpoint's workers, --batch-size, --num-examples and --kvstore, or "
-        "with a constant rate (--lr-scheduler none --warmup-epochs 0)");
+        head + "whose servers counted " + std::to_string(saved.updates_done) + " updates in its " +
+        std::to_string(epochs_done) + " epoch(s) (the last job on it made " +
+        std::to_string(saved.updates_per_epoch) + " per epoch: " + UpdateSources(saved) +
+        "); this one makes " + std::to_string(now.updates_per_epoch) + " per epoch (" +
+        UpdateSources(now) +
+        "), so its learning-rate schedule, which counts updates, would take them for " +
+        epochs.str() + " epoch(s), not " + std::to_string(epochs_done) +
+        ": resume with the workers, --batch-size, --num-examples and --kvstore that trained "
+        "those epochs, or with a constant rate (--lr-scheduler none --warmup-epochs 0)");
   }
 }
 

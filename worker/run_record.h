@@ -28,6 +28,9 @@ struct RunRecord {
   // Optimizer updates of a key per epoch: batches per worker, times the workers in dist_async
   // (each push is an update there).
   std::uint64_t updates_per_epoch = 0;
+  // The servers' update count at the checkpoint: every epoch's updates since the job that
+  // started the chain of resumes, each at the rate of the job that trained it.
+  std::uint64_t updates_done = 0;
   // Whether the job's learning rate depends on the update count (a schedule or a warm-up).
   bool scheduled = false;
 };
@@ -42,7 +45,8 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir);
 // Throws ConfigError, naming the flag to change, when the job `now` cannot go on from a
 // checkpoint recorded as `saved` after `epochs_done` epochs: another model or optimizer,
 // momentum buffers where there are none (or the reverse), or another number of updates per
-// epoch under a schedule. `where` names the checkpoint in the message.
+// epoch under a schedule (the servers' count, saved.updates_done, is not where this job's
+// schedule puts epoch epochs_done). `where` names the checkpoint in the message.
 void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
                  const std::string& where);
 

@@ -7,13 +7,13 @@
 #include <glog/logging.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <new>
 #include <sstream>
 #include <string>
@@ -121,7 +121,7 @@ int ParseLocalRank(const std::string& text) {
 }
 
 // The float flags are read as doubles and used as float32: a value that float32 cannot hold
-// would silently become 0 or infinity (--lr 1e-50 would read as 0, 1e39 as inf).
+// would silently become 0, a denormal or infinity (--lr 1e-50 would read as 0, 1e39 as inf).
 void CheckFloat32Flags() {
   for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", FLAGS_lr},
                                     {"--lr-factor", FLAGS_lr_factor},
@@ -130,8 +130,9 @@ void CheckFloat32Flags() {
                                     {"--momentum", FLAGS_momentum},
                                     {"--wd", FLAGS_wd},
                                     {"--compression-threshold", FLAGS_compression_threshold}}) {
-    const auto single = static_cast<float>(value);
-    if (std::isfinite(value) && (std::isinf(single) || (value != 0.0 && single == 0.0f))) {
+    const double magnitude = std::fabs(value);
+    if (std::isfinite(value) && (magnitude > std::numeric_limits<float>::max() ||
+                                 (value != 0.0 && magnitude < std::numeric_limits<float>::min()))) {
       std::ostringstream text;
       text << flag << ' ' << value;
       throw ps::worker::ConfigError(
@@ -229,12 +230,10 @@ int main(int argc, char** argv) {
       kv->ReportFailure(e.what());  // the job ends naming this worker and why, at once
       throw;
     }
-    errno = 0;
-    if (!std::cout.flush()) {  // the log, the final accuracy included, did not get through
+    if (!std::cout.flush()) {  // a write failed (a full disk): the log did not all get through
       std::fprintf(stderr,
-                   "ps-train: error: cannot write the standard output%s%s: the training log, "
-                   "its final accuracy included, is incomplete\n",
-                   errno != 0 ? ": " : "", errno != 0 ? std::strerror(errno) : "");
+                   "ps-train: error: cannot write the standard output: the training log, its "
+                   "final accuracy included, is incomplete\n");
       return 1;
     }
     return 0;

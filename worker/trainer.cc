@@ -338,8 +338,9 @@ void PrepareCheckpointDir(const std::string& dir) {
   std::ifstream latest(dir + "/" + kLatestName);
   std::string name;
   if (latest >> name) {
+    constexpr std::size_t kShown = 40;  // of what may be any file's bytes
     throw ConfigError("--checkpoint-dir " + dir + " holds checkpoints already (" + kLatestName +
-                      " names " + name.substr(0, 40) +
+                      " names " + name.substr(0, kShown) + (name.size() > kShown ? "..." : "") +
                       "): add --resume to go on from there, or name an empty directory; a new "
                       "job would write over them");
   }
@@ -754,24 +755,28 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
 
   KVTrainer trainer(config, kv, *model);
   trainer.Start(static_cast<std::uint64_t>(sampler.batches_per_epoch()));
-  const RunRecord record{.model = config.model,
-                         .optimizer = config.optimizer,
-                         .momentum = config.momentum,
-                         .kvstore = kv.Type(),
-                         .gradient_compression = config.gradient_compression,
-                         .workers = workers,
-                         .batch_size = config.batch_size,
-                         .examples = train.count,
-                         .updates_per_epoch = trainer.updates_per_epoch(),
-                         .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0};
+  // updates_done is set at each save.
+  RunRecord record{.model = config.model,
+                   .optimizer = config.optimizer,
+                   .momentum = config.momentum,
+                   .kvstore = kv.Type(),
+                   .gradient_compression = config.gradient_compression,
+                   .workers = workers,
+                   .batch_size = config.batch_size,
+                   .examples = train.count,
+                   .updates_per_epoch = trainer.updates_per_epoch(),
+                   .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0};
   int first_epoch = 0;
+  std::uint64_t updates_before = 0;  // the servers' update count where this job starts
   if (config.resume) {
     first_epoch = ReadLatest(config.checkpoint_dir);
     const std::string resumed = EpochDir(config.checkpoint_dir, first_epoch);
     // Every worker reads it, so that all refuse alike before the collective load.
-    if (const std::optional<RunRecord> saved = ReadRunRecord(resumed)) {
-      CheckResume(*saved, record, first_epoch, resumed);
-    }
+    const std::optional<RunRecord> saved = ReadRunRecord(resumed);
+    if (saved) CheckResume(*saved, record, first_epoch, resumed);
+    // Without a record: as if the same job had written it.
+    updates_before = saved ? saved->updates_done
+                           : record.updates_per_epoch * static_cast<std::uint64_t>(first_epoch);
     try {
       kv.LoadCheckpoint(resumed);
     } catch (const ps::Error& e) {
@@ -812,6 +817,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
         (done % config.checkpoint_every == 0 || done == config.epochs)) {
       kv.SaveCheckpoint(EpochDir(config.checkpoint_dir, done));
       if (rank == 0) {
+        record.updates_done = updates_before + record.updates_per_epoch *
+                                                   static_cast<std::uint64_t>(done - first_epoch);
         WriteRunRecord(EpochDir(config.checkpoint_dir, done), record);
         WriteLatest(config.checkpoint_dir, done);
         log << "ps-train: checkpoint saved to " << EpochDir(config.checkpoint_dir, done) << "\n"

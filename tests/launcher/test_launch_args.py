@@ -552,7 +552,8 @@ class Drain(LauncherTest):
         for i in range(500):
             self.la.events.put((worker, f"line {i}"))
         self.la.events.put((worker, None))  # EOF
-        self.timed_drain([worker], quiet=5.0)
+        took = self.timed_drain([worker], quiet=5.0)
+        self.assertLess(took, 4.0)  # at EOF, not after the quiet 5 s
         self.assertTrue(worker.eof)
         self.assertEqual(worker.lines_seen, 500)
         self.assertIn("[worker 0] line 499\n", self.la.out.getvalue())

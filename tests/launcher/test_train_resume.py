@@ -132,16 +132,27 @@ class TrainResume(unittest.TestCase):
             again = ["--epochs", "2", "--resume", "--batch-size", "32"]
             result = self.local(ckpt, *again, examples=640)
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
-            self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job of 10 updates per "
-                          "epoch (1 worker(s), --batch-size 64, 640 examples, --kvstore local), "
-                          "this one makes 20 (1 worker(s), --batch-size 32, 640 examples, "
-                          "--kvstore local)", result.stderr)
+            self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job whose servers "
+                          "counted 10 updates in its 1 epoch(s) (the last job on it made 10 per "
+                          "epoch: 1 worker(s), --batch-size 64, 640 examples, --kvstore local); "
+                          "this one makes 20 per epoch (1 worker(s), --batch-size 32, 640 "
+                          "examples, --kvstore local), so its learning-rate schedule, which "
+                          "counts updates, would take them for 0.5 epoch(s), not 1",
+                          result.stderr)
             self.assertIn("(--lr-scheduler none --warmup-epochs 0)", result.stderr)
             self.assertNotIn("Epoch[", result.stdout)
             # A constant rate does not count updates: the same resume goes on.
             result = self.local(ckpt, *again, "--lr-scheduler", "none", examples=640)
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
             self.assertIn("Epoch[1]", result.stdout)
+            # The servers counted 10 + 20 updates in those 2 epochs: a scheduled job of batch
+            # 32 (20 per epoch) would take them for 1.5 epochs; it is refused too.
+            result = self.local(ckpt, "--epochs", "3", "--resume", "--batch-size", "32",
+                                examples=640)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn("counted 30 updates in its 2 epoch(s) (the last job on it made 20 per "
+                          "epoch", result.stderr)
+            self.assertIn("would take them for 1.5 epoch(s), not 2", result.stderr)
 
     def test_a_new_job_does_not_write_over_a_directory_of_checkpoints(self):
         # Started again after a crash without --resume: refused, not a mix of two runs.

@@ -83,6 +83,7 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
                     "--lr 1e-50 is outside float32's range (magnitudes from about 1.2e-38 to "
                     "3.4e38), in which ps-train computes");
   CheckOneLineError(RunPsTrain("--kvstore local --lr 1e39"), "--lr 1e+39 is outside float32's");
+  CheckOneLineError(RunPsTrain("--kvstore local --lr 1e-40"), "--lr 1e-40 is outside float32's");
   CheckOneLineError(RunPsTrain("--kvstore local --compression-threshold 1e-50"),
                     "--compression-threshold 1e-50 is outside");
   CheckOneLineError(RunPsTrain("--kvstore local", "PS_LOCAL_RANK=first"),

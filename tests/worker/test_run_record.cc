@@ -21,6 +21,7 @@ RunRecord TwoWorkers() {
                    .batch_size = 64,
                    .examples = 4000,
                    .updates_per_epoch = 31,
+                   .updates_done = 62,
                    .scheduled = true};
 }
 
@@ -41,10 +42,16 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   CHECK(read->batch_size == 64);
   CHECK(read->examples == 4000);
   CHECK(read->updates_per_epoch == 31);
+  CHECK(read->updates_done == 62);
   CHECK(read->scheduled);
   CHECK_FALSE(std::filesystem::exists(dir.file("TRAINING.tmp")));
 
   std::ofstream(dir.file("TRAINING"), std::ios::trunc) << "model mlp\nworkers two\n";
+  CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
+                    Catch::StartsWith("--resume: " + dir.file("TRAINING") +
+                                      " has no 'optimizer' line: the file is damaged"));
+  std::ofstream(dir.file("TRAINING"), std::ios::trunc)
+      << "model mlp\noptimizer sgd\nkvstore local\ngradient_compression none\nmomentum x\n";
   CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
                     Catch::StartsWith("--resume: " + dir.file("TRAINING") +
                                       " has no valid 'momentum' line: the file is damaged"));
@@ -86,15 +93,29 @@ TEST_CASE("run record: a resume the checkpoint cannot carry is refused, naming t
   now.workers = 3;
   now.updates_per_epoch = 20;
   CHECK_THROWS_WITH(CheckResume(saved, now, 2, where),
-                    "--resume: ck/epoch-2 was written by a job of 31 updates per epoch (2 "
-                    "worker(s), --batch-size 64, 4000 examples, --kvstore dist_sync), this one "
-                    "makes 20 (3 worker(s), --batch-size 64, 4000 examples, --kvstore "
-                    "dist_sync): its learning-rate schedule counts updates, so after 2 epoch(s) "
-                    "it would go on at update 62 where epoch 2 starts at update 40: resume with "
-                    "the checkpoint's workers, --batch-size, --num-examples and --kvstore, or "
-                    "with a constant rate (--lr-scheduler none --warmup-epochs 0)");
+                    "--resume: ck/epoch-2 was written by a job whose servers counted 62 updates "
+                    "in its 2 epoch(s) (the last job on it made 31 per epoch: 2 worker(s), "
+                    "--batch-size 64, 4000 examples, --kvstore dist_sync); this one makes 20 per "
+                    "epoch (3 worker(s), --batch-size 64, 4000 examples, --kvstore dist_sync), so "
+                    "its learning-rate schedule, which counts updates, would take them for 3.1 "
+                    "epoch(s), not 2: resume with the workers, --batch-size, --num-examples and "
+                    "--kvstore that trained those epochs, or with a constant rate (--lr-scheduler "
+                    "none --warmup-epochs 0)");
   now.scheduled = false;  // a constant rate does not count updates
   CHECK_NOTHROW(CheckResume(saved, now, 2, where));
+
+  // A chain: epoch 1 at 31 updates, epoch 2 at 20 under a constant rate. A scheduled job of
+  // 20 per epoch would take the 51 updates for 2.55 epochs: refused, though the last job's
+  // rate is its own.
+  RunRecord chained = TwoWorkers();
+  chained.workers = 3;
+  chained.updates_per_epoch = 20;
+  chained.updates_done = 51;
+  now = chained;
+  now.scheduled = true;
+  CHECK_THROWS_WITH(CheckResume(chained, now, 2, where),
+                    Catch::Contains("counted 51 updates in its 2 epoch(s)") &&
+                        Catch::Contains("would take them for 2.55 epoch(s), not 2"));
 }
 
 }  // namespace
