@@ -284,7 +284,8 @@ class WrapperKilled(LauncherTest):
         proc = self.start_launcher(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
                                    + self.fake_cmd("--sleep", "60"))
         self.wait_records({"scheduler": 1, "server": 1, "worker": 2})
-        worker = next(r for r in self.records("worker") if r["rank"] == 1)
+        # The launcher's worker 1 (PS_RANK; the stand-in's own rank is its registration order).
+        worker = next(r for r in self.records("worker") if r["env"].get("PS_RANK") == "1")
         with open(f"/proc/{worker['pid']}/stat") as f:
             wrapper = int(f.read().rsplit(")", 1)[1].split()[1])  # the parent
         with open(f"/proc/{wrapper}/cmdline", "rb") as f:
