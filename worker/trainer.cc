@@ -784,13 +784,14 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
       // Keys missing or of other sizes: the checkpoint holds another model's parameters.
       const bool other_model = e.kind() == ps::ErrorKind::kCheckpointMismatch;
       ps::ThrowError(
-          e.kind(), std::string(what) + " (--resume: " + config.checkpoint_dir + "/" + kLatestName +
-                        " names epoch-" + std::to_string(first_epoch) +
-                        (other_model ? ", which holds another model's parameters: resume with "
-                                       "the --model it was written with, --model " +
-                                           config.model + " here"
-                                     : "") +
-                        ")");
+          e.kind(),
+          std::string(what) + " (--resume: " + config.checkpoint_dir + "/" + kLatestName +
+              " names epoch-" + std::to_string(first_epoch) +
+              (other_model ? ", which holds the parameters of another model than "
+                             "this job's --model " +
+                                 config.model + ": resume with the --model it was written with"
+                           : "") +
+              ")");
     }
     trainer.PullWeights();
     log << "ps-train: resumed from " << resumed << " (" << first_epoch << " epoch(s) done)\n"

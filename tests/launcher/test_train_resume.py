@@ -113,8 +113,9 @@ class TrainResume(unittest.TestCase):
             os.remove(os.path.join(ckpt, "epoch-1", "TRAINING"))
             result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn")
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
-            self.assertIn("which holds another model's parameters: resume with the --model it "
-                          "was written with, --model cnn here", result.stderr)
+            self.assertIn("which holds the parameters of another model than this job's "
+                          "--model cnn: resume with the --model it was written with",
+                          result.stderr)
             other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam")
             self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
             self.assertIn("the checkpoint holds sgd optimizer state, this job's optimizer is adam",
