@@ -1359,6 +1359,10 @@ class Launch:
                 break  # a second Ctrl-C: no more grace
             self.pump(0.05)
         stubborn = [p for p in running if p.returncode is None]
+        # Commands whose wrapper was killed (Proc.stop_orphan): TERMed then, killed now.
+        for p in self.procs:
+            if p.orphan_stopped:
+                kill_group(p.child_pgid, signal.SIGKILL)
         killers = []
         for p in stubborn:
             self.say(f"{p.spec.label} on {p.spec.where} did not stop; killing it")
@@ -1465,9 +1469,8 @@ class Proc:
         if (self.spec.host is not None or self.returncode >= 0 or not self.child_pgid
                 or self.stop_requested):
             return
-        try:
-            os.killpg(self.child_pgid, 0)
-        except OSError:
+        # The command itself, not a grandchild left in its group or a zombie.
+        if process_state(self.child_pgid) in (None, "Z", "X"):
             return  # the command is gone too: a plain death
         self.orphan_stopped = True
         self.request_stop()  # its watcher, whose stdin this closes, escalates to KILL
@@ -1485,7 +1488,7 @@ class Proc:
         if self.orphan_stopped:
             return (f"{128 - rc} (its launcher wrapper, not the command, was killed by "
                     f"{signal.Signals(-rc).name}; the command, process group "
-                    f"{self.child_pgid}, still ran and was stopped)")
+                    f"{self.child_pgid}, still ran: the launcher stops it)")
         if rc < 0:
             return f"{128 - rc} (killed by {signal.Signals(-rc).name})"
         if rc > 128 and rc - 128 < signal.NSIG:

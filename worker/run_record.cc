@@ -19,17 +19,20 @@ std::string Path(const std::string& epoch_dir) { return epoch_dir + "/" + kRunRe
 std::map<std::string, std::string> Fields(const RunRecord& r) {
   std::ostringstream momentum;
   momentum << r.momentum;
-  return {{"model", r.model},
-          {"optimizer", r.optimizer},
-          {"momentum", momentum.str()},
-          {"kvstore", r.kvstore},
-          {"gradient_compression", r.gradient_compression},
-          {"workers", std::to_string(r.workers)},
-          {"batch_size", std::to_string(r.batch_size)},
-          {"examples", std::to_string(r.examples)},
-          {"updates_per_epoch", std::to_string(r.updates_per_epoch)},
-          {"updates_done", std::to_string(r.updates_done)},
-          {"scheduled", r.scheduled ? "1" : "0"}};
+  std::map<std::string, std::string> fields{
+      {"model", r.model},
+      {"optimizer", r.optimizer},
+      {"momentum", momentum.str()},
+      {"kvstore", r.kvstore},
+      {"gradient_compression", r.gradient_compression},
+      {"workers", std::to_string(r.workers)},
+      {"batch_size", std::to_string(r.batch_size)},
+      {"examples", std::to_string(r.examples)},
+      {"updates_per_epoch", std::to_string(r.updates_per_epoch)},
+
+      {"scheduled", r.scheduled ? "1" : "0"}};
+  if (r.updates_done) fields.emplace("updates_done", std::to_string(*r.updates_done));
+  return fields;
 }
 
 template <typename T>
@@ -107,7 +110,9 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
   r.batch_size = Number<int>(fields, "batch_size", path);
   r.examples = Number<int>(fields, "examples", path);
   r.updates_per_epoch = Number<std::uint64_t>(fields, "updates_per_epoch", path);
-  r.updates_done = Number<std::uint64_t>(fields, "updates_done", path);
+  if (fields.contains("updates_done")) {
+    r.updates_done = Number<std::uint64_t>(fields, "updates_done", path);
+  }
   r.scheduled = Number<int>(fields, "scheduled", path) != 0;
   return r;
 }
@@ -140,18 +145,19 @@ void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
                              : ""));
   }
   const std::uint64_t epoch_start = now.updates_per_epoch * static_cast<std::uint64_t>(epochs_done);
-  if (now.scheduled && saved.updates_done != epoch_start) {
+  const std::uint64_t counted = saved.UpdatesDone(epochs_done);
+  if (now.scheduled && counted != epoch_start) {
     // The servers go on counting from the checkpoint's count; the schedule reads that count
     // in this job's updates per epoch.
     const double read_as =
         now.updates_per_epoch == 0
             ? 0.0
-            : static_cast<double>(saved.updates_done) / static_cast<double>(now.updates_per_epoch);
+            : static_cast<double>(counted) / static_cast<double>(now.updates_per_epoch);
     std::ostringstream epochs;
     epochs.precision(3);
     epochs << read_as;
     throw ConfigError(
-        head + "whose servers counted " + std::to_string(saved.updates_done) + " updates in its " +
+        head + "whose servers counted " + std::to_string(counted) + " updates in its " +
         std::to_string(epochs_done) + " epoch(s) (the last job on it made " +
         std::to_string(saved.updates_per_epoch) + " per epoch: " + UpdateSources(saved) +
         "); this one makes " + std::to_string(now.updates_per_epoch) + " per epoch (" +
@@ -159,7 +165,8 @@ void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
         "), so its learning-rate schedule, which counts updates, would take them for " +
         epochs.str() + " epoch(s), not " + std::to_string(epochs_done) +
         ": resume with the workers, --batch-size, --num-examples and --kvstore that trained "
-        "those epochs, or with a constant rate (--lr-scheduler none --warmup-epochs 0)");
+        "those epochs (when one rate trained them all), or with a constant rate "
+        "(--lr-scheduler none --warmup-epochs 0)");
   }
 }
 

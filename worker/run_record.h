@@ -29,8 +29,13 @@ struct RunRecord {
   // (each push is an update there).
   std::uint64_t updates_per_epoch = 0;
   // The servers' update count at the checkpoint: every epoch's updates since the job that
-  // started the chain of resumes, each at the rate of the job that trained it.
-  std::uint64_t updates_done = 0;
+  // started the chain of resumes, each at the rate of the job that trained it. Unset in a
+  // record without the line: as if one rate had trained every epoch.
+  std::optional<std::uint64_t> updates_done;
+
+  std::uint64_t UpdatesDone(int epochs_done) const {
+    return updates_done.value_or(updates_per_epoch * static_cast<std::uint64_t>(epochs_done));
+  }
   // Whether the job's learning rate depends on the update count (a schedule or a warm-up).
   bool scheduled = false;
 };

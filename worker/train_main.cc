@@ -72,7 +72,8 @@ DEFINE_string(gradient_compression, "none",
 DEFINE_double(compression_threshold, 0.5,
               "2bit: the magnitude a value must reach (with its residual) to be sent. Not "
               "given, with --gradient-compression 2bit or 1bit: 0.02 (and plain SGD at 5x the "
-              "model's rate); otherwise 0.5, MXNet's default, shown below.");
+              "model's rate), also with --pull-compression 2bit; otherwise 0.5, MXNet's "
+              "default, shown below.");
 DEFINE_string(pull_compression, "none",
               "Compress the pulled weights as changes since this worker's last pull: none, 2bit, "
               "1bit or fp16.");

@@ -150,14 +150,6 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("--final-lr " + Format("%g", c.final_lr) + " must be in [0, --lr " +
                       Format("%g", c.lr) + "]: cosine decays from --lr down to it");
   }
-  if (c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") {
-    const std::vector<std::uint64_t> steps = ParseEpochList(c.lr_step_epochs);
-    if (!steps.empty() && steps.front() >= static_cast<std::uint64_t>(c.epochs)) {
-      throw ConfigError("--lr-step-epochs " + c.lr_step_epochs + ": the first step, after epoch " +
-                        std::to_string(steps.front()) + ", never comes with --epochs " +
-                        std::to_string(c.epochs) + ": the rate would never drop");
-    }
-  }
   // The schedule itself is checked by the optimizer's own rules, in updates.
   try {
     ValidateOptimizerConfig(MakeOptimizerConfig(c, 1000, 1.0f));
@@ -238,8 +230,7 @@ void ApplyModelDefaults(TrainConfig& c, const std::function<bool(std::string_vie
   if (!given("lr")) c.lr = d.lr * mode_scale * (sign_like ? kSignLikeRateScale : 1.0f);
   if (!given("momentum")) c.momentum = sign_like ? 0.0f : d.momentum;
   // The threshold is the step of 2bit pulls too: 0.5 moves every weight by 0.5 per pull.
-  const bool pull_sign_like = c.pull_compression == "2bit" || c.pull_compression == "1bit";
-  if ((sign_like || pull_sign_like) && !given("compression_threshold")) {
+  if ((sign_like || c.pull_compression == "2bit") && !given("compression_threshold")) {
     c.compression_threshold = kSignLikeThreshold;
   }
   if (!given("wd")) c.weight_decay = d.weight_decay;
@@ -257,11 +248,11 @@ void ValidateGivenFlags(const TrainConfig& c, const std::function<bool(std::stri
     throw ConfigError(
         "--checkpoint-every needs --checkpoint-dir, the directory to write checkpoints to");
   }
-  const auto sign_like = [](const std::string& type) { return type == "2bit" || type == "1bit"; };
-  if (given("compression_threshold") && !sign_like(c.gradient_compression) &&
-      !sign_like(c.pull_compression)) {
+  // 1bit's step is the mean magnitude (a scale per slice), 2bit's the threshold.
+  if (given("compression_threshold") && c.gradient_compression != "2bit" &&
+      c.pull_compression != "2bit") {
     throw ConfigError(
-        "--compression-threshold is for 2bit and 1bit compression (--gradient-compression or "
+        "--compression-threshold is for 2bit compression (--gradient-compression or "
         "--pull-compression), which this job does not use: drop it or set one of them");
   }
   if (given("lr_factor") && c.lr_scheduler != "factor" && c.lr_scheduler != "multifactor") {
@@ -755,7 +746,6 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
 
   KVTrainer trainer(config, kv, *model);
   trainer.Start(static_cast<std::uint64_t>(sampler.batches_per_epoch()));
-  // updates_done is set at each save.
   RunRecord record{.model = config.model,
                    .optimizer = config.optimizer,
                    .momentum = config.momentum,
@@ -765,6 +755,7 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
                    .batch_size = config.batch_size,
                    .examples = train.count,
                    .updates_per_epoch = trainer.updates_per_epoch(),
+                   .updates_done = std::nullopt,  // set at each save
                    .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0};
   int first_epoch = 0;
   std::uint64_t updates_before = 0;  // the servers' update count where this job starts
@@ -775,7 +766,7 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     const std::optional<RunRecord> saved = ReadRunRecord(resumed);
     if (saved) CheckResume(*saved, record, first_epoch, resumed);
     // Without a record: as if the same job had written it.
-    updates_before = saved ? saved->updates_done
+    updates_before = saved ? saved->UpdatesDone(first_epoch)
                            : record.updates_per_epoch * static_cast<std::uint64_t>(first_epoch);
     try {
       kv.LoadCheckpoint(resumed);

@@ -295,7 +295,8 @@ class WrapperKilled(LauncherTest):
         self.assertEqual(r.rc, 137, r)
         self.assertRegex(r.err, r"worker 1 on localhost exited with status 137 \(its launcher "
                                 r"wrapper, not the command, was killed by SIGKILL; the command, "
-                                rf"process group {worker['pid']}, still ran and was stopped\)")
+                                rf"process group {worker['pid']}, still ran: the launcher "
+                                r"stops it\)")
         self.assert_nothing_left()
 
 

@@ -42,9 +42,23 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   CHECK(read->batch_size == 64);
   CHECK(read->examples == 4000);
   CHECK(read->updates_per_epoch == 31);
-  CHECK(read->updates_done == 62);
+  CHECK(read->updates_done == std::optional<std::uint64_t>(62));
   CHECK(read->scheduled);
   CHECK_FALSE(std::filesystem::exists(dir.file("TRAINING.tmp")));
+
+  // Without the updates_done line (the first records): one rate trained every epoch.
+  {
+    std::ifstream in(dir.file("TRAINING"));
+    std::string text, line;
+    while (std::getline(in, line)) {
+      if (!line.starts_with("updates_done ")) text += line + "\n";
+    }
+    std::ofstream(dir.file("TRAINING"), std::ios::trunc) << text;
+  }
+  const std::optional<RunRecord> older = ReadRunRecord(dir.path());
+  REQUIRE(older.has_value());
+  CHECK_FALSE(older->updates_done.has_value());
+  CHECK(older->UpdatesDone(2) == 62);
 
   std::ofstream(dir.file("TRAINING"), std::ios::trunc) << "model mlp\nworkers two\n";
   CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
@@ -99,8 +113,8 @@ TEST_CASE("run record: a resume the checkpoint cannot carry is refused, naming t
                     "epoch (3 worker(s), --batch-size 64, 4000 examples, --kvstore dist_sync), so "
                     "its learning-rate schedule, which counts updates, would take them for 3.1 "
                     "epoch(s), not 2: resume with the workers, --batch-size, --num-examples and "
-                    "--kvstore that trained those epochs, or with a constant rate (--lr-scheduler "
-                    "none --warmup-epochs 0)");
+                    "--kvstore that trained those epochs (when one rate trained them all), or "
+                    "with a constant rate (--lr-scheduler none --warmup-epochs 0)");
   now.scheduled = false;  // a constant rate does not count updates
   CHECK_NOTHROW(CheckResume(saved, now, 2, where));
 
