@@ -3,11 +3,11 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "worker/durable_file.h"
 #include "worker/errors.h"
 
 namespace ps::worker {
@@ -72,18 +72,9 @@ bool HasMomentumBuffers(const RunRecord& r) {
 }  // namespace
 
 void WriteRunRecord(const std::string& epoch_dir, const RunRecord& record) {
-  const std::string path = Path(epoch_dir);
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    for (const auto& [key, value] : Fields(record)) out << key << ' ' << value << '\n';
-    if (!out.flush()) {
-      throw ConfigError("cannot write " + temporary + ": " + std::strerror(errno));
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) throw ConfigError("cannot write " + path + ": " + error.message());
+  std::string text;
+  for (const auto& [key, value] : Fields(record)) text += key + ' ' + value + '\n';
+  WriteFileDurably(Path(epoch_dir), text);
 }
 
 std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {

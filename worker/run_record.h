@@ -42,7 +42,8 @@ struct RunRecord {
 
 inline constexpr const char* kRunRecordName = "TRAINING";
 
-// Writes epoch_dir/TRAINING (by rename: whole or not at all). Throws ConfigError.
+// Writes epoch_dir/TRAINING (WriteFileDurably: whole or not at all). Throws
+// std::runtime_error naming the file.
 void WriteRunRecord(const std::string& epoch_dir, const RunRecord& record);
 // epoch_dir/TRAINING, or nullopt when there is none. Throws ConfigError when it cannot be
 // read or parsed.

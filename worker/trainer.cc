@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "worker/device.h"
+#include "worker/durable_file.h"
 #include "worker/errors.h"
 #include "worker/run_record.h"
 
@@ -268,18 +269,7 @@ constexpr const char* kLatestName = "LATEST";
 // checkpoint_dir/LATEST names the newest complete checkpoint ("epoch-N"). Written after the
 // checkpoint itself, by rename, so it never names a checkpoint that is not whole.
 void WriteLatest(const std::string& dir, int epoch) {
-  const std::string path = dir + "/" + kLatestName;
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << "epoch-" << epoch << "\n";
-    if (!out.flush()) {
-      throw ConfigError("cannot write " + temporary + ": " + std::strerror(errno));
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) throw ConfigError("cannot write " + path + ": " + error.message());
+  WriteFileDurably(dir + "/" + kLatestName, "epoch-" + std::to_string(epoch) + "\n");
 }
 
 // The epochs the checkpoint LATEST names has finished; throws, saying which, when LATEST is

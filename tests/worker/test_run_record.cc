@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "tests/worker/test_util.h"
+#include "worker/durable_file.h"
 #include "worker/errors.h"
 #include "worker/run_record.h"
 
@@ -69,6 +70,20 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
                     Catch::StartsWith("--resume: " + dir.file("TRAINING") +
                                       " has no valid 'momentum' line: the file is damaged"));
+}
+
+TEST_CASE("a durable file replaces the old one whole, or says why it cannot", "[run_record]") {
+  testing::TempDir dir;
+  const std::string path = dir.file("LATEST");
+  WriteFileDurably(path, "epoch-1\n");
+  WriteFileDurably(path, "epoch-2\n");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "epoch-2\n");
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+  CHECK_THROWS_WITH(
+      WriteFileDurably(dir.file("missing/LATEST"), "x"),
+      "cannot write " + dir.file("missing/LATEST.tmp") + ": No such file or directory");
 }
 
 TEST_CASE("run record: a resume the checkpoint cannot carry is refused, naming the flag",
