@@ -38,30 +38,6 @@ std::string Format(const char* fmt, Args... args) {
   return out;
 }
 
-// "4,7" -> {4, 7}; throws ConfigError naming the flag.
-std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
-  std::vector<std::uint64_t> epochs;
-  std::size_t start = 0;
-  while (start <= text.size() && !text.empty()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    std::uint64_t value = 0;
-    const char* first = text.data() + start;
-    const char* last = text.data() + comma;
-    const auto [end, ec] = std::from_chars(first, last, value);
-    if (ec != std::errc() || end != last || value == 0) {
-      throw ConfigError("--lr-step-epochs '" + text +
-                        "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
-    }
-    if (!epochs.empty() && value <= epochs.back()) {
-      throw ConfigError("--lr-step-epochs '" + text +
-                        "' is invalid: the epochs must increase, e.g. 4,7");
-    }
-    epochs.push_back(value);
-    start = comma + 1;
-  }
-  return epochs;
-}
-
 }  // namespace
 
 void ValidateConfig(const TrainConfig& c) {
@@ -179,6 +155,34 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("--compression-threshold must be a finite number > 0");
   }
 }
+
+namespace {
+
+// "4,7" -> {4, 7}; throws ConfigError naming the flag.
+std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
+  std::vector<std::uint64_t> epochs;
+  std::size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::uint64_t value = 0;
+    const char* first = text.data() + start;
+    const char* last = text.data() + comma;
+    const auto [end, ec] = std::from_chars(first, last, value);
+    if (ec != std::errc() || end != last || value == 0) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
+    }
+    if (!epochs.empty() && value <= epochs.back()) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: the epochs must increase, e.g. 4,7");
+    }
+    epochs.push_back(value);
+    start = comma + 1;
+  }
+  return epochs;
+}
+
+}  // namespace
 
 OptimizerConfig MakeOptimizerConfig(const TrainConfig& c, std::uint64_t updates_per_epoch,
                                     float rescale_grad) {
@@ -755,9 +759,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     // Every worker reads it, so that all refuse alike before the collective load.
     const std::optional<RunRecord> saved = ReadRunRecord(resumed);
     if (saved) CheckResume(*saved, record, first_epoch, resumed);
-    // Without a record: as if the same job had written it.
-    updates_before = saved ? saved->UpdatesDone(first_epoch)
-                           : record.updates_per_epoch * static_cast<std::uint64_t>(first_epoch);
+    // Without a record: as if the same job had written it (record's count is not set yet).
+    updates_before = (saved ? *saved : record).UpdatesDone(first_epoch);
     try {
       kv.LoadCheckpoint(resumed);
     } catch (const ps::Error& e) {
