@@ -482,25 +482,28 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
   updates_per_epoch_ =
       batches_per_epoch *
       (config_.update_on_kvstore && async ? static_cast<std::uint64_t>(kv_.NumWorkers()) : 1);
-  if (config_.update_on_kvstore) {
-    // Each worker pushes its batch-mean gradient, scaled by 1/num_workers: a synchronous round
-    // sums num_workers of them into their mean, and in dist_async each push moves the weights
-    // by its share, so one learning rate means the same step per sample in both modes.
-    try {
+  // Each worker pushes its batch-mean gradient, scaled by 1/num_workers: a synchronous round
+  // sums num_workers of them into their mean, and in dist_async each push moves the weights
+  // by its share, so one learning rate means the same step per sample in both modes.
+  try {
+    if (config_.update_on_kvstore) {
       kv_.SetOptimizer(MakeOptimizerConfig(config_, updates_per_epoch_,
                                            1.0f / static_cast<float>(kv_.NumWorkers())));
-    } catch (const ps::DisagreementError& e) {
-      // Workers disagree when they were started with other flags: say which ones matter.
-      throw ps::DisagreementError(
-          "the workers' optimizer settings differ: start every worker with the same --lr, "
-          "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size, "
-          "--num-examples and --gradient-compression (they set the optimizer and its "
-          "schedule's length; 2bit and 1bit compression change the default --lr and "
-          "--momentum); " +
-          std::string(e.what()));
+    } else {
+      // The collective the others' SetOptimizer pairs with: a worker started with the other
+      // --update-on-kvstore fails here, on every worker, instead of in its first round.
+      kv_.Barrier();
+      local_schedule_ = MakeOptimizerConfig(config_, updates_per_epoch_, 1.0f);
     }
-  } else {
-    local_schedule_ = MakeOptimizerConfig(config_, updates_per_epoch_, 1.0f);
+  } catch (const ps::DisagreementError& e) {
+    // Workers disagree when they were started with other flags: say which ones matter.
+    throw ps::DisagreementError(
+        "the workers' optimizer settings differ: start every worker with the same --lr, "
+        "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size, "
+        "--num-examples, --gradient-compression and --update-on-kvstore or "
+        "--no-update-on-kvstore (they set the optimizer, where it runs and its schedule's "
+        "length; 2bit and 1bit compression change the default --lr and --momentum); " +
+        std::string(e.what()));
   }
   if (config_.gradient_compression != "none" || config_.pull_compression != "none") {
     kv_.SetGradientCompression({.type = config_.gradient_compression,

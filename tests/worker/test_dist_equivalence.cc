@@ -3,6 +3,7 @@
 // rounding. Step t of the local run trains on the union of both workers' step-t batches.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +31,38 @@ TrainConfig EquivalenceConfig(bool update_on_kvstore) {
   return c;
 }
 
+// What one worker's thread ended with: "" when it returned.
+struct Outcome {
+  std::string error;
+  bool disagreement = false;  // a ps::DisagreementError
+};
+
+// Runs `work` on both workers of `cluster`, each on a thread of its own with its own
+// dist_sync store and mlp (initialized with seed 11).
+std::vector<Outcome> RunTwoWorkers(ps::test::KVCluster& cluster,
+                                   const std::function<void(KVStore&, Model&)>& work) {
+  std::vector<Outcome> outcomes(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      Outcome& outcome = outcomes[static_cast<std::size_t>(t)];
+      try {
+        auto kv = KVStore::Create("dist_sync", cluster.WorkerConfig());
+        auto backend = MakeCpuBackend();
+        auto model = BuildModel("mlp", *backend, kBatch);
+        model->InitParams(11);
+        work(*kv, *model);
+      } catch (const DisagreementError& e) {
+        outcome = {e.what(), true};
+      } catch (const std::exception& e) {
+        outcome = {e.what(), false};
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return outcomes;
+}
+
 void CheckTwoWorkersMatchDoubleBatch(bool update_on_kvstore) {
   const Dataset data = Subset(LoadFashionMnist(kDefaultDataDir, Split::kTrain), kSamples);
   const TrainConfig config = EquivalenceConfig(update_on_kvstore);
@@ -37,30 +70,17 @@ void CheckTwoWorkersMatchDoubleBatch(bool update_on_kvstore) {
 
   ps::test::KVCluster cluster(1, 2);
   std::vector<std::vector<std::vector<float>>> weights(2);  // per rank: every parameter
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 2; ++t) {
-    threads.emplace_back([&, t] {
-      try {
-        auto kv = KVStore::Create("dist_sync", cluster.WorkerConfig());
-        auto backend = MakeCpuBackend();
-        auto model = BuildModel("mlp", *backend, kBatch);
-        model->InitParams(11);
-        const ShardSampler sampler(data.count, kv->Rank(), 2, kBatch, kSeed);
-        std::ostringstream log;
-        MetricsLog metrics(log, "", kv->Rank());
-        KVTrainer trainer(config, *kv, *model);
-        trainer.Start();
-        trainer.TrainEpoch(data, sampler, 0, metrics);
-        auto& mine = weights[static_cast<std::size_t>(kv->Rank())];
-        for (const Param* p : model->params()) mine.push_back(p->value.ToHost());
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(t)] = e.what();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  REQUIRE(errors == std::vector<std::string>(2));
+  const std::vector<Outcome> outcomes = RunTwoWorkers(cluster, [&](KVStore& kv, Model& model) {
+    const ShardSampler sampler(data.count, kv.Rank(), 2, kBatch, kSeed);
+    std::ostringstream log;
+    MetricsLog metrics(log, "", kv.Rank());
+    KVTrainer trainer(config, kv, model);
+    trainer.Start();
+    trainer.TrainEpoch(data, sampler, 0, metrics);
+    auto& mine = weights[static_cast<std::size_t>(kv.Rank())];
+    for (const Param* p : model.params()) mine.push_back(p->value.ToHost());
+  });
+  for (const Outcome& outcome : outcomes) REQUIRE(outcome.error.empty());
   CHECK(cluster.EndedCleanly());
 
   // The same steps locally: batch t = rank 0's batch t followed by rank 1's.
@@ -97,6 +117,21 @@ TEST_CASE("dist_sync with 2 workers of batch b gives the weights of local with b
 
 TEST_CASE("the same with updates on the workers (no-update-on-kvstore)", "[trainer][dist]") {
   CheckTwoWorkersMatchDoubleBatch(false);
+}
+
+TEST_CASE("workers started with another --update-on-kvstore fail at the start, naming the flag",
+          "[trainer][dist]") {
+  ps::test::KVCluster cluster(1, 2);
+  const std::vector<Outcome> outcomes = RunTwoWorkers(cluster, [](KVStore& kv, Model& model) {
+    // Rank 0 updates on the servers, rank 1 on itself.
+    KVTrainer trainer(EquivalenceConfig(kv.Rank() == 0), kv, model);
+    trainer.Start();
+  });
+  for (const Outcome& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK(outcome.disagreement);
+    CHECK_THAT(outcome.error, Catch::Contains("--update-on-kvstore or --no-update-on-kvstore"));
+  }
 }
 
 }  // namespace
