@@ -79,7 +79,8 @@ DEFINE_string(pull_compression, "none",
               "1bit or fp16.");
 DEFINE_bool(update_on_kvstore, true,
             "Servers apply the optimizer (push gradients, pull weights). "
-            "--no-update-on-kvstore: pull the summed gradients and update on the worker.");
+            "--no-update-on-kvstore: pull the summed gradients and update on the worker (dist_sync "
+            "or local).");
 
 namespace {
 

@@ -78,6 +78,12 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("unknown --optimizer '" + c.optimizer +
                       "': use sgd, nag, adam, adagrad or rmsprop");
   }
+  if (!c.update_on_kvstore && c.kvstore == "dist_async") {
+    throw ConfigError(
+        "--no-update-on-kvstore needs --kvstore dist_sync or local: dist_async applies each "
+        "push as it arrives, so the servers must run the optimizer (--update-on-kvstore, the "
+        "default; MXNet refuses it too)");
+  }
   if (!c.update_on_kvstore && c.optimizer != "sgd") {
     throw ConfigError(
         "--no-update-on-kvstore runs SGD on the worker: use --update-on-kvstore "
@@ -635,9 +641,9 @@ void KVTrainer::FinishStep() {
   // The copies into the model are queued, not waited for: the next step's calls come after
   // them, and pull_staging_ is written again only by pulls that its marks order after them.
   const std::vector<Param*>& params = model_.params();
-  // Update locally from the sum of all workers' gradients, scaled to their mean.
-  const float scale =
-      kv_.Type() == "dist_async" ? 1.0f : 1.0f / static_cast<float>(kv_.NumWorkers());
+  // Update locally from the sum of all workers' gradients (dist_sync or local), scaled to
+  // their mean.
+  const float scale = 1.0f / static_cast<float>(kv_.NumWorkers());
   for (std::size_t i = 0; i < params.size(); ++i) {
     backend_.CopyToDeviceAsync(params[i]->grad.data(), pull_staging_.data() + offsets_[i],
                                params[i]->size() * sizeof(float));

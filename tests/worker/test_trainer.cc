@@ -457,6 +457,18 @@ TEST_CASE("bad ps-train configurations are one-line errors naming the flag", "[t
   c = TrainConfig{};
   c.batch_size = 0;
   CHECK_THROWS_AS(ValidateConfig(c), ConfigError);
+  // Where the optimizer runs: the worker runs only SGD, and only over synchronous sums.
+  c = TrainConfig{};
+  c.update_on_kvstore = false;
+  c.kvstore = "dist_async";
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    Catch::StartsWith("--no-update-on-kvstore needs --kvstore dist_sync or local"));
+  c.kvstore = "dist_sync";
+  CHECK_NOTHROW(ValidateConfig(c));
+  c.optimizer = "adam";
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--no-update-on-kvstore runs SGD on the worker: use "
+                    "--update-on-kvstore for --optimizer adam");
   // Flags that break the optimizer's rules alone are named as flags.
   c = TrainConfig{};
   c.data_dir = "";
