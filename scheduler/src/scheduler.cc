@@ -24,6 +24,11 @@ namespace {
 constexpr auto kReconnectGrace = std::chrono::milliseconds(1000);
 constexpr int kNoRequest = 1 << 30;  // sorts after every requested rank
 
+// A registrant as the scheduler's messages name it: "worker at HOST:PORT".
+std::string RegistrantName(const NodeInfo& node) {
+  return RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
+}
+
 int RoleBit(Role role) {
   switch (role) {
     case Role::kServer:
@@ -257,8 +262,7 @@ void Scheduler::OnMessage(Message&& msg) {
 
 std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& node,
                                                              std::string_view sent) const {
-  const std::string who =
-      RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
+  const std::string who = RegistrantName(node);
   // A registration without readable settings is turned away, but does not end the job: a
   // stray or malformed message must not take a job down.
   const auto settings = ParseSharedSettings(sent);
@@ -280,12 +284,14 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
     }
     if (mine.among == ClusterConfig::SharedSetting::Among::kStoreWorkers) {
       // A worker without a KVStore (a Runtime used on its own) sends "".
-      if (node.role != Role::kWorker || theirs->empty() || first_store_type_.empty() ||
-          *theirs == first_store_type_) {
+      if (node.role != Role::kWorker || theirs->empty() || first_store_worker_ == kNoNode) {
         continue;
       }
+      const std::string& first_type = store_types_.at(first_store_worker_);
+      if (*theirs == first_type) continue;
       return Refusal{who + " created a " + *theirs + " KVStore, the first worker (" +
-                         first_store_worker_ + ") a " + first_store_type_ +
+                         RegistrantName(nodes_[static_cast<std::size_t>(first_store_worker_)]) +
+                         ") a " + first_type +
                          ": every worker of a job must create the same type (the type given "
                          "to KVStore::Create; ps-train --kvstore)",
                      true};
@@ -297,11 +303,12 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
                          name,
                      true};
     }
-    if (first_data_node_settings_.empty()) continue;
+    if (first_data_node_ == kNoNode) continue;
     const auto first = first_data_node_settings_.find(name);
     if (first == first_data_node_settings_.end() || first->second == *theirs) continue;
     return Refusal{who + " was started with " + name + "=" + *theirs + ", the first node (" +
-                       first_data_node_ + ") with " + name + "=" + first->second +
+                       RegistrantName(nodes_[static_cast<std::size_t>(first_data_node_)]) +
+                       ") with " + name + "=" + first->second +
                        ": servers and workers must slice keys alike, so start them with the "
                        "same " +
                        name,
@@ -476,18 +483,17 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
     Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
     return;
   }
-  const std::string who =
-      RoleName(node.role) + " at " + node.host + ":" + std::to_string(node.port);
+  const std::string who = RegistrantName(node);
   for (const auto& [name, value] :
        ParseSharedSettings(settings).value_or(std::vector<std::pair<std::string, std::string>>{})) {
-    if (first_data_node_.empty()) first_data_node_settings_.emplace(name, value);
+    if (first_data_node_ == kNoNode) first_data_node_settings_.emplace(name, value);
     if (name == ClusterConfig::kKVStoreTypeSetting && !value.empty() &&
-        node.role == Role::kWorker && first_store_type_.empty()) {
-      first_store_worker_ = who;
-      first_store_type_ = value;
+        node.role == Role::kWorker) {
+      store_types_[node.id] = value;
+      if (first_store_worker_ == kNoNode) first_store_worker_ = node.id;
     }
   }
-  if (first_data_node_.empty()) first_data_node_ = who;
+  if (first_data_node_ == kNoNode) first_data_node_ = node.id;
   const int requested = std::exchange(node.rank, -1);
   if (vacated != vacated_.end()) {
     LOG(WARNING) << who << " takes the place of " << RoleName(node.role) << " at "
@@ -898,6 +904,7 @@ void Scheduler::VacateClosedRegistrants(Clock::time_point now) {
     it = suspected_.erase(it);
     vacated_.insert(id);
     transport_->Disconnect(id);  // its process is gone; the next of its role connects anew
+    ForgetSettingsOf(id);
     const NodeInfo& node = nodes_[static_cast<std::size_t>(id)];
     LOG(WARNING) << RoleName(node.role) << " at " << node.host << ":" << node.port
                  << " registered, then its connection closed and did not come back within "
@@ -906,6 +913,25 @@ void Scheduler::VacateClosedRegistrants(Clock::time_point now) {
                     "goes to the next "
                  << RoleName(node.role) << " that registers";
   }
+}
+
+void Scheduler::ForgetSettingsOf(int id) {
+  // The later registrants matched the vacated one's settings (or were refused), so they stand
+  // while one of them is left; a registrant that exited must not set them for the job alone (a
+  // node started wrongly, stopped and started again, would be refused for its own old self).
+  store_types_.erase(id);
+  if (first_store_worker_ == id) {
+    first_store_worker_ = store_types_.empty() ? kNoNode : store_types_.begin()->first;
+  }
+  if (first_data_node_ != id) return;
+  first_data_node_ = kNoNode;
+  for (std::size_t other = 1; other < nodes_.size(); ++other) {
+    if (!vacated_.contains(static_cast<int>(other))) {
+      first_data_node_ = static_cast<int>(other);
+      return;
+    }
+  }
+  first_data_node_settings_.clear();
 }
 
 bool Scheduler::DeclareClosedConnectionsDead(Clock::time_point now) {

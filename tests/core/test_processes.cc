@@ -647,6 +647,33 @@ TEST_CASE("processes: a worker that dies before the job fills up is replaced",
   CHECK_THAT(scheduler->Output(), Catch::Contains("takes the place of worker at"));
 }
 
+TEST_CASE("processes: settings of a registrant that exited do not bind the job",
+          "[processes][fault]") {
+  // A worker started wrongly (another bound, another store type), stopped before the job
+  // filled up and started again rightly: the job runs with the right settings, where before
+  // the gone worker's settings were the ones to match and the server was refused for them.
+  Env env = JobEnv(1, 2, 0);
+  env["PS_VERBOSE"] = "1";
+  auto [scheduler, port] = StartSchedulerFor(env);
+  Env wrong = env;
+  wrong["MXNET_KVSTORE_BIGARRAY_BOUND"] = "5";
+  auto doomed = Start("ps-kvstore-check", wrong, {"--type", "dist_async"});
+  REQUIRE(doomed->WaitForOutput("waiting for the job to fill up", 20s));
+  doomed->Kill(SIGKILL);
+  REQUIRE(
+      scheduler->WaitForOutput("before the job filled up: its place goes to the next worker", 10s));
+  auto server = Start("ps-server", env);
+  auto first = Start("ps-kvstore-check", env, {"--rounds", "3"});
+  auto second = Start("ps-kvstore-check", env, {"--rounds", "3"});
+  INFO(scheduler->Output() + server->Output() + first->Output() + second->Output());
+  CHECK(first->Wait(30s) == 0);
+  CHECK(second->Wait(30s) == 0);
+  CHECK(server->Wait(15s) == 0);
+  CHECK(scheduler->Wait(15s) == 0);
+  CHECK_THAT(scheduler->Output(),
+             !Catch::Contains("MXNET_KVSTORE_BIGARRAY_BOUND=5") && !Catch::Contains("dist_async"));
+}
+
 TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the job",
           "[processes][fault]") {
   auto [scheduler, port] = StartScheduler(1, 2);

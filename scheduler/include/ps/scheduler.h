@@ -118,6 +118,8 @@ class Scheduler {
   // Before the job filled up: frees the places of the registrants whose connection stayed
   // closed for kReconnectGrace (they exited), for the next of their role to take (Admit).
   void VacateClosedRegistrants(Clock::time_point now) PS_REQUIRES(mu_);
+  // Drops a vacated registrant's settings from those the next registrants must match.
+  void ForgetSettingsOf(int id) PS_REQUIRES(mu_);
   // Registered nodes that hold a place (not vacated), the scheduler not counted.
   int Registrants() const PS_REQUIRES(mu_) {
     return static_cast<int>(nodes_.size() - 1 - vacated_.size());
@@ -185,14 +187,15 @@ class Scheduler {
   PauseWatch pause_watch_ PS_GUARDED_BY(mu_){
       std::max<PauseWatch::Clock::duration>(config_.heartbeat_timeout / 2, 3 * kTickPeriod)};
   std::vector<int> requested_rank_ PS_GUARDED_BY(mu_);  // index = id; -1: none
-  // The first registered server or worker ("server at HOST:PORT") and its shared settings,
-  // which the later ones must match (SharedSetting::Among::kDataNodes).
-  std::string first_data_node_ PS_GUARDED_BY(mu_);
+  // The first registered server or worker still registered (its id; kNoNode: none) and its
+  // shared settings, which the later ones must match (SharedSetting::Among::kDataNodes).
+  int first_data_node_ PS_GUARDED_BY(mu_) = kNoNode;
   std::map<std::string, std::string> first_data_node_settings_ PS_GUARDED_BY(mu_);
-  // The first registered worker that created a KVStore, and its type, which the later ones
-  // must match (SharedSetting::Among::kStoreWorkers).
-  std::string first_store_worker_ PS_GUARDED_BY(mu_);
-  std::string first_store_type_ PS_GUARDED_BY(mu_);
+  // The KVStore type of each registered worker that created one (by id), and the first of them
+  // still registered (kNoNode: none), whose type the later ones must match
+  // (SharedSetting::Among::kStoreWorkers).
+  std::map<int, std::string> store_types_ PS_GUARDED_BY(mu_);
+  int first_store_worker_ PS_GUARDED_BY(mu_) = kNoNode;
   std::string registration_failure_ PS_GUARDED_BY(mu_);  // why the job cannot start ("" if it can)
   int told_of_failure_ PS_GUARDED_BY(mu_) = 0;           // nodes told registration_failure_
   bool complete_ PS_GUARDED_BY(mu_) = false;             // the table was sent
