@@ -222,12 +222,18 @@ class Job:
             raise PlanError("want at least one server host")
         if self.mode not in ("sync", "async"):
             raise PlanError(f"mode '{self.mode}': want sync or async")
-        if not 0 < self.efficiency <= 1 or not 0 < self.ps_share <= 1:
-            raise PlanError("efficiency and ps_share must lie in (0, 1]")
+        if not 0 < self.efficiency <= 1:
+            raise PlanError(f"--efficiency {self.efficiency:g}: want a share in (0, 1]")
+        if not 0 < self.ps_share <= 1:
+            raise PlanError(f"--ps-share {self.ps_share:g}: want a share in (0, 1]")
         if not 0 <= self.overlap <= 1:
-            raise PlanError("overlap must lie in [0, 1]")
+            raise PlanError(f"--overlap {self.overlap:g}: want a share in [0, 1]")
+        if self.gpus_per_host < 1:
+            raise PlanError(f"--gpus-per-host {self.gpus_per_host}: want at least 1")
+        if self.bigarray_bound < 0:
+            raise PlanError(f"--bigarray-bound {self.bigarray_bound}: want 0 or more elements")
         if self.chunk < 4:
-            raise PlanError("chunk must be at least 4 bytes")
+            raise PlanError(f"--chunk {self.chunk}: want at least 4 bytes")
         for w, f in self.slow.items():
             if not 0 <= w < self.worker_hosts or not 0 < f <= 1:
                 raise PlanError(f"slow host {w}={f}: want a worker host index and a factor in "
@@ -872,8 +878,13 @@ def cmd_predict(a):
 def cmd_check(a):
     all_rows = []
     for path in a.json_files:
-        with open(path) as f:
-            doc = json.load(f)
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except OSError as e:
+            raise PlanError(f"cannot read {path}: {e.strerror}") from None
+        except ValueError as e:
+            raise PlanError(f"{path} is not JSON: {e}") from None
         rows = check_rows(doc, ps_share=a.ps_share, efficiency=a.efficiency,
                           tolerance=a.tolerance)
         for r in rows:

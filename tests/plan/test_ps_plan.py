@@ -277,7 +277,8 @@ class ParameterServer(unittest.TestCase):
 
     def test_bad_jobs(self):
         for kw in (dict(worker_hosts=0), dict(layout="mesh"), dict(mode="eventual"),
-                   dict(efficiency=1.5), dict(slow={7: 0.5}), dict(overlap=2)):
+                   dict(efficiency=1.5), dict(ps_share=0), dict(slow={7: 0.5}),
+                   dict(overlap=2), dict(gpus_per_host=0), dict(bigarray_bound=-3)):
             args = dict(layers=[M16], worker_hosts=4)
             args.update(kw)
             with self.assertRaises(plan.PlanError, msg=kw):
@@ -362,9 +363,27 @@ class Check(unittest.TestCase):
             self.assertEqual(code, 1)
             code, out, _ = run_cli("check", path, "--ps-share", "1", "--markdown")
             self.assertIn("| ps_own_sync_16MB | 100mbit |", out)
+            # a file that is missing or not JSON: one line naming it
+            code, _, err = run_cli("check", os.path.join(d, "missing.json"))
+            self.assertEqual((code, err.strip()), (2, f"ps-plan.py: error: cannot read "
+                                                      f"{d}/missing.json: No such file or "
+                                                      "directory"))
+            with open(path, "w") as f:
+                f.write("{cut")
+            code, _, err = run_cli("check", path)
+            self.assertEqual(code, 2)
+            self.assertTrue(err.startswith(f"ps-plan.py: error: {path} is not JSON: "), err)
 
 
 class Cli(unittest.TestCase):
+
+    def test_bad_flags_are_named(self):
+        args = ["predict", "--model", "16MB", "--workers", "4", "--rate", "1gbit"]
+        for flag, value, says in (("--gpus-per-host", "0", "--gpus-per-host 0: want at least 1"),
+                                  ("--efficiency", "0", "--efficiency 0: want a share in (0, 1]"),
+                                  ("--overlap", "3", "--overlap 3: want a share in [0, 1]")):
+            code, _, err = run_cli(*args, flag, value)
+            self.assertEqual((code, err.strip()), (2, "ps-plan.py: error: " + says))
 
     def test_predict(self):
         code, out, _ = run_cli("predict", "--model", "16MB", "--workers", "4", "--layout", "own",
