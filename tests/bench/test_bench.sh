@@ -86,7 +86,7 @@ server_failure)
   ;;
 bad_flags)
   # A --json path that cannot be written is refused before the run, not found out after it.
-  for args in "--sizes=3B" "--modes=local" "--ops=push,fly" "--workers=0" "--transports=udp" \
+  for args in "--sizes=3B" "--modes=local" "--ops=push,fly" "--workers=0" "--servers=17" "--transports=udp" \
     "--min-iterations=10 --max-iterations=5" "--warmup=0" "--json=/nonexistent/dir/run.json" \
     "--json=$out"; do
     # shellcheck disable=SC2086

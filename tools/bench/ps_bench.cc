@@ -711,12 +711,15 @@ Settings ReadSettings() {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("--sizes: ") + e.what());
   }
-  try {
-    s.workers = ParseInts(pick("workers", FLAGS_workers, "1,2"), 1, 16);
-    s.servers = ParseInts(pick("servers", FLAGS_servers, "1,2"), 1, 16);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string("--workers/--servers: ") + e.what());
-  }
+  const auto counts = [&](const char* flag, const std::string& value) {
+    try {
+      return ParseInts(pick(flag, value, "1,2"), 1, 16);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("--" + std::string(flag) + ": " + e.what());
+    }
+  };
+  s.workers = counts("workers", FLAGS_workers);
+  s.servers = counts("servers", FLAGS_servers);
   s.modes = CheckedList("modes", FLAGS_modes, {"dist_sync", "dist_async"});
   s.ops = CheckedList("ops", FLAGS_ops, {"push", "pull", "pushpull"});
   s.transports = CheckedList("transports", FLAGS_transports, {"shm", "ipc", "tcp"});
