@@ -85,7 +85,14 @@ std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_v
                 SecondsText(std::chrono::milliseconds(std::llround(min_seconds * 1000.0))) +
                 "..86400");
   }
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
+  const auto ms = std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000.0)));
+  if (seconds > 0.0 && ms.count() == 0) {
+    // Read as 0, it would mean "off" (PS_HEARTBEAT_INTERVAL, PS_STALL_TIMEOUT): not what was asked.
+    Invalid(name, *raw,
+            "expected 0 or at least 0.001 seconds (the resolution is a millisecond; a smaller "
+            "positive value would read as 0)");
+  }
+  return ms;
 }
 
 bool ReadBool(const SettingLookup& lookup, std::string_view name) {

@@ -123,6 +123,10 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"DMLC_USE_KUBERNETES", "yes",
        "DMLC_USE_KUBERNETES='yes' is invalid: expected 0, 1, true or false"},
       {"PS_HEARTBEAT_INTERVAL", "-1", "PS_HEARTBEAT_INTERVAL='-1' is invalid"},
+      // Below the millisecond it would read as 0, which turns heartbeats off.
+      {"PS_HEARTBEAT_INTERVAL", "0.0001",
+       "PS_HEARTBEAT_INTERVAL='0.0001' is invalid: expected 0 or at least 0.001 seconds"},
+      {"PS_STALL_TIMEOUT", "1e-5", "PS_STALL_TIMEOUT='1e-5' is invalid: expected 0 or at least"},
       {"PS_HEARTBEAT_TIMEOUT", "soon",
        "PS_HEARTBEAT_TIMEOUT='soon' is invalid: expected a number of seconds in 1..86400"},
       // Shorter, the scheduler would take each of its 0.2 s checks for a pause of its own.
