@@ -616,6 +616,24 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
     // Read after the dead ranks: servers hold the request until they know as much.
     request.membership = runtime_->server_event_count();
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
+    // Every server reads and checks its slices first; none changes one unless all of them
+    // can (a key missing from the checkpoint fails the load with the model as it was).
+    SendToLiveServers(request);
+    request.manifest.clear();  // the later steps use what each server staged
+    try {
+      WaitAll();
+    } catch (const Error&) {
+      request.load_step = kv::LoadStep::kDiscard;
+      SendToLiveServers(request);
+      try {
+        WaitAll();
+      } catch (const Error& e) {  // a server that lost it frees it with the next load
+        PS_LOG(WARNING) << "worker 0: could not have every server drop the checkpoint it read: "
+                        << e.what();
+      }
+      throw;
+    }
+    request.load_step = kv::LoadStep::kApply;
     SendToLiveServers(request);
   });
 }

@@ -26,6 +26,7 @@ void ClearRequest(Request& request) {
   request.path.clear();
   request.manifest.clear();
   request.dead_servers.clear();
+  request.load_step = LoadStep::kStage;
   request.segment_id = 0;
   request.segment = SharedSegment::Descriptor{};
   request.compression = GradientCompression{};
@@ -73,9 +74,15 @@ bool DecodeSlices(const pb::KVBody& body, Request& request, const std::vector<Bl
   return true;
 }
 
-// Fills request.path, .manifest and .dead_servers of a SaveCheckpoint or LoadCheckpoint; no
-// other command may carry dead server ranks.
+// Fills request.path, .manifest, .dead_servers and .load_step of a SaveCheckpoint or
+// LoadCheckpoint; no other command may carry dead server ranks or a load step.
 bool DecodeCheckpoint(const pb::KVBody& body, Request& request, std::string* error) {
+  if (body.load_step() > (request.command == kLoad ? kLastLoadStep : 0)) {
+    *error = "load step " + std::to_string(body.load_step()) + " in a " +
+             CommandName(request.command) + " request";
+    return false;
+  }
+  request.load_step = static_cast<LoadStep>(body.load_step());
   if (request.command != kSave && request.command != kLoad) {
     if (body.dead_servers_size() == 0) return true;
     *error = "dead server ranks in a " + CommandName(request.command) + " request";
@@ -319,6 +326,7 @@ void EncodeBodyInto(const Request& request, std::string& encoded) {
     body.set_path(request.path);
     body.set_manifest(request.manifest);
     for (const int rank : request.dead_servers) body.add_dead_servers(rank);
+    if (request.command == kLoad) body.set_load_step(static_cast<std::uint32_t>(request.load_step));
   }
   if (request.command == kSetCompression) {
     auto* spec = body.mutable_compression();

@@ -98,6 +98,12 @@ struct ReplicaOp {
   friend bool operator==(const ReplicaOp&, const ReplicaOp&) = default;
 };
 
+// A LoadCheckpoint runs in steps so that it changes every server's slices or none: worker 0
+// has each live server read and check its slices into a staged copy (kStage), then, once every
+// one succeeded, apply it (kApply), or else drop it (kDiscard).
+enum class LoadStep : std::uint32_t { kStage = 0, kApply = 1, kDiscard = 2 };
+constexpr std::uint32_t kLastLoadStep = 2;
+
 struct Request {
   Command command = kPush;
   std::vector<SliceRef> slices;
@@ -112,7 +118,8 @@ struct Request {
   std::string path;
   std::string manifest;
   std::vector<int> dead_servers;
-  GradientCompression compression;  // kSetCompression only
+  LoadStep load_step = LoadStep::kStage;  // kLoad only
+  GradientCompression compression;        // kSetCompression only
   // kPull, kPushPull: one per slice when any slice's pull is compressed, else empty.
   std::vector<PullState> pulls;
   // With replication: per slice, its home server rank (or empty), and for kPush, kPushPull and

@@ -10,15 +10,12 @@
 #include <iostream>
 #include <new>
 
-#include "kvstore/checkpoint.h"
 #include "ps/mutex.h"
 #include "ps/src/internal.h"
 #include "ps/thread_annotations.h"
 
 namespace ps {
 namespace {
-
-std::string KeyText(Key key) { return "key " + std::to_string(key); }
 
 // Why a dist_sync round of `key` can never close, because worker `who` is gone. Only a
 // finished worker's missing push is the program's doing: one that died was cut off.
@@ -389,148 +386,6 @@ void KVServerStore::HandleForget(const Meta& meta, const kv::Request& request) {
     slices_.erase(it);
   }
   runtime_.Reply(meta, Message{});
-}
-
-std::string KVServerStore::RoundInProgress() const {
-  for (const auto& [id, slice] : slices_) {
-    if (slice.updating()) {
-      return KeyText(id.first) +
-             " has a dist_sync round in progress: every worker must finish its "
-             "pushes (WaitAll) before a checkpoint";
-    }
-  }
-  return "";
-}
-
-void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
-  const std::string server = "server " + std::to_string(runtime_.rank());
-  if (const std::string busy = RoundInProgress(); !busy.empty()) {
-    runtime_.ReplyError(meta, server + ": " + busy);
-    return;
-  }
-  const std::string name = checkpoint::DataFileName(runtime_.rank(), runtime_.num_servers());
-  Runtime::SlowWork work = runtime_.BeginSlowWork("saving checkpoint file " + request.path + "/" +
-                                                  name + " (copying the slices)");
-  checkpoint::Contents contents;
-  if (optimizer_) contents.optimizer = optimizer_->config();
-  for (const auto& [id, slice] : slices_) {
-    if (!Serves(slice)) continue;  // a replica's copy: its primary writes it
-    work.Progress();
-    checkpoint::Record record;
-    record.key = id.first;
-    record.offset = id.second;
-    record.total = slice.total;
-    record.dtype = slice.dtype;
-    record.value.assign(slice.value.data(), slice.value.data() + slice.value.bytes());
-    if (optimizer_) {
-      if (auto state = optimizer_->ExportState(slice.state_id)) {
-        record.count = state->count;
-        record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
-        record.state = std::move(state->buffers);
-      }
-    }
-    contents.records.push_back(std::move(record));
-  }
-  checkpoint::FileSummary written;
-  try {
-    work.Doing("writing checkpoint file " + request.path + "/" + name);
-    written = checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(),
-                                        contents, [&work] { work.Progress(); });
-  } catch (const Error& e) {
-    runtime_.ReplyError(meta, server + ": " + e.what());
-    return;
-  }
-  // The reply tells worker 0 what the MANIFEST must say of this file, and how many slices it
-  // holds (all the servers' files must hold every slice of every key once).
-  const std::vector<std::uint64_t> summary{written.bytes, written.checksum,
-                                           contents.records.size()};
-  Message reply;
-  reply.data.push_back(
-      Blob::Copy(summary.data(), summary.size() * sizeof(std::uint64_t), DType::kUInt64));
-  runtime_.Reply(meta, std::move(reply));
-}
-
-void KVServerStore::HandleLoad(const Meta& meta, const kv::Request& request) {
-  const std::string server = "server " + std::to_string(runtime_.rank());
-  if (const std::string busy = RoundInProgress(); !busy.empty()) {
-    runtime_.ReplyError(meta, server + ": " + busy);
-    return;
-  }
-  // Everything is read, checked and assembled before any slice changes: a load that fails
-  // leaves this server as it was.
-  std::vector<std::pair<Slice*, checkpoint::Index::Slice>> loaded;
-  Runtime::SlowWork work = runtime_.BeginSlowWork("loading checkpoint " + request.path);
-  try {
-    const auto manifest = checkpoint::Manifest::Parse(request.manifest, request.path + "/MANIFEST");
-    checkpoint::Index index;
-    const int servers = runtime_.num_servers();
-    // Same servers without replication: this server's own file has its slices, unless the
-    // key layout changed (other server weights, bound or chunk). Otherwise they are spread
-    // over the files (a replica's copies are in its primary's; after a server died, the
-    // survivors' files have the layout of the job that wrote them, not of their count).
-    const auto rank = static_cast<std::size_t>(runtime_.rank());
-    bool own_file = manifest.servers == servers && !runtime_.config().replicated() &&
-                    manifest.files[rank].name == checkpoint::DataFileName(runtime_.rank(), servers);
-    const auto read = [&](const checkpoint::FileSummary& file) {
-      work.Doing("reading checkpoint file " + request.path + "/" + file.name);
-      return checkpoint::ReadDataFile(request.path, file, [&work] { work.Progress(); });
-    };
-    if (own_file) {
-      index.Add(read(manifest.files[rank]));
-      own_file = std::all_of(slices_.begin(), slices_.end(), [&](const auto& entry) {
-        return index.Covers(entry.first.first, entry.first.second, entry.second.length);
-      });
-    }
-    if (!own_file) {
-      index = checkpoint::Index();
-      for (const auto& file : manifest.files) index.Add(read(file));
-    }
-    // A server holding nothing (one that took a dead one's rank and was sent no copy yet, so
-    // no settings either) has no state to load.
-    if (!slices_.empty()) {
-      checkpoint::CheckOptimizerMatches(index.optimizer(),
-                                        optimizer_ ? &optimizer_->config() : nullptr);
-    }
-    work.Doing("loading checkpoint " + request.path + " (assembling the slices)");
-    for (auto& [id, slice] : slices_) {
-      work.Progress();
-      auto assembled = index.Assemble(id.first, id.second, slice.length, slice.total, slice.dtype);
-      if (!assembled.state.empty() &&
-          assembled.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
-        throw Error(KeyText(id.first) + ": the checkpoint keeps " +
-                    std::to_string(assembled.buffers) + " optimizer buffer(s) per element, " +
-                    optimizer_->config().name + " as set now keeps " +
-                    std::to_string(optimizer_->num_buffers()) +
-                    " (e.g. SGD saved with momentum, loaded without): set the same optimizer");
-      }
-      loaded.emplace_back(&slice, std::move(assembled));
-    }
-  } catch (const Error& e) {
-    runtime_.ReplyError(meta, server + ": " + e.what(), e.kind());
-    return;
-  }
-  std::vector<Slice*> served;
-  for (auto& [slice, assembled] : loaded) {
-    slice->value = Blob::FromVector(std::move(assembled.value), slice->dtype);
-    if (optimizer_ && (assembled.count > 0 || !assembled.state.empty())) {
-      optimizer_->ImportState(slice->state_id,
-                              {slice->length, assembled.count, std::move(assembled.state)});
-    }
-    if (Serves(*slice)) served.push_back(slice);
-  }
-  if (replica_node_ == kNoNode || served.empty()) {
-    runtime_.Reply(meta, Message{});
-    return;
-  }
-  // Answered once every replica holds what was loaded: a replica reads the files itself, but a
-  // copy of the old values on its way after a failover could overwrite what it read.
-  Pending& pending = NewPending(meta, served.size());
-  for (std::size_t j = 0; j < served.size(); ++j) {
-    Forward copy;
-    copy.kind = kv::ReplicaKind::kState;
-    copy.waiters.push_back(Waiter{&pending, j});
-    StartForward(*served[j], std::move(copy));
-  }
 }
 
 void KVServerStore::HandleSetOptimizer(const Meta& meta, const kv::Request& request) {

@@ -38,11 +38,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kvstore/checkpoint.h"
 #include "kvstore/compression.h"
 #include "kvstore/dist/kv_protocol.h"
 #include "kvstore/dist/server_ring.h"
@@ -54,6 +56,9 @@
 #include "ps/runtime.h"
 
 namespace ps {
+
+// How the server's messages name a key.
+inline std::string KeyText(Key key) { return "key " + std::to_string(key); }
 
 class KVServerStore {
  public:
@@ -252,9 +257,12 @@ class KVServerStore {
   void HandleForget(const Meta& meta, const kv::Request& request);
   // Whether `slice` is exactly what an Init of `ref` with `value` would store.
   static bool HoldsExactly(const Slice& slice, const kv::SliceRef& ref, const Blob& value);
-  // Checkpoints (kvstore/checkpoint.h): writes this server's file / loads its slices from one.
+  // Checkpoints (kv_server_checkpoint.cc): writes this server's file / loads its slices from
+  // the files, in the steps of kv::LoadStep.
   void HandleSave(const Meta& meta, const kv::Request& request);
   void HandleLoad(const Meta& meta, const kv::Request& request);
+  void StageLoad(const Meta& meta, const kv::Request& request);
+  void ApplyLoad(const Meta& meta, const kv::Request& request);
   // "" when no slice has a dist_sync round (or an update on its way to the replica) in
   // progress, else which one does.
   std::string RoundInProgress() const;
@@ -452,6 +460,14 @@ class KVServerStore {
   ParallelPool pool_;
   const ParallelOptions parallel_{.pool = &pool_};
   std::map<SliceId, Slice> slices_;
+  // A LoadCheckpoint's slices, read and checked (kv::LoadStep::kStage) until worker 0 has this
+  // server apply or drop them: each slice's saved value and optimizer state, by id. The next
+  // stage replaces it. On the receive thread.
+  struct StagedLoad {
+    std::string path;
+    std::map<SliceId, checkpoint::Index::Slice> slices;
+  };
+  std::optional<StagedLoad> staged_load_;
   std::unique_ptr<Optimizer> optimizer_;
   compression::Settings compression_;  // SetGradientCompression's; none until set
   // The job's optimizer and compression as SettingBody gives them ("" until set): a full copy

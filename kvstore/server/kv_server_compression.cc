@@ -8,11 +8,6 @@
 #include "kvstore/server/kv_server.h"
 
 namespace ps {
-namespace {
-
-std::string KeyText(Key key) { return "key " + std::to_string(key); }
-
-}  // namespace
 
 void KVServerStore::HandleSetCompression(const Meta& meta, const kv::Request& request) {
   const std::string server = "server " + std::to_string(runtime_.rank());

@@ -346,6 +346,60 @@ TEST_CASE("checkpoint: another model's checkpoint is a CheckpointMismatchError o
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("checkpoint: a load that one server cannot make changes no server's keys",
+          "[dist][checkpoint][errors]") {
+  // 16 keys spread over 3 servers; a key Init'd after the save is missing from the checkpoint
+  // on one server only. The others must not load theirs: the model stays as it was, whole.
+  const std::string replication = GENERATE("0", "1");
+  INFO("PS_REPLICATION=" << replication);
+  TempDir dir;
+  KVCluster cluster(3, 2, {{"PS_REPLICATION", replication}});
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    constexpr ps::Key kFirst = 100;
+    constexpr int kKeys = 16;
+    std::vector<std::vector<float>> values(kKeys, std::vector<float>(kSmall, 0.0f));
+    std::vector<ps::Key> keys;
+    std::vector<ps::Tensor> tensors;
+    for (int k = 0; k < kKeys; ++k) {
+      keys.push_back(kFirst + static_cast<ps::Key>(k));
+      tensors.emplace_back(values[static_cast<std::size_t>(k)].data(), kSmall);
+    }
+    kv.Init(keys, tensors);
+    kv.SaveCheckpoint(dir.path());  // every key 0
+    std::vector<float> one(kSmall, 1.0f);
+    for (const ps::Key key : keys) kv.Push(key, ps::Tensor(one.data(), kSmall));
+    kv.WaitAll();  // every key 2 (the sum of both workers' pushes)
+    kv.Init(3, ps::Tensor(one.data(), kSmall));
+    std::string what = "no error";
+    try {
+      kv.LoadCheckpoint(dir.path());
+    } catch (const ps::Error& e) {
+      what = e.what();
+    }
+    Expect(what.find("key 3: not in the checkpoint") != std::string::npos,
+           "the load fails naming key 3: " + what);
+    kv.Pull(keys, tensors);
+    kv.WaitAll();
+    std::string loaded;
+    for (int k = 0; k < kKeys; ++k) {
+      if (values[static_cast<std::size_t>(k)] != std::vector<float>(kSmall, 2.0f)) {
+        loaded += " " + std::to_string(kFirst + static_cast<ps::Key>(k));
+      }
+    }
+    Expect(loaded.empty(), "keys changed by the failed load:" + loaded);
+    // The servers dropped what they read: the next load (of a checkpoint with key 3) is made.
+    kv.SaveCheckpoint(dir.path());  // every key 2
+    for (const ps::Key key : keys) kv.Push(key, ps::Tensor(one.data(), kSmall));
+    kv.WaitAll();  // every key 4
+    kv.LoadCheckpoint(dir.path());
+    kv.Pull(keys, tensors);
+    kv.WaitAll();
+    for (const auto& value : values) Expect(value == std::vector<float>(kSmall, 2.0f), "reload");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("checkpoint: a save that cannot hold every slice fails and keeps the last checkpoint",
           "[dist][checkpoint][failover]") {
   // Servers 0 and 1 die together: the slices whose home is server 0 had their copy on server

@@ -375,6 +375,20 @@ TEST_CASE("kv protocol: replication fields round-trip, malformed ones are reject
   msg.meta.body = ps::kv::EncodeBody(save);
   CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
   CHECK_THAT(error, Catch::Contains("a negative dead server rank in a SaveCheckpoint request"));
+
+  // A load goes in steps (stage, apply, discard); only a LoadCheckpoint carries one.
+  ps::kv::Request load = save;
+  load.command = ps::kv::kLoad;
+  load.dead_servers.clear();
+  load.load_step = ps::kv::LoadStep::kApply;
+  msg.meta.head = ps::kv::kLoad;
+  msg.meta.body = ps::kv::EncodeBody(load);
+  decoded = ps::kv::DecodeRequest(msg, &error);
+  REQUIRE(decoded);
+  CHECK(decoded->load_step == ps::kv::LoadStep::kApply);
+  msg.meta.head = ps::kv::kSave;
+  CHECK_FALSE(ps::kv::DecodeRequest(msg, &error));
+  CHECK_THAT(error, Catch::Contains("load step 1 in a SaveCheckpoint request"));
 }
 
 TEST_CASE("kv protocol: a slot's mirror and a forwarded slot's owner round-trip", "[layout]") {

@@ -180,7 +180,7 @@ class KVStore {
   // and SetOptimizer first when the checkpoint holds optimizer state), whatever the number of
   // servers that saved it. A missing or corrupt file, a key missing from the checkpoint or of
   // another size (CheckpointMismatchError), or another optimizer is a ps::Error on every
-  // worker; a server that finds one changes none of its keys.
+  // worker, and no key changes (every server checks its slices before any loads them).
   virtual void SaveCheckpoint(const std::string& dir) = 0;
   virtual void LoadCheckpoint(const std::string& dir) = 0;
   // Tells the job that this worker failed and why: a distributed job ends at once with an error
