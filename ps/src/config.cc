@@ -76,10 +76,14 @@ std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_v
                                       double min_seconds, std::chrono::milliseconds fallback) {
   const auto raw = lookup(name);
   if (!raw || raw->empty()) return fallback;
+  // Decimal only, as the integer settings: strtod alone would take a leading blank, "0x10"
+  // and "infinity".
+  const bool decimal = raw->find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                       raw->find_first_of("0123456789.") == 0;
   char* end = nullptr;
   const double seconds = std::strtod(raw->c_str(), &end);
-  if (end != raw->c_str() + raw->size() || !std::isfinite(seconds) || seconds < min_seconds ||
-      seconds > 86400.0) {
+  if (!decimal || end != raw->c_str() + raw->size() || !std::isfinite(seconds) ||
+      seconds < min_seconds || seconds > 86400.0) {
     Invalid(name, *raw,
             "expected a number of seconds in " +
                 SecondsText(std::chrono::milliseconds(std::llround(min_seconds * 1000.0))) +
@@ -95,9 +99,11 @@ std::chrono::milliseconds ReadSeconds(const SettingLookup& lookup, std::string_v
   return ms;
 }
 
-bool ReadBool(const SettingLookup& lookup, std::string_view name) {
+// Unset or empty: `fallback`, as for every other setting.
+bool ReadBool(const SettingLookup& lookup, std::string_view name, bool fallback) {
   const auto raw = lookup(name);
-  if (!raw || raw->empty() || *raw == "0" || *raw == "false") return false;
+  if (!raw || raw->empty()) return fallback;
+  if (*raw == "0" || *raw == "false") return false;
   if (*raw == "1" || *raw == "true") return true;
   Invalid(name, *raw, "expected 0, 1, true or false");
 }
@@ -186,7 +192,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   config.node_host = lookup("DMLC_NODE_HOST").value_or("");
   config.interface = lookup("DMLC_INTERFACE").value_or("");
   config.verbose = ReadInt(lookup, "PS_VERBOSE", 0, 2, 0);
-  config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES");
+  config.use_kubernetes = ReadBool(lookup, "DMLC_USE_KUBERNETES", false);
   config.chunk_bytes =
       static_cast<std::size_t>(ReadInt(lookup, "PS_CHUNK_BYTES", 4096, 2147483647, 4 << 20));
   config.server_weights =
@@ -212,9 +218,9 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
                   ", or leave PS_RANK unset");
     }
   }
-  config.use_ipc = !lookup("PS_USE_IPC").has_value() || ReadBool(lookup, "PS_USE_IPC");
-  config.use_shm = !lookup("PS_USE_SHM").has_value() || ReadBool(lookup, "PS_USE_SHM");
-  config.replication = !lookup("PS_REPLICATION").has_value() || ReadBool(lookup, "PS_REPLICATION");
+  config.use_ipc = ReadBool(lookup, "PS_USE_IPC", true);
+  config.use_shm = ReadBool(lookup, "PS_USE_SHM", true);
+  config.replication = ReadBool(lookup, "PS_REPLICATION", true);
   config.io_threads = ReadInt(lookup, "PS_IO_THREADS", 1, 16, config.io_threads);
   config.wait_spin = std::chrono::microseconds(
       ReadInt(lookup, "PS_WAIT_SPIN_US", 0, 1000000, static_cast<int>(config.wait_spin.count())));
@@ -226,7 +232,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
       ReadSeconds(lookup, "PS_REGISTER_TIMEOUT", 0.1, config.register_timeout);
   config.stall_timeout = ReadSeconds(lookup, "PS_STALL_TIMEOUT", 0.0, config.stall_timeout);
   config.job_secret = ReadJobSecret(lookup);
-  config.encrypt = ReadBool(lookup, "PS_ENCRYPT");
+  config.encrypt = ReadBool(lookup, "PS_ENCRYPT", false);
   if (config.encrypt && config.job_secret.empty()) {
     throw Error(
         "PS_ENCRYPT=1 derives its keys from the job secret: set PS_JOB_SECRET or "

@@ -58,6 +58,23 @@ TEST_CASE("config: a complete environment parses with defaults", "[config]") {
   CHECK(config.SchedulerAddress() == "127.0.0.1:9000");
 }
 
+TEST_CASE("config: an empty setting means its default, also for the ones on by default",
+          "[config]") {
+  auto settings = Valid();
+  for (const char* name : {"PS_USE_IPC", "PS_USE_SHM", "PS_REPLICATION", "PS_ENCRYPT",
+                           "DMLC_USE_KUBERNETES", "PS_HEARTBEAT_INTERVAL", "PS_VERBOSE"}) {
+    settings[name] = "";
+  }
+  const auto config = ParseSettings(settings);
+  CHECK(config.use_ipc);
+  CHECK(config.use_shm);
+  CHECK(config.replication);  // `export PS_REPLICATION=` must not turn fault tolerance off
+  CHECK_FALSE(config.encrypt);
+  CHECK_FALSE(config.use_kubernetes);
+  CHECK(config.heartbeat_interval == std::chrono::milliseconds(2000));
+  CHECK(config.verbose == 0);
+}
+
 TEST_CASE("config: optional settings are read", "[config]") {
   auto settings = Valid();
   settings["DMLC_ROLE"] = "scheduler";
@@ -133,6 +150,11 @@ TEST_CASE("config: every invalid value names the variable and what is accepted",
       {"PS_HEARTBEAT_TIMEOUT", "0.4",
        "PS_HEARTBEAT_TIMEOUT='0.4' is invalid: expected a number of seconds in 1..86400"},
       {"PS_REGISTER_TIMEOUT", "0", "PS_REGISTER_TIMEOUT='0' is invalid"},
+      // Written as the integers are: no blank before it, no hexadecimal.
+      {"PS_REGISTER_TIMEOUT", " 2",
+       "PS_REGISTER_TIMEOUT=' 2' is invalid: expected a number of seconds in 0.1..86400"},
+      {"PS_HEARTBEAT_INTERVAL", "0x10", "PS_HEARTBEAT_INTERVAL='0x10' is invalid"},
+      {"PS_STALL_TIMEOUT", "infinity", "PS_STALL_TIMEOUT='infinity' is invalid"},
       {"PS_STALL_TIMEOUT", "-2",
        "PS_STALL_TIMEOUT='-2' is invalid: expected a number of seconds in 0..86400"},
       {"PS_RANK", "-3", "PS_RANK='-3' is invalid: expected an integer in 0..65535"},
