@@ -10,6 +10,7 @@
 #include "kvstore/dist_kvstore_factory.h"
 #include "kvstore/server/kv_server.h"
 #include "ps/scheduler.h"
+#include "ps/src/stderr_log.h"
 
 namespace ps {
 namespace {
@@ -29,8 +30,7 @@ int RunScheduler(const ClusterConfig& config) {
 // which writes glog-formatted lines to stderr itself until the program sets glog up.
 void LogToStderrUnlessSetUp(const char* role_program) {
   if (google::IsGoogleLoggingInitialized()) return;
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(role_program);
+  internal::SetUpLogging(role_program);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 
 #include "ps/cli/cli.h"
 #include "ps/kvstore.h"
+#include "ps/src/stderr_log.h"
 #include "worker/dataset.h"
 #include "worker/errors.h"
 #include "worker/trainer.h"
@@ -174,8 +175,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(kUsage);
   gflags::SetVersionString(ps::cli::Version());
   ps::cli::ParseFlags(&n, &ptr);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  ps::internal::SetUpLogging(argv[0]);
   if (n > 1) {
     std::fprintf(stderr, "ps-train: error: unexpected argument '%s' (see --help)\n", ptr[1]);
     return 1;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "ps/error.h"
+#include "ps/src/stderr_log.h"
 
 // The cluster flags. Their gflags defaults (-1, "") only mean "not given": then the variable
 // applies, else the default --help shows (ClusterFlagHelp, from ClusterConfig's defaults).
@@ -373,8 +374,7 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
   gflags::SetUsageMessage(usage);
   ParseFlags(argc, argv);
   RejectArguments(*argc, *argv);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging((*argv)[0]);
+  internal::SetUpLogging((*argv)[0]);
 }
 
 ClusterConfig ReadClusterConfig(Role role) {

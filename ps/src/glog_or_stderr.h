@@ -9,44 +9,22 @@
 // to STDERR" in every worker. So:
 //   - once glog is set up (by the program, or by the scheduler and server roles themselves),
 //     PS_LOG is LOG: the program's glog settings (files, levels, sinks) apply;
-//   - before that, the line goes to a sink that writes it to stderr in glog's own format, and
-//     not to glog's log (which is what prints the banner). Nothing of glog's state changes, so
-//     the program may still call InitGoogleLogging at any time.
+//   - before that, the line goes to a sink that writes it to stderr in glog's own format
+//     (ps/src/stderr_log.h), and not to glog's log (which is what prints the banner). Nothing of
+//     glog's state changes, so the program may still call InitGoogleLogging at any time.
 // Checked by tests/kvstore/test_worker_logging.cc and tests/install (the README's example run
 // with PS_VERBOSE=1).
 #include <glog/logging.h>
-#include <unistd.h>
 
-#include <memory>
-#include <string>
+#include "ps/src/stderr_log.h"
 
 namespace ps::internal {
 
-class StderrLogSink final : public google::LogSink {
- public:
-  using google::LogSink::send;
-  void send(google::LogSeverity severity, const char* full_filename, const char* base_filename,
-            int line, const google::LogMessageTime& time, const char* message,
-            std::size_t message_len) override {
-    static_cast<void>(full_filename);
-    std::string text = ToString(severity, base_filename, line, time, message, message_len);
-    text += '\n';
-    // One write per line, so lines of concurrent threads do not interleave.
-    for (std::size_t done = 0; done < text.size();) {
-      const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
-      if (n <= 0) return;
-      done += static_cast<std::size_t>(n);
-    }
-  }
-};
-
-// The sink for a line logged now: none once glog is set up, else the stderr sink. The sink is
-// never destroyed (threads may log while the process exits).
+// The sink for a line logged now: none once glog is set up, else the process's stderr sink
+// (stderr_log.h: it never blocks the thread that logs).
 inline google::LogSink* SinkUntilGlogIsSetUp() {
   if (google::IsGoogleLoggingInitialized()) return nullptr;
-  alignas(StderrLogSink) static unsigned char storage[sizeof(StderrLogSink)];
-  static StderrLogSink* const sink = std::construct_at(reinterpret_cast<StderrLogSink*>(storage));
-  return sink;
+  return &ProcessStderrSink();
 }
 
 }  // namespace ps::internal

@@ -107,6 +107,31 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assertNotIn("before InitGoogleLogging", r.err + r.out, r)
         self.assert_nothing_left_here()
 
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_a_stopped_launcher_does_not_end_the_job(self):
+        # Every message logged (PS_VERBOSE=2) and the launcher stopped (Ctrl-Z, SIGSTOP) for
+        # three heartbeat timeouts: nobody reads the nodes' output, whose pipes fill. Their log
+        # lines wait or are dropped, but no node stops its heartbeats for them
+        # (ps/src/stderr_log.h).
+        proc = self.start_launcher(["-n", "2", "-s", "2", "--env", "PS_VERBOSE=2",
+                                    "--env", "PS_HEARTBEAT_INTERVAL=0.5",
+                                    "--env", "PS_HEARTBEAT_TIMEOUT=2"] + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", "5000",
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(6)  # the stop itself: three PS_HEARTBEAT_TIMEOUTs, not a wait for
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        r = self.finish_launcher(proc, timeout=120)
+        self.assertNotIn(" is dead: ", r.out + r.err, r)
+        self.assertEqual(r.rc, 0, r)
+        self.assertEqual(sorted(self.worker_lines(r.out, r"^kvstore-check: ok rank=\d+")), [0, 1],
+                         r)
+        self.assert_nothing_left_here()
+
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-test-node"),
                      missing("ps-scheduler", "ps-server", "ps-test-node"))
     def test_runtime_barriers(self):
@@ -173,9 +198,10 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         # --server-restarts 1: a killed server is replaced by a new one, which then carries the
         # job alone once the other two servers of the start were killed in turn (each after the
         # copies its death causes): the sums stay exact only if the new server got every update.
+        # Rounds enough to outlast the three kills on a fast machine (half a millisecond each).
         proc = self.start_launcher(["-n", "2", "-s", "3", "--server-restarts", "1"]
                                    + self.marked()
-                                   + [binary("ps-kvstore-check"), "--rounds", "20000",
+                                   + [binary("ps-kvstore-check"), "--rounds", "30000",
                                       "--report_every", "100"], env=self.real_env())
         self.wait_for_output(proc, "kvstore-check: round 100", 2)
         originals = self.server_pids()
