@@ -232,13 +232,19 @@ std::string Runtime::SchedulerProbe(bool* accepted) const {
       net::ProbeTcp(scheduler_ip_, config_.root_port, std::chrono::milliseconds(1000));
   if (accepted != nullptr) *accepted = probe.accepted;
   if (probe.accepted) {
+    // The reply travels over the scheduler's own connection to this node's address.
     return "the port accepts connections but no registration reply came: is it a "
-           "ps-scheduler's port (DMLC_PS_ROOT_PORT), and was this node given the job's "
-           "PS_JOB_SECRET and PS_ENCRYPT (the scheduler logs each connection it refuses)?";
+           "ps-scheduler's port (DMLC_PS_ROOT_PORT), was this node given the job's "
+           "PS_JOB_SECRET and PS_ENCRYPT (the scheduler logs each connection it refuses), and "
+           "can the scheduler connect to this node's address " +
+           self_.host + ":" + std::to_string(self_.port) +
+           " (DMLC_NODE_HOST or DMLC_INTERFACE choose it)?";
   }
   if (probe.refused) {
     return "connection refused, nothing listens on port " + std::to_string(config_.root_port) +
-           " there (not started yet, or DMLC_PS_ROOT_PORT is wrong)";
+           " there (not started yet; its job ended, as a scheduler exits once every worker "
+           "finished, so a KVStore created after its job ended finds none; or "
+           "DMLC_PS_ROOT_PORT is wrong)";
   }
   return probe.why;
 }

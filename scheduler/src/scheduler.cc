@@ -289,7 +289,7 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
       }
       const std::string& first_type = store_types_.at(first_store_worker_);
       if (*theirs == first_type) continue;
-      return Refusal{who + " created a " + *theirs + " KVStore, the first worker (" +
+      return Refusal{who + " created a " + *theirs + " KVStore, an earlier worker (" +
                          RegistrantName(nodes_[static_cast<std::size_t>(first_store_worker_)]) +
                          ") a " + first_type +
                          ": every worker of a job must create the same type (the type given "
@@ -306,7 +306,7 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
     if (first_data_node_ == kNoNode) continue;
     const auto first = first_data_node_settings_.find(name);
     if (first == first_data_node_settings_.end() || first->second == *theirs) continue;
-    return Refusal{who + " was started with " + name + "=" + *theirs + ", the first node (" +
+    return Refusal{who + " was started with " + name + "=" + *theirs + ", an earlier node (" +
                        RegistrantName(nodes_[static_cast<std::size_t>(first_data_node_)]) +
                        ") with " + name + "=" + first->second +
                        ": servers and workers must slice keys alike, so start them with the "
@@ -478,7 +478,7 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
       vacated_, [&](int id) PS_REQUIRES(mu_) { return nodes_[id].role == node.role; });
   node.id = vacated != vacated_.end() ? *vacated : static_cast<int>(nodes_.size());
   try {
-    transport_->Connect(node.id, node.host, node.port);
+    ConnectToRegistrant(node);
   } catch (const Error& e) {
     Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
     return;
@@ -546,12 +546,20 @@ Message Scheduler::Notice(Control control, int recipient, const NodeInfo& about)
   return notice;
 }
 
+void Scheduler::ConnectToRegistrant(const NodeInfo& node) {
+  if (transport_->Connect(node.id, node.host, node.port)) {
+    unopened_.insert(node.id);
+  } else {
+    unopened_.erase(node.id);  // no event will say: nothing to tell
+  }
+}
+
 void Scheduler::AdmitInPlaceOfDead(NodeInfo node) {
   const int rank = DeadServerRank(node.rank);  // the rank it asked for (PS_RANK), if dead
   node.id = static_cast<int>(nodes_.size());
   node.rank = rank;
   try {
-    transport_->Connect(node.id, node.host, node.port);
+    ConnectToRegistrant(node);
   } catch (const Error& e) {
     Refuse(node, Refusal{e.what(), false, Refusal::Answer::kNoReply});
     return;
@@ -839,9 +847,18 @@ void Scheduler::OnTick() {
   if (EndJobOverUnreachablePeers(now)) return;
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
-      DeclareDead(static_cast<int>(id), "no heartbeat for over " +
-                                            FormatSeconds(config_.heartbeat_timeout) +
-                                            " (PS_HEARTBEAT_TIMEOUT)");
+      const NodeInfo& node = nodes_[id];
+      const std::string silent = "no heartbeat for over " +
+                                 FormatSeconds(config_.heartbeat_timeout) +
+                                 " (PS_HEARTBEAT_TIMEOUT)";
+      // Its registration reply never left: the node waits for it, and sends no heartbeat.
+      DeclareDead(static_cast<int>(id),
+                  unopened_.contains(static_cast<int>(id))
+                      ? silent + ", and the scheduler could not connect to its address " +
+                            node.host + ":" + std::to_string(node.port) +
+                            " since it registered: set DMLC_NODE_HOST (or DMLC_INTERFACE) on "
+                            "that node to an address every node of the job can reach"
+                      : silent);
       return;  // one death per tick (the job may have ended)
     }
   }
@@ -862,6 +879,7 @@ void Scheduler::ApplyConnectionEvents() {
   }
   for (const ConnectionEvent& event : events) {
     const int id = event.id;
+    if (event.connected) unopened_.erase(id);
     // Finished workers, dead nodes and refused registrations are nobody's concern: their
     // connections close as they exit.
     if (id <= 0 || static_cast<std::size_t>(id) >= nodes_.size() || !IsLive(id)) continue;

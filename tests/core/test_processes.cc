@@ -496,6 +496,9 @@ TEST_CASE("processes: a node waits for the scheduler's name to resolve and its p
   CHECK(server->WaitForOutput("connection refused, nothing listens on port " + std::to_string(port),
                               15s));
   CHECK_THAT(server->Output(), Catch::Contains("left of PS_REGISTER_TIMEOUT"));
+  // Among the causes: a job that ended (a store created after it finds no scheduler).
+  CHECK_THAT(server->Output(), Catch::Contains("its job ended, as a scheduler exits once every "
+                                               "worker finished"));
 
   Env scheduler_env = JobEnv(1, 1, port);
   auto scheduler = Start("ps-scheduler", scheduler_env);
@@ -504,6 +507,35 @@ TEST_CASE("processes: a node waits for the scheduler's name to resolve and its p
   CHECK(server->Wait(30s) == 0);
   CHECK(scheduler->Wait(30s) == 0);
   std::filesystem::remove(hosts);
+}
+
+// A node that advertises an address the scheduler cannot reach (DMLC_NODE_HOST wrong for
+// this network) registers, but its reply never arrives: both sides name the address and the
+// setting, not only a missing heartbeat. In a network namespace of its own with only loopback
+// (root, unshare(1)): 198.18.5.5 has no route there, so nothing leaves it.
+TEST_CASE("processes: a node whose advertised address cannot be reached is named so",
+          "[processes][fault]") {
+  if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/unshare")) {
+    WARN("skipped: needs root and unshare(1) for a network namespace of its own");
+    return;
+  }
+  Env env = JobEnv(1, 1, 9000);       // the namespace's own ports: any is free
+  env["PS_HEARTBEAT_TIMEOUT"] = "5";  // past the server's first report of its wait (3 s)
+  // The worker waits in a barrier until the job ends (the server's death ends it).
+  const std::string script =
+      "ip link set lo up || exit 90; " + ps::test::BinPath("ps-scheduler") +
+      " & DMLC_ROLE=server DMLC_NODE_HOST=198.18.5.5 PS_REGISTER_TIMEOUT=8 " +
+      ps::test::BinPath("ps-server") + " & " + ps::test::BinPath("ps-test-node") + " --block; wait";
+  ChildProcess job({"/usr/bin/unshare", "--net", "sh", "-c", script}, env);
+  job.Wait(60s);
+  const std::string output = job.Output();
+  INFO(output);
+  CHECK_THAT(output, Catch::Contains("no heartbeat for over 5 s (PS_HEARTBEAT_TIMEOUT), and "
+                                     "the scheduler could not connect to its address "
+                                     "198.18.5.5:") &&
+                         Catch::Contains("set DMLC_NODE_HOST (or DMLC_INTERFACE) on that node"));
+  CHECK_THAT(output, Catch::Contains("can the scheduler connect to this node's address "
+                                     "198.18.5.5:"));
 }
 
 TEST_CASE("processes: a worker killed with SIGKILL is reported dead and nothing hangs",

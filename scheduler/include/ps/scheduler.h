@@ -125,6 +125,8 @@ class Scheduler {
     return static_cast<int>(nodes_.size() - 1 - vacated_.size());
   }
   void CompleteRegistration() PS_REQUIRES(mu_);
+  // Connects to a registrant's address; throws as ZmqTransport::Connect.
+  void ConnectToRegistrant(const NodeInfo& node) PS_REQUIRES(mu_);
   // With replication, a server that registers once the job runs takes the rank of a dead one
   // (DeadServerRank), with a new node id: it gets the table and the job's server deaths and
   // joins so far, and every live node hears of it (NODE_JOINED).
@@ -210,6 +212,10 @@ class Scheduler {
   int rejoins_ PS_GUARDED_BY(mu_) = 0;  // servers admitted in the place of dead ones
   // Live nodes whose connection closed, and when.
   std::map<int, Clock::time_point> suspected_ PS_GUARDED_BY(mu_);
+  // Registrants whose address the scheduler connected to but has not seen the connection
+  // open yet (its monitor follows it): a node that sends no heartbeat is then named as one
+  // whose advertised address cannot be reached.
+  std::set<int> unopened_ PS_GUARDED_BY(mu_);
   // Ids of registrants that exited before the job filled up (VacateClosedRegistrants): not
   // live, and each given to the next registrant of its role, so that a node restarted then (a
   // pod that crash-loops) takes the place of the one that died instead of being refused.
