@@ -488,21 +488,17 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
   updates_per_epoch_ =
       batches_per_epoch *
       (config_.update_on_kvstore && async ? static_cast<std::uint64_t>(kv_.NumWorkers()) : 1);
-  // Each worker pushes its batch-mean gradient, scaled by 1/num_workers: a synchronous round
-  // sums num_workers of them into their mean, and in dist_async each push moves the weights
-  // by its share, so one learning rate means the same step per sample in both modes.
+  // Workers disagree when they were started with other flags: say which ones matter.
   try {
     if (config_.update_on_kvstore) {
+      // Each worker pushes its batch-mean gradient, scaled by 1/num_workers: a synchronous
+      // round sums num_workers of them into their mean, and in dist_async each push moves the
+      // weights by its share, so one learning rate means the same step per sample in both
+      // modes.
       kv_.SetOptimizer(MakeOptimizerConfig(config_, updates_per_epoch_,
                                            1.0f / static_cast<float>(kv_.NumWorkers())));
-    } else {
-      // The collective the others' SetOptimizer pairs with: a worker started with the other
-      // --update-on-kvstore fails here, on every worker, instead of in its first round.
-      kv_.Barrier();
-      local_schedule_ = MakeOptimizerConfig(config_, updates_per_epoch_, 1.0f);
     }
   } catch (const ps::DisagreementError& e) {
-    // Workers disagree when they were started with other flags: say which ones matter.
     throw ps::DisagreementError(
         "the workers' optimizer settings differ: start every worker with the same --lr, "
         "--momentum, --wd, --optimizer, --lr-scheduler flags, --epochs, --batch-size, "
@@ -510,6 +506,21 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
         "--no-update-on-kvstore (they set the optimizer, where it runs and its schedule's "
         "length; 2bit and 1bit compression change the default --lr and --momentum); " +
         std::string(e.what()));
+  }
+  if (!config_.update_on_kvstore) {
+    try {
+      // The collective the others' SetOptimizer pairs with: a worker started with the other
+      // --update-on-kvstore fails here, on every worker, instead of in its first round. Only
+      // the mode is compared: each worker's own SGD settings stay its own.
+      kv_.Barrier();
+    } catch (const ps::DisagreementError& e) {
+      throw ps::DisagreementError(
+          "this worker updates the weights itself (--no-update-on-kvstore), another worker "
+          "set an optimizer on the servers (--update-on-kvstore): start every worker with the "
+          "same of the two; " +
+          std::string(e.what()));
+    }
+    local_schedule_ = MakeOptimizerConfig(config_, updates_per_epoch_, 1.0f);
   }
   if (config_.gradient_compression != "none" || config_.pull_compression != "none") {
     kv_.SetGradientCompression({.type = config_.gradient_compression,
