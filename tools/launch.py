@@ -331,15 +331,34 @@ def job_secret(environ):
     return secret
 
 
+class Once(argparse.Action):
+    """The parser's default action: stores an option's one value, and refuses the option given
+    again (-n 1 -n 2), where argparse would keep the last value. Flags (store_true) and the
+    repeatable --env* options have actions of their own."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None:  # an option, not the worker command
+            given = namespace.__dict__.setdefault("_given_once", {})
+            this = f"{option_string} {shlex.quote(str(values))}"
+            if self.dest in given:
+                raise UsageError(f"{'/'.join(self.option_strings)} given twice "
+                                 f"({given[self.dest]}, then {this}): it takes one value; give "
+                                 "it once")
+            given[self.dest] = this
+        setattr(namespace, self.dest, values)
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Launch a distributed parameter-server job: one scheduler, S servers and "
                     "N workers, on this machine or over ssh. Every line of every process is "
                     "shown prefixed with its role and rank. Exit status 0 only when every "
-                    "process ended cleanly.",
+                    "process exited 0, except a server whose death the job survived with "
+                    "replication (PS_REPLICATION, the default with 2 or more servers).",
         epilog="example: tools/launch.py -n 4 -s 2 -H hosts build/bin/ps-train --kvstore dist_sync"
                "   (see docs/launcher.md)")
+    p.register("action", None, Once)
     p.add_argument("-n", "--num-workers", required=True, type=int,
                    help="number of worker processes to start (required)")
     p.add_argument("-s", "--num-servers", type=int,
@@ -384,7 +403,7 @@ def build_parser():
     p.add_argument("-i", "--interface", metavar="IFACE",
                    help="set DMLC_INTERFACE=IFACE (network interface) for every process: servers "
                    "and workers advertise its address instead of their hostfile name")
-    p.add_argument("--ssh-opts", default="", metavar="OPTS",
+    p.add_argument("--ssh-opts", metavar="OPTS",
                    help="extra ssh options, e.g. \"-i KEY -o StrictHostKeyChecking=no\"; "
                         "also used by rsync")
     p.add_argument("--startup-timeout", type=positive_seconds, default=60.0, metavar="SEC",
@@ -409,6 +428,10 @@ class Config:
     """Validated launcher configuration (everything parse_args decides)."""
 
 
+def is_program(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
 def find_binary(name, environ, launcher_dir):
     """ps-server/ps-scheduler: $PS_BIN_DIR, <repo>/build/bin, next to launch.py, then PATH."""
     dirs = []
@@ -418,9 +441,39 @@ def find_binary(name, environ, launcher_dir):
     dirs.append(launcher_dir)
     for d in dirs:
         path = os.path.join(d, name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
+        if is_program(path):
             return os.path.abspath(path)
     return shutil.which(name, path=environ.get("PATH"))
+
+
+def ps_bin_dir_lacks(environ, names):
+    """(why, [the names it lacks]) when $PS_BIN_DIR is set but lacks some of `names` (so that
+    find_binary looks further), else None."""
+    d = environ.get("PS_BIN_DIR")
+    if not d:
+        return None
+    if not os.path.isdir(d):
+        where = "" if os.path.isabs(d) else f" ({os.path.abspath(d)})"
+        return f"no such directory{where}", list(names)
+    missing = [n for n in names if not is_program(os.path.join(d, n))]
+    return (f"no {', '.join(missing)} there", missing) if missing else None
+
+
+def ps_bin_dir_warning(environ, found):
+    """found: {name: path or None} of the default binaries looked up. When $PS_BIN_DIR was
+    passed over for some that were found elsewhere, one line saying why and what is used."""
+    lacks = ps_bin_dir_lacks(environ, found)
+    if lacks is None:
+        return None
+    why, missing = lacks
+    used = {}  # directory -> the binaries taken from it
+    for name in missing:
+        if found[name] is not None:
+            used.setdefault(os.path.dirname(found[name]), []).append(name)
+    if not used:
+        return None  # found nowhere: role_command's message names PS_BIN_DIR
+    instead = ", ".join(f"{' and '.join(names)} from {d}" for d, names in used.items())
+    return f"PS_BIN_DIR={environ['PS_BIN_DIR']}: {why}; using {instead} instead"
 
 
 def positive_seconds(text):
@@ -461,6 +514,35 @@ def join_dash_values(parser, argv):
     return out
 
 
+# The most workers, and the most servers, a job may have: the bound the nodes put on
+# DMLC_NUM_WORKER and DMLC_NUM_SERVER (ps/src/config.cc).
+MAX_ROLE_COUNT = 65536
+
+
+def check_count(flag, count, role, note=""):
+    """Refuses a count of workers or servers the nodes would refuse, before anything starts;
+    `note` ends the message (where a count the user did not give comes from)."""
+    if not 1 <= count <= MAX_ROLE_COUNT:
+        raise UsageError(f"{flag} {count}: a job takes 1 to {MAX_ROLE_COUNT} {role}s{note}")
+
+
+# Options only the ssh launcher uses (argparse dest, flag): with the local launcher, an error.
+SSH_ONLY = (("hostfile", "-H"), ("server_hostfile", "--server-hostfile"),
+            ("sync_dst_dir", "--sync-dst-dir"), ("ssh_opts", "--ssh-opts"),
+            ("scheduler_host", "--scheduler-host"))
+
+
+def refuse_ssh_only(a):
+    """With the local launcher, refuses the SSH_ONLY options rather than ignore them."""
+    local = "--launcher local" if a.launcher else "the local launcher (the default without -H)"
+    for dest, flag in SSH_ONLY:
+        value = getattr(a, dest)
+        if value is not None:
+            raise UsageError(f"{flag} {shlex.quote(value)}: needs the ssh launcher (--launcher "
+                             f"ssh, the default with -H HOSTFILE); {local} runs every process "
+                             "on this machine")
+
+
 def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     environ = dict(os.environ if environ is None else environ)
     cwd = os.path.abspath(cwd or os.getcwd())
@@ -474,13 +556,19 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         command = command[1:]
     if not command:
         raise UsageError("no worker command given (e.g. launch.py -n 2 build/bin/ps-train ...)")
-    if a.num_workers < 1:
-        raise UsageError(f"-n {a.num_workers}: need at least one worker")
+    note = ""
+    if a.num_servers is None and a.server_hostfile is None:  # -s defaults to -n
+        note = (f"; -s was not given and defaults to -n, so the job would have {a.num_workers} "
+                "servers too")
+    check_count("-n", a.num_workers, "worker", note)
     c.num_workers = a.num_workers
     c.num_servers = a.num_workers if a.num_servers is None else a.num_servers
-    if c.num_servers < 1 and not (c.num_servers == 0 and a.server_hostfile):
-        raise UsageError(f"-s {c.num_servers}: a job needs at least one server")
-    c.launcher = a.launcher or ("ssh" if a.hostfile or a.server_hostfile else "local")
+    if a.num_servers is not None and not (a.num_servers == 0 and a.server_hostfile is not None):
+        check_count("-s", a.num_servers, "server")
+    c.launcher = a.launcher or ("ssh" if a.hostfile is not None or a.server_hostfile is not None
+                                else "local")
+    if c.launcher == "local":
+        refuse_ssh_only(a)
     c.quiet = a.quiet
     c.dry_run = a.dry_run
     c.startup_timeout = a.startup_timeout
@@ -489,7 +577,7 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     c.warnings = []
 
     try:
-        c.ssh_opts = shlex.split(a.ssh_opts)
+        c.ssh_opts = shlex.split(a.ssh_opts or "")
     except ValueError as e:
         raise UsageError(f"--ssh-opts: {e}") from None
     for bad in ("-n", "-f", "-N"):
@@ -506,17 +594,16 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         if not a.hostfile:
             raise UsageError("the ssh launcher needs -H HOSTFILE")
         c.hosts = parse_hostfile_text(read_text_file(a.hostfile, f"-H {a.hostfile}"), a.hostfile)
-    elif a.hostfile:
-        c.warnings.append(f"the local launcher ignores the hostfile {a.hostfile}")
     c.server_hosts = None
-    if a.server_hostfile:
-        if c.launcher != "ssh":
-            raise UsageError("--server-hostfile needs the ssh launcher")
+    if a.server_hostfile is not None:
         c.server_hosts = parse_hostfile_text(
             read_text_file(a.server_hostfile, f"--server-hostfile {a.server_hostfile}"),
             a.server_hostfile)
         if a.num_servers is None:
             c.num_servers = sum(h.slots for h in c.server_hosts)
+            check_count("-s", c.num_servers, "server",
+                        " (-s was not given: it defaults to the slots in --server-hostfile "
+                        f"{a.server_hostfile})")
         elif c.num_servers == 0:
             raise UsageError("-s 0 with --server-hostfile: there are no servers to place "
                              "(drop --server-hostfile, or give -s)")
@@ -524,16 +611,9 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         if shared:
             c.warnings.append(f"{', '.join(shared)} in both -H and --server-hostfile: "
                               "servers and workers share those hosts' links")
-    c.sync_dst_dir = None
-    if a.sync_dst_dir:
-        if c.launcher != "ssh":
-            c.warnings.append("--sync-dst-dir is ignored by the local launcher")
-        else:
-            c.sync_dst_dir = a.sync_dst_dir
+    c.sync_dst_dir = a.sync_dst_dir or None
     c.scheduler_host = None
-    if a.scheduler_host:
-        if c.launcher != "ssh":
-            raise UsageError("--scheduler-host needs the ssh launcher")
+    if a.scheduler_host is not None:
         c.scheduler_host = parse_host(a.scheduler_host, "--scheduler-host")
 
     # environment
@@ -577,15 +657,21 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         c.server_cmd = list(command)
         c.scheduler_cmd = list(command)
     else:
-        c.server_cmd = role_command(a.server_cmd, "--server-cmd", "ps-server", c, launcher_dir)
+        found = {}  # the default binaries looked up: name -> path, or None
+        c.server_cmd = role_command(a.server_cmd, "--server-cmd", "ps-server", c, launcher_dir,
+                                    found)
         c.scheduler_cmd = role_command(a.scheduler_cmd, "--scheduler-cmd", "ps-scheduler", c,
-                                       launcher_dir)
+                                       launcher_dir, found)
+        warning = ps_bin_dir_warning(environ, found)
+        if warning:
+            c.warnings.append(warning)
     # Our ps-scheduler binds port 0 and reports the port it got: no free-port race at all.
     c.scheduler_reports_port = os.path.basename(c.scheduler_cmd[0]) == "ps-scheduler"
     return c
 
 
-def role_command(text, flag, default_name, c, launcher_dir):
+def role_command(text, flag, default_name, c, launcher_dir, found):
+    """The command of a role: `text` split, or else the default binary (recorded in found)."""
     if text is not None:  # given, if only as "" (an unset shell variable): never the default
         try:
             cmd = shlex.split(text)
@@ -595,15 +681,18 @@ def role_command(text, flag, default_name, c, launcher_dir):
             raise UsageError(f"{flag}: empty command: give the {default_name} command line, or "
                              f"leave {flag} out for {default_name} from the launcher's build")
         return cmd
-    path = find_binary(default_name, c.environ, launcher_dir)
+    path = found[default_name] = find_binary(default_name, c.environ, launcher_dir)
     if path is None:
+        lacks = ps_bin_dir_lacks(c.environ, [default_name])
+        bin_dir = (f"PS_BIN_DIR={c.environ['PS_BIN_DIR']}: {lacks[0]}" if lacks
+                   else "PS_BIN_DIR not set")
         if c.launcher == "ssh":
-            c.warnings.append(f"{default_name} not found locally; running '{default_name}' from "
-                              "the PATH of each host")
+            c.warnings.append(f"{default_name} not found locally ({bin_dir}); running "
+                              f"'{default_name}' from the PATH of each host")
             return [default_name]
         raise UsageError(f"{default_name} not found in $PS_BIN_DIR, the build (build/bin), next "
-                         f"to {PROG} or in PATH: build the project (cmake --build build) or give "
-                         f"{flag}")
+                         f"to {PROG} or in PATH ({bin_dir}): build the project (cmake --build "
+                         f"build) or give {flag}")
     return [path]
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 import unittest
 
-from launcher_testlib import LAUNCH, PY, LauncherTest
+from launcher_testlib import LAUNCH, PY, REPO, LauncherTest
 
 spec = importlib.util.spec_from_file_location("launch", LAUNCH)
 launch = importlib.util.module_from_spec(spec)
@@ -165,9 +165,8 @@ class Args(LauncherTest):
             f.write("h1\nh2\n")
         c = self.parse(["-n", "2", "-s", "1", "-H", hosts, "prog"])
         self.assertEqual((c.num_servers, c.launcher, names(c.hosts)), (1, "ssh", ["h1", "h2"]))
-        c = self.parse(["-n", "2", "--launcher", "local", "-H", hosts, "prog"])
-        self.assertEqual(c.launcher, "local")
-        self.assertIn("ignores the hostfile", c.warnings[0])
+        c = self.parse(["-n", "2", "--launcher", "ssh", "-H", hosts, "prog"])
+        self.assertEqual(c.launcher, "ssh")
 
     def test_options_after_the_command_belong_to_it(self):
         c = self.parse(["-n", "2", "prog", "-n", "5", "--env", "X=1", "-q"])
@@ -177,7 +176,8 @@ class Args(LauncherTest):
         self.assertEqual(c.worker_cmd, ["-prog-with-dash"])
 
     def test_dash_values(self):
-        c = self.parse(["-n", "1", "--ssh-opts", "-i key -o 'A=b c'", "--server-cmd",
+        hosts = self.write("hosts", "h1\n")
+        c = self.parse(["-n", "1", "-H", hosts, "--ssh-opts", "-i key -o 'A=b c'", "--server-cmd",
                         "-weird 'a b'", "--scheduler-cmd", "sched --x", "prog"])
         self.assertEqual(c.ssh_opts, ["-i", "key", "-o", "A=b c"])
         self.assertEqual(c.server_cmd, ["-weird", "a b"])
@@ -322,7 +322,7 @@ class Args(LauncherTest):
                 (["-n", "1", "--server-hostfile", servers, "prog"],
                  "--server-hostfile places the servers only: give the workers' hosts with -H"),
                 (["-n", "1", "--launcher", "local", "--server-hostfile", servers, "prog"],
-                 "--server-hostfile needs the ssh launcher"),
+                 f"--server-hostfile {servers}: needs the ssh launcher (--launcher ssh"),
                 (["-n", "1", "-s", "0", "-H", workers, "--server-hostfile", servers, "prog"],
                  "-s 0 with --server-hostfile"),
                 (["-n", "1", "-H", workers, "--server-hostfile", "/nonexistent/s", "prog"],
@@ -440,6 +440,123 @@ class Args(LauncherTest):
             prefix + "it runs but sent no heartbeat (it hangs, or the machine is too busy for "
             "it to answer)"])
 
+    def test_ssh_only_options_are_refused_with_the_local_launcher(self):
+        hosts = self.write("hosts", "h1\n")
+        ssh_only = [(["-H", hosts], f"-H {hosts}"),
+                    (["--server-hostfile", hosts], f"--server-hostfile {hosts}"),
+                    (["--sync-dst-dir", "/remote/job"], "--sync-dst-dir /remote/job"),
+                    (["--ssh-opts", "-i key"], "--ssh-opts '-i key'"),
+                    (["--scheduler-host", "h1"], "--scheduler-host h1")]
+        for args, named in ssh_only:
+            with self.subTest(args=args):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(["-n", "1", "--launcher", "local"] + args + ["prog"])
+                self.assertEqual(str(cm.exception), f"{named}: needs the ssh launcher (--launcher "
+                                 "ssh, the default with -H HOSTFILE); --launcher local runs "
+                                 "every process on this machine")
+        # without --launcher, -H and --server-hostfile choose ssh; the others are refused
+        for args, named in ssh_only[2:]:
+            with self.subTest(args=args, launcher=None):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(["-n", "1"] + args + ["prog"])
+                self.assertIn(f"{named}: needs the ssh launcher", str(cm.exception))
+                self.assertIn("the local launcher (the default without -H)", str(cm.exception))
+        c = self.parse(["-n", "1", "-H", hosts, "--sync-dst-dir", "/remote/job", "--ssh-opts",
+                        "-i key", "--scheduler-host", "h1", "prog"])
+        self.assertEqual((c.launcher, c.sync_dst_dir, c.ssh_opts), ("ssh", "/remote/job",
+                                                                     ["-i", "key"]))
+
+    def test_ps_bin_dir_passed_over_is_named(self):
+        fallback = self.fake_bin_dir(where=os.path.join(self.tmp, "fallback"))
+
+        def parse(bin_dir, argv=("-n", "1", "prog"), path=fallback):
+            return launch.parse_args(list(argv), environ={"PATH": path, "PS_BIN_DIR": bin_dir},
+                                     cwd=self.tmp, launcher_dir="/nonexistent/t")
+
+        empty = os.path.join(self.tmp, "empty")
+        os.makedirs(empty)
+        half = os.path.join(self.tmp, "half")
+        os.makedirs(half)
+        os.symlink(os.path.join(fallback, "ps-scheduler"), os.path.join(half, "ps-scheduler"))
+        relative = os.path.join("no", "such", "bin")
+        for bin_dir, argv, want in [
+                ("/nonexistent/bin", ("-n", "1", "prog"), "PS_BIN_DIR=/nonexistent/bin: no such "
+                 f"directory; using ps-server and ps-scheduler from {fallback} instead"),
+                (relative, ("-n", "1", "prog"), f"PS_BIN_DIR={relative}: no such directory "
+                 f"({os.path.abspath(relative)}); using ps-server and ps-scheduler from "
+                 f"{fallback} instead"),
+                (empty, ("-n", "1", "prog"), f"PS_BIN_DIR={empty}: no ps-server, ps-scheduler "
+                 f"there; using ps-server and ps-scheduler from {fallback} instead"),
+                (half, ("-n", "1", "prog"), f"PS_BIN_DIR={half}: no ps-server there; using "
+                 f"ps-server from {fallback} instead"),
+                ("/nonexistent/bin", ("-n", "1", "--server-cmd", "srv", "prog"),
+                 "PS_BIN_DIR=/nonexistent/bin: no such directory; using ps-scheduler from "
+                 f"{fallback} instead")]:
+            with self.subTest(bin_dir=bin_dir, argv=argv):
+                self.assertEqual(parse(bin_dir, argv).warnings, [want])
+        c = parse(half)
+        self.assertEqual((c.server_cmd, c.scheduler_cmd),
+                         ([os.path.join(fallback, "ps-server")],
+                          [os.path.join(half, "ps-scheduler")]))  # the search order is kept
+        self.assertEqual(parse(fallback).warnings, [])
+        # found nowhere: the error (local) or warning (ssh) names PS_BIN_DIR's value
+        with self.assertRaises(launch.UsageError) as cm:
+            parse("/nonexistent/bin", path="/nonexistent")
+        self.assertIn("ps-server not found in $PS_BIN_DIR, the build (build/bin), next to "
+                      "launch.py or in PATH (PS_BIN_DIR=/nonexistent/bin: no such directory)",
+                      str(cm.exception))
+        c = parse(half, ("-n", "1", "-H", self.write("hosts", "h1\n"), "prog"),
+                  path="/nonexistent")
+        self.assertEqual(c.warnings, [f"ps-server not found locally (PS_BIN_DIR={half}: no "
+                                      "ps-server there); running 'ps-server' from the PATH of "
+                                      "each host"])
+
+    def test_repeated_single_valued_options_are_refused(self):
+        with self.assertRaises(launch.UsageError) as cm:
+            self.parse(["-n", "1", "--num-workers", "2", "prog"])
+        self.assertEqual(str(cm.exception), "-n/--num-workers given twice (-n 1, then "
+                         "--num-workers 2): it takes one value; give it once")
+        # every option of one value: -n, -s, --launcher, -H, --ssh-opts, the timeouts ...
+        once = [a for a in launch.build_parser()._actions
+                if isinstance(a, launch.Once) and a.option_strings]
+        self.assertTrue({"-n", "-s", "--launcher", "-H", "--ssh-opts", "--startup-timeout",
+                         "--server-restarts"} <= {a.option_strings[0] for a in once})
+        for action in once:
+            flag = action.option_strings[0]
+            value = action.choices[0] if action.choices else "1"
+            with self.subTest(flag=flag):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(["-n", "1", flag, value, flag, value, "prog"])
+                self.assertIn(f"given twice ({flag} ", str(cm.exception))
+        # repeatable options and flags stay so
+        c = self.parse(["-q", "-q", "-n", "1", "--env", "A=1", "--env", "B=2", "--env-worker",
+                        "C=3", "--env-worker", "D=4", "prog"])
+        self.assertEqual((c.env_all, c.env_role["worker"], c.quiet),
+                         ({"A": "1", "B": "2"}, {"C": "3", "D": "4"}, True))
+
+    def test_counts_within_the_nodes_bounds(self):
+        c = self.parse(["-n", "65536", "prog"])
+        self.assertEqual((c.num_workers, c.num_servers), (65536, 65536))
+        big = self.write("big", "s1 slots=65537\n")
+        for argv, want in [
+                (["-n", "100000", "prog"], "-n 100000: a job takes 1 to 65536 workers; -s was "
+                 "not given and defaults to -n, so the job would have 100000 servers too"),
+                (["-n", "100000", "-s", "1", "prog"], "-n 100000: a job takes 1 to 65536 "
+                 "workers"),
+                (["-n", "2", "-s", "65537", "prog"], "-s 65537: a job takes 1 to 65536 servers"),
+                (["-n", "1", "-H", self.write("w", "w1\n"), "--server-hostfile", big, "prog"],
+                 "-s 65537: a job takes 1 to 65536 servers (-s was not given: it defaults to "
+                 f"the slots in --server-hostfile {big})")]:
+            with self.subTest(argv=argv):
+                with self.assertRaises(launch.UsageError) as cm:
+                    self.parse(argv)
+                self.assertEqual(str(cm.exception), want)
+        # the bound is the nodes' own, on DMLC_NUM_WORKER and DMLC_NUM_SERVER
+        with open(os.path.join(REPO, "ps", "src", "config.cc")) as f:
+            config = f.read()
+        for var in ("DMLC_NUM_SERVER", "DMLC_NUM_WORKER"):
+            self.assertIn(f'ReadInt(lookup, "{var}", 1, {launch.MAX_ROLE_COUNT},', config)
+
     def test_root_port_and_uri_overrides(self):
         c = self.parse(["-n", "1", "--env", "DMLC_PS_ROOT_PORT=9100", "--env",
                         "DMLC_PS_ROOT_URI=10.1.2.3", "prog"], DMLC_PS_ROOT_PORT="9200")
@@ -453,9 +570,9 @@ class Args(LauncherTest):
         with open(hosts, "w") as f:
             f.write("h1\n")
         for argv, want in [
-                (["-n", "0", "prog"], "at least one worker"),
-                (["-n", "1", "-s", "-1", "prog"], "-s -1: a job needs at least one server"),
-                (["-n", "1", "-s", "0", "prog"], "-s 0: a job needs at least one server"),
+                (["-n", "0", "prog"], "-n 0: a job takes 1 to 65536 workers"),
+                (["-n", "1", "-s", "-1", "prog"], "-s -1: a job takes 1 to 65536 servers"),
+                (["-n", "1", "-s", "0", "prog"], "-s 0: a job takes 1 to 65536 servers"),
                 (["-n", "1"], "no worker command"),
                 (["-n", "1", "--launcher", "ssh", "prog"], "needs -H HOSTFILE"),
                 (["-n", "1", "-H", "/nonexistent/hosts", "prog"], "No such file"),
@@ -643,10 +760,18 @@ class CommandLine(LauncherTest):
         # The hostfile's forms, user@host included (docs/launcher.md).
         self.assertIn("[user@]host[:sshport] [slots=N]", " ".join(r.stdout.split()))
 
+    def test_help_states_the_exit_status_rule(self):
+        # as docs/launcher.md, "Ending and exit status": with replication, a server whose
+        # death the job survived does not make the status non-zero
+        text = " ".join(self.run_cmd(["--help"]).stdout.split())
+        self.assertNotIn("only when every process ended cleanly", text)
+        self.assertIn("Exit status 0 only when every process exited 0, except a server whose "
+                      "death the job survived with replication (PS_REPLICATION", text)
+
     def test_usage_error_exit_2(self):
         r = self.run_cmd(["-n", "0", "prog"])
         self.assertEqual(r.returncode, 2)
-        self.assertIn("error: -n 0: need at least one worker", r.stderr)
+        self.assertIn("error: -n 0: a job takes 1 to 65536 workers", r.stderr)
         r = self.run_cmd(["prog"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("required: -n", r.stderr)
