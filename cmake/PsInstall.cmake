@@ -31,10 +31,12 @@ set_target_properties(${PS_INSTALLED_PROGRAMS} ps_scheduler ps_kvstore PROPERTIE
   INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
 # The launcher finds ps-server and ps-scheduler next to itself. The other Python tools
 # README.md's table lists go beside it (bed_bench.py finds launch.py, testbed.py and the
-# binaries there; testbed.py its delay line, delayline.py).
+# binaries there; testbed.py its delay line, delayline.py; ps-plan.py and testbed.py the
+# module they share, cli_args.py).
 install(PROGRAMS tools/launch.py tools/plot_bench.py tools/testbed.py tools/delayline.py
                  tools/ps-plan.py tools/bench/bed_bench.py
         DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(FILES tools/cli_args.py DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 install(EXPORT psTargets NAMESPACE ps:: DESTINATION ${PS_CMAKE_DIR})
 configure_package_config_file(cmake/psConfig.cmake.in

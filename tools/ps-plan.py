@@ -53,11 +53,18 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from cli_args import join_negative_values  # noqa: E402 (beside this file)
+
 PROG = "ps-plan.py"
+SYSTEM_PYTHON = "/usr/bin/python3"  # draws --plot when this python3 has no matplotlib
 
 MiB = 1 << 20
 MAX_PIECES_PER_SERVER = 64  # the runtime's bound on the pieces server weights ask for
 ASYNC_FIXPOINT_ROUNDS = 400  # dist_async's fair rates converge in tens of rounds
+# dist_async's fair rates follow every connection (worker hosts x server hosts of them, each
+# round): a prediction past this many hosts takes seconds to minutes. dist_sync has no bound.
+ASYNC_MAX_HOSTS = 32
 DEFAULT_CHUNK = 4 * MiB          # PS_CHUNK_BYTES
 BIGARRAY_BOUND = 1_000_000       # MXNET_KVSTORE_BIGARRAY_BOUND, elements
 DEFAULT_EFFICIENCY = 0.95        # payload / line rate of TCP over Ethernet (1448 / 1514 ~ 0.956)
@@ -111,26 +118,62 @@ class PlanError(argparse.ArgumentTypeError):
     """A bad input: a one-line message naming it (argparse shows it for a bad flag value)."""
 
 
+def check_share(flag, value, zero=False):
+    """Refuse a share outside (0, 1] ([0, 1] with zero), naming its flag and value."""
+    if not (0 <= value if zero else 0 < value) or not value <= 1:
+        raise PlanError(f"{flag} {value:g}: want a share in {'[' if zero else '('}0, 1]")
+
+
 # ------------------------------------------------------------------------------------ units
 
 _SIZE = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 
-def fair_level(capacity, demands):
-    """Max-min fair share of `capacity` among flows that want `demands`, one of them inf (no
-    limit): the level every flow that wants more than it gets."""
-    left, waiting = capacity, sorted(demands)
-    for i, d in enumerate(waiting):
-        level = left / (len(waiting) - i)
-        if d >= level:
+def fair_levels(capacity, demands):
+    """Max-min fair shares of `capacity` among flows that want `demands`: for each flow, the
+    level it gets if it wants more (no limit) while the others want theirs: the level every
+    flow that wants more than it gets. One water-filling of the sorted demands serves every
+    flow up to its own place (a link's flows in O(flows log flows) where it is full, in
+    O(flows^2) at most, instead of O(flows^2 log flows))."""
+    order = sorted(range(len(demands)), key=demands.__getitem__)
+    d = [demands[i] for i in order]
+    k = len(d)
+    out = [0.0] * k
+    left = capacity
+    for p in range(k):
+        level = left / (k - p)
+        out[order[p]] = fair_level_after(left, d, p)
+        if d[p] >= level:
+            for q in order[p + 1:]:  # a flow further on: the filling stops here without it
+                out[q] = level
+            break
+        left -= d[p]
+    return out
+
+
+def fair_level_after(left, d, p):
+    """The filling of the sorted demands `d` from place p on (`left` of the capacity), with
+    flow p wanting more than any: the others in order, flow p last."""
+    k = len(d)
+    for q in range(p + 1, k):
+        level = left / (k - q + 1)
+        if d[q] >= level:
             return level
-        left -= d
-    return math.inf
+        left -= d[q]
+    return left
+
+
+def max_but_one(values):
+    """[the largest of `values` but the i-th, for each i] (0.0 where none is left): the
+    slowest server of each worker beside one, in O(n)."""
+    top = max(range(len(values)), key=values.__getitem__)
+    second = max((v for i, v in enumerate(values) if i != top), default=0.0)
+    return [second if i == top else values[top] for i in range(len(values))]
 
 
 def parse_size(text):
     """'16MB' -> 16777216 (binary units, as ps-bench's --sizes); a plain number is bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*", str(text), re.IGNORECASE)
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*", str(text), re.IGNORECASE)
     if not m:
         raise PlanError(f"'{text}': want a size such as 16MB (B, KB, MB, GB, TB; binary)")
     value = float(m.group(1)) * _SIZE[(m.group(2) or "B").upper()]
@@ -141,7 +184,7 @@ def parse_size(text):
 
 def parse_rate(text):
     """tc-style rate -> bits per second: '100mbit', '25gbit', '1.5gbit'."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*", str(text),
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*", str(text),
                      re.IGNORECASE)
     if not m:
         raise PlanError(f"'{text}': want a rate such as 100mbit or 25gbit")
@@ -154,10 +197,13 @@ def parse_rate(text):
 
 def parse_time(text):
     """'25us', '0.1ms', '2s', or a plain number of seconds -> seconds."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(us|ms|s)?\s*", str(text), re.IGNORECASE)
+    m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*(us|ms|s)?\s*", str(text), re.IGNORECASE)
     if not m:
         raise PlanError(f"'{text}': want a time such as 25us, 0.5ms or 0.1s")
-    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[(m.group(2) or "s").lower()]
+    value = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[(m.group(2) or "s").lower()]
+    if value < 0:
+        raise PlanError(f"'{text}': want a positive time (or 0)")
+    return value
 
 
 def fmt_rate(bits):
@@ -189,8 +235,8 @@ class Job:
                                         else [layers])]
         self.worker_hosts = int(worker_hosts)
         self.layout = layout
-        self.server_hosts = (self.worker_hosts if layout == "beside"
-                             else int(server_hosts or self.worker_hosts))
+        self.server_hosts = (self.worker_hosts if layout == "beside" or server_hosts is None
+                             else int(server_hosts))
         self.rate = float(rate)
         self.server_rate = float(server_rate or rate)
         self.gpus_per_host = int(gpus_per_host)
@@ -215,19 +261,20 @@ class Job:
         if not self.layers or any(x <= 0 for x in self.layers):
             raise PlanError("the model needs at least one layer of a positive size")
         if self.worker_hosts < 1:
-            raise PlanError("want at least one worker host")
+            raise PlanError(f"--workers {self.worker_hosts}: want at least 1 worker host")
         if self.layout not in ("own", "beside"):
             raise PlanError(f"layout '{self.layout}': want own or beside")
         if self.server_hosts < 1:
-            raise PlanError("want at least one server host")
+            raise PlanError(f"--server-hosts {self.server_hosts}: want at least 1 server host")
         if self.mode not in ("sync", "async"):
             raise PlanError(f"mode '{self.mode}': want sync or async")
-        if not 0 < self.efficiency <= 1:
-            raise PlanError(f"--efficiency {self.efficiency:g}: want a share in (0, 1]")
-        if not 0 < self.ps_share <= 1:
-            raise PlanError(f"--ps-share {self.ps_share:g}: want a share in (0, 1]")
-        if not 0 <= self.overlap <= 1:
-            raise PlanError(f"--overlap {self.overlap:g}: want a share in [0, 1]")
+        self.validate_async_hosts()
+        check_share("--efficiency", self.efficiency)
+        check_share("--ps-share", self.ps_share)
+        check_share("--overlap", self.overlap, zero=True)
+        check_share("--push-compression", self.push_ratio)
+        check_share("--pull-compression", self.pull_ratio)
+        check_share("--allreduce-compression", self.allreduce_ratio)
         if self.gpus_per_host < 1:
             raise PlanError(f"--gpus-per-host {self.gpus_per_host}: want at least 1")
         if self.bigarray_bound < 0:
@@ -243,6 +290,16 @@ class Job:
                 or any(not 0 < x < math.inf for x in self.server_weights)):
             raise PlanError(f"server weights {self.server_weights}: want one positive weight "
                             f"per server host ({self.server_hosts})")
+
+    def validate_async_hosts(self):
+        if self.mode != "async":
+            return
+        for flag, hosts in (("--workers", self.worker_hosts),
+                            ("--server-hosts", self.server_hosts)):
+            if hosts > ASYNC_MAX_HOSTS:
+                raise PlanError(f"{flag} {hosts}: dist_async is modelled up to "
+                                f"{ASYNC_MAX_HOSTS} hosts (its fair rates follow every "
+                                "connection); want fewer, or --mode sync")
 
     @property
     def model_bytes(self):
@@ -389,10 +446,8 @@ class Job:
         for _ in range(ASYNC_FIXPOINT_ROUNDS):
             bound = [math.inf] * N
             for link, flows in on_link.items():
-                demands = [rate[w] * b for w, b in flows]
-                for i, (w, b) in enumerate(flows):
-                    level = fair_level(self.capacity(link[0]),
-                                       demands[:i] + [math.inf] + demands[i + 1:])
+                levels = fair_levels(self.capacity(link[0]), [rate[w] * b for w, b in flows])
+                for (w, b), level in zip(flows, levels):
                     bound[w] = min(bound[w], level / b)
             done = all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(rate, bound))
             rate = [(x + y) / 2 for x, y in zip(rate, bound)]
@@ -420,24 +475,22 @@ class Job:
 
     def ps_drain(self):
         """Seconds the last message's replies need after its round closed (per worker: the
-        slowest of its servers)."""
+        slowest of its servers), in O(hosts)."""
         N = self.worker_hosts
-        remote = N - 1 if self.layout == "beside" else N
+        beside = self.layout == "beside"
+        remote = N - 1 if beside else N
         # per server: its last message's replies leave its link one after another
-        leave = []
-        for s, last in enumerate(self.placement()[1]):
-            last = last * self.pull_ratio
-            host = ("w", s) if self.layout == "beside" else ("s", s)
-            leave.append((remote * last / self.capacity(host), last))
-        out = []
-        for w in range(N):
-            # the slowest of this worker's servers (beside: not its own), and the last reply
-            # arriving over its own link
-            others = [x for s, x in enumerate(leave)
-                      if not (self.layout == "beside" and s == w)]
-            out.append(max((max(t, last / self.capacity(("w", w))) for t, last in others),
-                           default=0.0))
-        return out
+        lasts = [last * self.pull_ratio for last in self.placement()[1]]
+        leave = [remote * last / self.capacity(("w", s) if beside else ("s", s))
+                 for s, last in enumerate(lasts)]
+        # the slowest of each worker's servers (beside: not its own), and the last reply
+        # arriving over its own link
+        if beside:
+            leave, lasts = max_but_one(leave), max_but_one(lasts)
+        else:
+            leave, lasts = [max(leave)] * N, [max(lasts)] * N
+        return [max(t, last / self.worker_capacity(w))
+                for w, (t, last) in enumerate(zip(leave, lasts))]
 
     def balanced(self):
         """Whether the PS's load is balanced: another host's link within 10% of the busiest
@@ -449,13 +502,14 @@ class Job:
         times = sorted(per_host.values(), reverse=True)
         return len(times) > 1 and times[1] >= 0.9 * times[0]
 
-    def ps_comm(self):
-        """Per worker: communication seconds of one iteration."""
+    def ps_comm(self, bw=None, drain=None):
+        """Per worker: communication seconds of one iteration (from ps_bandwidth_times() and
+        ps_drain(), when already known)."""
         if self.layout == "beside" and self.worker_hosts == 1:
             return [0.0]
         share = self.ps_share if self.mode == "sync" and self.balanced() else 1.0
-        bw = self.ps_bandwidth_times()
-        drain = self.ps_drain()
+        bw = self.ps_bandwidth_times() if bw is None else bw
+        drain = self.ps_drain() if drain is None else drain
         return [b / share + d + 2 * self.latency for b, d in zip(bw, drain)]
 
     # -- ring all-reduce
@@ -477,7 +531,8 @@ class Job:
         return self.compute + max(0.0, comm - self.overlap * self.compute)
 
     def predict(self):
-        ps_comm = self.ps_comm()
+        bw, drain = self.ps_bandwidth_times(), self.ps_drain()
+        ps_comm = self.ps_comm(bw, drain)
         ar = self.allreduce_comm()
         ps_iter = [self.iteration(c) for c in ps_comm]
         ar_iter = self.iteration(ar)
@@ -489,8 +544,8 @@ class Job:
             "gpus": self.gpus, "layout": self.layout, "server_hosts": self.server_hosts,
             "rate": self.rate, "mode": self.mode, "chunk": self.chunk,
             "ps": {"iteration_s": ps_it, "per_worker_s": ps_iter,
-                   "comm_s": max(ps_comm), "bandwidth_s": max(self.ps_bandwidth_times()),
-                   "drain_s": max(self.ps_drain()), "efficiency": eff(ps_it)},
+                   "comm_s": max(ps_comm), "bandwidth_s": max(bw),
+                   "drain_s": max(drain), "efficiency": eff(ps_it)},
             "allreduce": {"iteration_s": ar_iter, "comm_s": ar, "efficiency": eff(ar_iter)},
             "ps_over_allreduce": ps_it / ar_iter if ar_iter > 0 else None,
         }
@@ -780,7 +835,9 @@ def build_parser():
     pr.add_argument("--server-rate", type=parse_rate, help="server hosts' link rate")
     pr.add_argument("--compute", type=parse_time, default=0.0,
                     help="compute seconds per batch on one GPU (default 0)")
-    pr.add_argument("--mode", choices=["sync", "async"], default="sync")
+    pr.add_argument("--mode", choices=["sync", "async"], default="sync",
+                    help=f"dist_sync or dist_async (async: at most {ASYNC_MAX_HOSTS} worker and "
+                         "server hosts; default sync)")
     pr.add_argument("--push-compression", type=float, default=1.0,
                     help="pushed bytes / gradient bytes (2-bit: 0.0625; default 1)")
     pr.add_argument("--pull-compression", type=float, default=1.0,
@@ -835,16 +892,39 @@ def parse_weights(text):
         raise PlanError(f"--server-weights {text}: want numbers, comma-separated (1,1,1,0.25)")
 
 
-def cmd_predict(a):
-    if (a.model is None) == (a.layers is None):
-        raise PlanError("give --model or --layers (one of them)")
-    layers = [a.model] if a.model else [parse_size(x) for x in a.layers.split(",") if x.strip()]
-    slow = {}
-    for spec in a.slow:
+def parse_layers(text):
+    """--layers 4MB,96MB,1MB -> bytes per layer; an empty item is refused, not dropped."""
+    items = text.split(",")
+    for i, item in enumerate(items, 1):
+        if not item.strip():
+            raise PlanError(f"--layers {text}: item {i} of {len(items)} is empty: want "
+                            "sizes, comma-separated (4MB,96MB,1MB)")
+    try:
+        return [parse_size(x) for x in items]
+    except PlanError as e:
+        raise PlanError(f"--layers {text}: {e}") from None
+
+
+def parse_slow(specs):
+    """--slow W=F, repeatable -> {worker host: factor}; a host given twice is refused."""
+    slow, given = {}, {}
+    for spec in specs:
         m = re.fullmatch(r"h?(\d+)=([0-9.]+)", spec)
         if not m:
             raise PlanError(f"--slow {spec}: want W=F, e.g. 3=0.25")
-        slow[int(m.group(1))] = float(m.group(2))
+        w = int(m.group(1))
+        if w in slow:
+            raise PlanError(f"--slow {spec}: worker host {w} is given twice (--slow "
+                            f"{given[w]}): want one factor per host")
+        slow[w], given[w] = float(m.group(2)), spec
+    return slow
+
+
+def cmd_predict(a):
+    if (a.model is None) == (a.layers is None):
+        raise PlanError("give --model or --layers (one of them)")
+    layers = [a.model] if a.model else parse_layers(a.layers)
+    slow = parse_slow(a.slow)
     job = Job(layers=layers, worker_hosts=a.workers, layout=a.layout,
               server_hosts=a.server_hosts, rate=a.rate, server_rate=a.server_rate,
               gpus_per_host=a.gpus_per_host, latency=a.latency, efficiency=a.efficiency,
@@ -904,7 +984,29 @@ def cmd_check(a):
     return 1 if a.strict and bad else 0
 
 
+def check_plot_dir(path):
+    """--plot's directory must exist and take files: checked before any work (and before
+    the run under the system's python3 that may draw the plot)."""
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        raise PlanError(f"--plot {path}: no directory {where}")
+    if not os.access(where, os.W_OK):
+        raise PlanError(f"--plot {path}: cannot write in {where}")
+
+
+def plot_elsewhere(a):
+    """The plot by the system's python3, when this one has no matplotlib: its exit status
+    (it says itself why it failed)."""
+    if os.path.realpath(sys.executable) == os.path.realpath(SYSTEM_PYTHON) or \
+            not os.path.exists(SYSTEM_PYTHON):
+        raise PlanError("--plot needs matplotlib (python3-matplotlib)")
+    return subprocess.run([SYSTEM_PYTHON, os.path.abspath(__file__)] + a.argv,
+                          stdout=subprocess.DEVNULL).returncode
+
+
 def cmd_advise(a):
+    if a.plot:
+        check_plot_dir(a.plot)
     rates = [parse_rate(x) for x in a.rates.split(",") if x.strip()]
     gpus = [int(x) for x in a.gpus.split(",") if x.strip()]
     ratios = [float(x) for x in a.server_ratios.split(",") if x.strip()]
@@ -945,20 +1047,18 @@ def cmd_advise(a):
             plot_advise(out, a.plot)
         except ImportError:
             # a python3 without matplotlib first in PATH: the system's may have it
-            system = "/usr/bin/python3"
-            if os.path.realpath(sys.executable) == os.path.realpath(system) or \
-                    subprocess.run([system, os.path.abspath(__file__)] + a.argv,
-                                   stdout=subprocess.DEVNULL).returncode != 0:
-                raise PlanError("--plot needs matplotlib (python3-matplotlib)") from None
+            code = plot_elsewhere(a)
+            if code != 0:
+                return code
         if not a.json:
             print(f"wrote {a.plot}")
     return 0
 
 
 def main(argv=None):
-    p = build_parser()
-    a = p.parse_args(argv)
-    a.argv = list(sys.argv[1:] if argv is None else argv)  # for the plot's fallback
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(join_negative_values(argv))
+    a.argv = argv  # for the plot's fallback
     try:
         return {"predict": cmd_predict, "check": cmd_check, "advise": cmd_advise}[a.command](a)
     except PlanError as e:

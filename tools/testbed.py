@@ -39,6 +39,12 @@ import shutil
 import signal
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from cli_args import join_negative_values  # noqa: E402 (beside this file)
+
+# Where the words of a command passed on begin (exec's): no flag of this tool after them.
+COMMAND_STARTS = ("--", "exec")
 import time
 
 PROG = "testbed.py"
@@ -83,12 +89,16 @@ RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10*
 DELAY_UNITS = {"us": 1, "usec": 1, "ms": 1000, "msec": 1000, "s": 10**6, "sec": 10**6}
 
 
-def parse_rate(text):
+def parse_rate(text, given=None):
     """'100mbit', '1gbit', '10Gbit', '2.5gbit' (tc's units: bit, kbit, mbit, gbit, tbit; bps,
-    kbps, mbps, gbps are bytes per second) -> bits per second; 'none'/'off'/'0' -> None."""
+    kbps, mbps, gbps are bytes per second) -> bits per second; 'none'/'off'/'0' -> None.
+    given: the flag and value a negative rate's refusal names (default --rate TEXT)."""
     t = text.strip().lower()
     if t in ("none", "off", "0", "unlimited"):
         return None
+    if t.startswith("-"):
+        raise UsageError(f"{given or '--rate ' + text}: want a positive rate, e.g. 100mbit or "
+                         "1gbit (or none)")
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", t)
     if not m or m.group(2) not in RATE_UNITS:
         raise UsageError(f"bad rate '{text}': want a number and a unit, e.g. 100mbit, 1gbit, "
@@ -101,11 +111,15 @@ def parse_rate(text):
     return bits
 
 
-def parse_delay(text):
-    """'5ms', '200us', '0.5ms', '1s', '0' -> microseconds."""
+def parse_delay(text, given=None):
+    """'5ms', '200us', '0.5ms', '1s', '0' -> microseconds. given: the flag and value a negative
+    delay's refusal names (default --delay TEXT)."""
     t = text.strip().lower()
     if t in ("0", "none", "off"):
         return 0
+    if t.startswith("-"):
+        raise UsageError(f"{given or '--delay ' + text}: want a positive delay, e.g. 200us or "
+                         "5ms (or 0)")
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", t)
     if not m or m.group(2) not in DELAY_UNITS:
         raise UsageError(f"bad delay '{text}': want a number and a unit, e.g. 200us, 5ms, "
@@ -140,8 +154,8 @@ def parse_link_spec(text):
     if not sep or not host:
         raise UsageError(f"--link {text}: want HOST=RATE[,DELAY], e.g. h2=100mbit,5ms")
     rate_s, _, delay_s = rest.partition(",")
-    rate = parse_rate(rate_s) if rate_s else "default"
-    delay = parse_delay(delay_s) if delay_s else "default"
+    rate = parse_rate(rate_s, f"--link {text}") if rate_s else "default"
+    delay = parse_delay(delay_s, f"--link {text}") if delay_s else "default"
     return host, rate, delay
 
 
@@ -1423,7 +1437,8 @@ def build_parser():
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(
+        join_negative_values(sys.argv[1:] if argv is None else argv, stop=COMMAND_STARTS))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

@@ -133,6 +133,32 @@ class CommandLine(unittest.TestCase):
                 self.assertIn(want, r.stderr)
         self.assertEqual(os.listdir(self.state), [])
 
+    def test_negative_values_name_their_flag(self):
+        # argparse took -1gbit for a flag ("expected one argument"): the tool refuses it
+        for args, want in [
+                (("up", "--rate", "-1gbit"), "--rate -1gbit: want a positive rate"),
+                (("up", "--rate=-1gbit"), "--rate -1gbit: want a positive rate"),
+                (("up", "--delay", "-5ms"), "--delay -5ms: want a positive delay"),
+                (("up", "--delay", "-.5ms"), "--delay -.5ms: want a positive delay"),
+                (("up", "--link", "h1=-1gbit"), "--link h1=-1gbit: want a positive rate"),
+                (("up", "--link", "h1=,-5ms"), "--link h1=,-5ms: want a positive delay"),
+                (("up", "--bogus", "-5"), "unrecognized arguments: --bogus=-5")]:
+            with self.subTest(args=args):
+                r = self.tool(*args)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(want, r.stderr)
+                self.assertNotIn("expected one argument", r.stderr)
+        self.assertEqual(os.listdir(self.state), [])
+        # exec's command is passed on as given
+        def join(argv):
+            return testbed.join_negative_values(argv, stop=testbed.COMMAND_STARTS)
+
+        for argv in (["exec", "b1", "h0", "tool", "--rate", "-5"],
+                     ["exec", "b1", "h0", "--", "tool", "--rate", "-5"]):
+            self.assertEqual(join(argv), argv)
+        self.assertEqual(join(["shape", "b1", "all", "--rate", "-1gbit"]),
+                         ["shape", "b1", "all", "--rate=-1gbit"])
+
     def test_unknown_bed(self):
         for args in (("info", "nobed"), ("exec", "nobed", "h0", "true"),
                      ("hostfile", "nobed")):

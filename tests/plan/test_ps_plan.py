@@ -8,10 +8,14 @@ import contextlib
 import importlib.util
 import io
 import json
+import math
 import os
 import sys
+import subprocess
 import tempfile
+import time
 import unittest
+from unittest import mock
 
 sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -247,6 +251,39 @@ class ParameterServer(unittest.TestCase):
         self.assertEqual(job(layers=[MiB], worker_hosts=2, layout="beside",
                              mode="async").ps_bandwidth_times()[0], 0.0)
 
+    def test_fair_levels_match_one_filling_per_flow(self):
+        # the water-filling of the sorted demands with one flow wanting more than any, done
+        # again for each flow: fair_levels gives the same levels, bit for bit
+        def one_filling(capacity, demands):
+            left, waiting = capacity, sorted(demands)
+            for i, d in enumerate(waiting):
+                level = left / (len(waiting) - i)
+                if d >= level:
+                    return level
+                left -= d
+        for capacity, demands in ((10.0, [1.0, 2.0, 3.0]), (4.0, [3.0, 3.0, 3.0, 0.5]),
+                                  (100.0, [1.0, 2.0]), (1.0, [0.1, 0.7, 0.2, 0.9, 0.2, 5.0]),
+                                  (3.0, [1.0]), (2.5, [0.3] * 9 + [2.0, 0.1])):
+            want = [one_filling(capacity, demands[:i] + [math.inf] + demands[i + 1:])
+                    for i in range(len(demands))]
+            self.assertEqual(plan.fair_levels(capacity, demands), want, demands)
+
+    def test_drain_is_the_slowest_remote_server(self):
+        # per worker: the slowest of its servers (beside: not its own) and its own link
+        for kw in (dict(layout="own", server_hosts=3), dict(layout="beside"),
+                   dict(layout="beside", slow={1: 0.25}), dict(layout="own", slow={0: 0.5}),
+                   dict(layout="beside", server_weights=[1, 1, 0.25, 1, 2])):
+            j = job(layers=[M16, MiB, 1000], worker_hosts=5, chunk=64 * 1024, **kw)
+            last = j.placement()[1]
+            want = []
+            for w in range(5):
+                times = [max(5 * x / j.capacity(("s", s)), x / j.worker_capacity(w))
+                         if j.layout == "own" else
+                         max(4 * x / j.worker_capacity(s), x / j.worker_capacity(w))
+                         for s, x in enumerate(last) if j.layout == "own" or s != w]
+                want.append(max(times))
+            self.assertEqual(j.ps_drain(), want, kw)
+
     def test_share_only_where_every_link_is_busy(self):
         self.assertTrue(job(layers=[M16], worker_hosts=4, layout="own").balanced())
         self.assertTrue(job(layers=[M16], worker_hosts=4, layout="beside").balanced())
@@ -384,6 +421,124 @@ class Cli(unittest.TestCase):
                                   ("--overlap", "3", "--overlap 3: want a share in [0, 1]")):
             code, _, err = run_cli(*args, flag, value)
             self.assertEqual((code, err.strip()), (2, "ps-plan.py: error: " + says))
+
+    ARGS = ["predict", "--model", "16MB", "--workers", "4", "--rate", "1gbit"]
+
+    def assertRefused(self, argv, says):
+        code, out, err = run_cli(*argv)
+        self.assertEqual((code, err.strip()), (2, "ps-plan.py: error: " + says), argv)
+        self.assertEqual(out, "")
+
+    def test_compression_outside_0_1_is_refused(self):
+        for flag in ("--push-compression", "--pull-compression", "--allreduce-compression"):
+            for value, shown in (("0", "0"), ("-1", "-1"), ("-3", "-3"), ("5", "5"),
+                                 ("1.5", "1.5"), ("nan", "nan"), ("-1e-9", "-1e-09")):
+                self.assertRefused(self.ARGS + [flag, value],
+                                   f"{flag} {shown}: want a share in (0, 1]")
+            code, _, err = run_cli(*self.ARGS, flag, "0.0625")
+            self.assertEqual(code, 0, err)
+        for kw in (dict(push_ratio=0), dict(pull_ratio=-3), dict(allreduce_ratio=2)):
+            with self.assertRaises(plan.PlanError, msg=kw):
+                job(layers=[M16], worker_hosts=4, **kw)
+
+    def test_server_hosts_zero_is_refused(self):
+        # 0 means nothing: the default (as many as the workers) is the flag left out
+        for value in ("0", "-2"):
+            self.assertRefused(self.ARGS + ["--layout", "own", "--server-hosts", value],
+                               f"--server-hosts {value}: want at least 1 server host")
+        self.assertEqual(job(layers=[M16], worker_hosts=4).server_hosts, 4)
+        with self.assertRaises(plan.PlanError):
+            job(layers=[M16], worker_hosts=4, layout="own", server_hosts=0)
+
+    def test_empty_layer_is_refused(self):
+        base = ["predict", "--workers", "4", "--rate", "1gbit", "--layers"]
+        self.assertRefused(base + ["1MB,,2MB"], "--layers 1MB,,2MB: item 2 of 3 is empty: "
+                                                "want sizes, comma-separated (4MB,96MB,1MB)")
+        self.assertRefused(base + ["1MB,2MB,"], "--layers 1MB,2MB,: item 3 of 3 is empty: "
+                                                "want sizes, comma-separated (4MB,96MB,1MB)")
+        self.assertRefused(base + ["1MB,lots"], "--layers 1MB,lots: 'lots': want a size such "
+                                                "as 16MB (B, KB, MB, GB, TB; binary)")
+
+    def test_slow_host_given_twice_is_refused(self):
+        self.assertRefused(self.ARGS + ["--slow", "0=0.5", "--slow", "h0=0.25"],
+                           "--slow h0=0.25: worker host 0 is given twice (--slow 0=0.5): "
+                           "want one factor per host")
+        code, _, err = run_cli(*self.ARGS, "--slow", "0=0.5", "--slow", "1=0.25")
+        self.assertEqual(code, 0, err)
+
+    def test_many_workers_in_linear_time(self):
+        # dist_sync's drain was worker hosts x server hosts: 44 s for 10000 workers
+        for layout in ("own", "beside"):
+            start = time.monotonic()
+            code, out, err = run_cli(*self.ARGS[:4], "10000", "--rate", "1gbit", "--layout",
+                                     layout)
+            self.assertEqual(code, 0, err)
+            self.assertLess(time.monotonic() - start, 5.0, layout)
+            self.assertIn("10000 worker hosts", out)
+        # dist_async follows every connection: refused past its bound, naming the flag
+        n = plan.ASYNC_MAX_HOSTS
+        self.assertRefused(self.ARGS + ["--mode", "async", "--workers", str(n + 1)],
+                           f"--workers {n + 1}: dist_async is modelled up to {n} hosts (its "
+                           "fair rates follow every connection); want fewer, or --mode sync")
+        self.assertRefused(self.ARGS + ["--mode", "async", "--server-hosts", str(n + 1)],
+                           f"--server-hosts {n + 1}: dist_async is modelled up to {n} hosts "
+                           "(its fair rates follow every connection); want fewer, or --mode "
+                           "sync")
+        code, _, err = run_cli(*self.ARGS, "--mode", "async", "--workers", str(n))
+        self.assertEqual(code, 0, err)
+
+    def test_negative_values_name_their_flag(self):
+        for flag, value, says in (("--model", "-5MB", "'-5MB': want a positive size"),
+                                  ("--rate", "-1gbit", "'-1gbit': want a positive rate"),
+                                  ("--server-rate", "-1gbit", "'-1gbit': want a positive rate"),
+                                  ("--latency", "-1us", "'-1us': want a positive time (or 0)"),
+                                  ("--compute", "-.5", "'-.5': want a time such as 25us")):
+            for argv in (self.ARGS + [flag, value], self.ARGS + [f"{flag}={value}"]):
+                code, _, err = run_cli(*argv)
+                self.assertEqual(code, 2, argv)
+                self.assertIn(f"argument {flag}: {says}", err)
+                self.assertNotIn("expected one argument", err)
+        self.assertRefused(self.ARGS + ["--push-compression", "-1e-9"],
+                           "--push-compression -1e-09: want a share in (0, 1]")
+        # an unknown option still fails as one; what follows '--' is left alone
+        code, _, err = run_cli(*self.ARGS, "--bogus", "-5MB")
+        self.assertEqual(code, 2)
+        self.assertIn("unrecognized arguments: --bogus=-5MB", err)
+        self.assertEqual(plan.join_negative_values(["check", "--strict", "--", "-1.json"]),
+                         ["check", "--strict", "--", "-1.json"])
+
+    def test_plot_directory_is_checked_before_any_rerun(self):
+        with tempfile.TemporaryDirectory() as d, \
+                mock.patch.object(plan.subprocess, "run", side_effect=AssertionError("re-run")):
+            png = os.path.join(d, "missing", "x.png")
+            self.assertRefused(["advise", "--gpus", "16", "--plot", png],
+                               f"--plot {png}: no directory {d}/missing")
+            with mock.patch.object(plan.os, "access", return_value=False):
+                self.assertRefused(["advise", "--gpus", "16", "--plot", f"{d}/x.png"],
+                                   f"--plot {d}/x.png: cannot write in {d}")
+
+    def test_failed_plot_rerun_is_not_blamed_on_matplotlib(self):
+        # no matplotlib here: the system's python3 draws the plot, and says itself why not
+        argv = ["advise", "--model", "100MB", "--gpus", "16", "--plot", "x.png"]
+        with tempfile.TemporaryDirectory() as d, \
+                mock.patch.object(plan, "plot_advise", side_effect=ImportError), \
+                mock.patch.object(plan.subprocess, "run") as rerun:
+            system = os.path.join(d, "python3")
+            open(system, "w").close()
+            argv[-1] = os.path.join(d, "x.png")
+            with mock.patch.object(plan, "SYSTEM_PYTHON", system):
+                for child, want in ((1, (1, "")), (0, (0, ""))):
+                    rerun.return_value = subprocess.CompletedProcess([], child)
+                    code, out, err = run_cli(*argv)
+                    self.assertEqual((code, err), want)
+                    self.assertEqual(rerun.call_args[0][0][0], system)
+                self.assertIn(f"wrote {argv[-1]}", out)
+            # this is the system's python3 (or there is none): matplotlib is missing
+            for system in (sys.executable, os.path.join(d, "none")):
+                with mock.patch.object(plan, "SYSTEM_PYTHON", system):
+                    code, _, err = run_cli(*argv)
+                    self.assertEqual((code, err.strip()), (2, "ps-plan.py: error: --plot needs "
+                                                              "matplotlib (python3-matplotlib)"))
 
     def test_predict(self):
         code, out, _ = run_cli("predict", "--model", "16MB", "--workers", "4", "--layout", "own",
