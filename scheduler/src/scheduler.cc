@@ -289,12 +289,13 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
       }
       const std::string& first_type = store_types_.at(first_store_worker_);
       if (*theirs == first_type) continue;
-      return Refusal{who + " created a " + *theirs + " KVStore, an earlier worker (" +
-                         RegistrantName(nodes_[static_cast<std::size_t>(first_store_worker_)]) +
-                         ") a " + first_type +
-                         ": every worker of a job must create the same type (the type given "
-                         "to KVStore::Create; ps-train --kvstore)",
-                     true};
+      return AgainstEarlierNode(
+          who + " created a " + *theirs + " KVStore, an earlier worker (" +
+              RegistrantName(nodes_[static_cast<std::size_t>(first_store_worker_)]) + ") a " +
+              first_type +
+              ": every worker of a job must create the same type (the "
+              "type given to KVStore::Create; ps-train --kvstore)",
+          first_store_worker_);
     }
     if (mine.among == ClusterConfig::SharedSetting::Among::kAllNodes) {
       if (*theirs == mine.value) continue;
@@ -306,15 +307,28 @@ std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& nod
     if (first_data_node_ == kNoNode) continue;
     const auto first = first_data_node_settings_.find(name);
     if (first == first_data_node_settings_.end() || first->second == *theirs) continue;
-    return Refusal{who + " was started with " + name + "=" + *theirs + ", an earlier node (" +
-                       RegistrantName(nodes_[static_cast<std::size_t>(first_data_node_)]) +
-                       ") with " + name + "=" + first->second +
-                       ": servers and workers must slice keys alike, so start them with the "
-                       "same " +
-                       name,
-                   true};
+    return AgainstEarlierNode(
+        who + " was started with " + name + "=" + *theirs + ", an earlier node (" +
+            RegistrantName(nodes_[static_cast<std::size_t>(first_data_node_)]) + ") with " + name +
+            "=" + first->second +
+            ": servers and workers must slice keys alike, so start them with the same " + name,
+        first_data_node_);
   }
   return std::nullopt;
+}
+
+Scheduler::Refusal Scheduler::AgainstEarlierNode(std::string why, int earlier) const {
+  // An earlier node whose connection closed may be on its way out (vacated within
+  // kReconnectGrace): a node restarted in its place with other settings is refused, but the
+  // job does not end over a node that will not be part of it.
+  if (suspected_.contains(earlier)) {
+    return Refusal{std::move(why) +
+                       " (that node's connection has closed: if it exited, its settings go "
+                       "within " +
+                       FormatSeconds(kReconnectGrace) + ", and this node may register then)",
+                   false};
+  }
+  return Refusal{std::move(why), true};
 }
 
 std::optional<Scheduler::Refusal> Scheduler::LateJoinRefusal(const NodeInfo& node) const {
@@ -411,12 +425,10 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
 void Scheduler::Refuse(const NodeInfo& node, const Refusal& refusal) {
   ++refused_;
   if (refusal.answer == Refusal::Answer::kNoReply) {
-    LOG(WARNING) << "turned away " << RoleName(node.role) << " at " << node.host << ":" << node.port
-                 << ": " << refusal.why;
+    LOG(WARNING) << "turned away " << RegistrantName(node) << ": " << refusal.why;
     return;
   }
-  LOG(WARNING) << "refused " << RoleName(node.role) << " at " << node.host << ":" << node.port
-               << ": " << refusal.why;
+  LOG(WARNING) << "refused " << RegistrantName(node) << ": " << refusal.why;
   const int socket_id = next_reject_id_++;
   try {
     transport_->Connect(socket_id, node.host, node.port);
@@ -496,8 +508,7 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
   if (first_data_node_ == kNoNode) first_data_node_ = node.id;
   const int requested = std::exchange(node.rank, -1);
   if (vacated != vacated_.end()) {
-    LOG(WARNING) << who << " takes the place of " << RoleName(node.role) << " at "
-                 << nodes_[node.id].host << ":" << nodes_[node.id].port
+    LOG(WARNING) << who << " takes the place of " << RegistrantName(nodes_[node.id])
                  << ", which exited before the job filled up";
     const auto id = static_cast<std::size_t>(node.id);
     nodes_[id] = node;
@@ -511,8 +522,8 @@ void Scheduler::Admit(NodeInfo node, std::string_view settings) {
   }
   Send(RegisterReply(node.id, node.connection_key));
   if (config_.verbose >= 1) {
-    LOG(INFO) << RoleName(node.role) << " at " << node.host << ":" << node.port << " registered ("
-              << Registrants() << " of " << config_.num_servers + config_.num_workers << ")";
+    LOG(INFO) << RegistrantName(node) << " registered (" << Registrants() << " of "
+              << config_.num_servers + config_.num_workers << ")";
   }
   if (Registrants() == config_.num_servers + config_.num_workers) CompleteRegistration();
 }
@@ -924,7 +935,7 @@ void Scheduler::VacateClosedRegistrants(Clock::time_point now) {
     transport_->Disconnect(id);  // its process is gone; the next of its role connects anew
     ForgetSettingsOf(id);
     const NodeInfo& node = nodes_[static_cast<std::size_t>(id)];
-    LOG(WARNING) << RoleName(node.role) << " at " << node.host << ":" << node.port
+    LOG(WARNING) << RegistrantName(node)
                  << " registered, then its connection closed and did not come back within "
                  << FormatSeconds(kReconnectGrace)
                  << " (the process exited or was killed) before the job filled up: its place "

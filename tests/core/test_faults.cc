@@ -1122,7 +1122,7 @@ TEST_CASE("faults: workers that create different types of KVStore are refused, n
   }
   for (auto& worker : workers) worker.join();
   for (const std::string& error : errors) {
-    CHECK_THAT(error, Catch::Contains("KVStore, the first worker") &&
+    CHECK_THAT(error, Catch::Contains("KVStore, an earlier worker") &&
                           Catch::Contains("every worker of a job must create the same type"));
   }
   CHECK(scheduler->Wait(30s) == 1);

@@ -171,6 +171,16 @@ TEST_CASE("processes: an unknown flag, a missing value or a wrong one is a one-l
     CHECK(error({"--verbose"}) ==
           binary + ": error: flag --verbose needs a value (--verbose=VALUE)\n");
   }
+  // The scheduler's own flags, which ps-server's --help does not list, are not ignored there.
+  for (const std::string flag : {"--use_kubernetes", "--stall_timeout=5"}) {
+    auto process = Start("ps-server", JobEnv(1, 1, 0), {flag});
+    CHECK(process->Wait(10s) == 1);
+    const std::string name = flag.substr(0, flag.find('='));
+    CHECK(process->Output() ==
+          "ps-server: error: " + name + " is read by ps-scheduler only (" +
+              (name == "--use_kubernetes" ? "DMLC_USE_KUBERNETES" : "PS_STALL_TIMEOUT") +
+              "); a server would ignore it: drop it\n");
+  }
 }
 
 TEST_CASE("processes: a flag file's lines are checked as the command line is", "[processes]") {
@@ -681,9 +691,12 @@ TEST_CASE("processes: a worker that dies before the job fills up is replaced",
 
 TEST_CASE("processes: settings of a registrant that exited do not bind the job",
           "[processes][fault]") {
-  // A worker started wrongly (another bound, another store type), stopped before the job
-  // filled up and started again rightly: the job runs with the right settings, where before
-  // the gone worker's settings were the ones to match and the server was refused for them.
+  // A worker started wrongly (another bound, another store type) is killed before the job
+  // filled up. A right one that registers while the scheduler still holds the wrong one's
+  // place (its connection closed under a second ago) is refused, as it differs from that
+  // earlier node, but the job does not end over a node on its way out. Once the place is
+  // free, the wrong one's settings go with it: right nodes fill the job and it runs, where
+  // before the gone worker's settings were the ones to match and the server was refused.
   Env env = JobEnv(1, 2, 0);
   env["PS_VERBOSE"] = "1";
   auto [scheduler, port] = StartSchedulerFor(env);
@@ -692,18 +705,57 @@ TEST_CASE("processes: settings of a registrant that exited do not bind the job",
   auto doomed = Start("ps-kvstore-check", wrong, {"--type", "dist_async"});
   REQUIRE(doomed->WaitForOutput("waiting for the job to fill up", 20s));
   doomed->Kill(SIGKILL);
-  REQUIRE(
-      scheduler->WaitForOutput("before the job filled up: its place goes to the next worker", 10s));
+  REQUIRE(scheduler->WaitForOutput("closed: it is declared dead unless it is back within", 10s));
+  auto early = Start("ps-kvstore-check", env, {"--rounds", "3"});
+  CHECK(early->Wait(30s) == 1);
+  const std::string freed = "before the job filled up: its place goes to the next worker";
+  REQUIRE(scheduler->WaitForOutput(freed, 10s));
   auto server = Start("ps-server", env);
   auto first = Start("ps-kvstore-check", env, {"--rounds", "3"});
   auto second = Start("ps-kvstore-check", env, {"--rounds", "3"});
-  INFO(scheduler->Output() + server->Output() + first->Output() + second->Output());
+  INFO(scheduler->Output() + early->Output() + server->Output() + first->Output() +
+       second->Output());
   CHECK(first->Wait(30s) == 0);
   CHECK(second->Wait(30s) == 0);
   CHECK(server->Wait(15s) == 0);
   CHECK(scheduler->Wait(15s) == 0);
-  CHECK_THAT(scheduler->Output(),
+  CHECK_THAT(early->Output(), Catch::Contains("an earlier") &&
+                                  Catch::Contains("that node's connection has closed"));
+  const std::string after = scheduler->Output().substr(scheduler->Output().find(freed));
+  CHECK_THAT(after,
              !Catch::Contains("MXNET_KVSTORE_BIGARRAY_BOUND=5") && !Catch::Contains("dist_async"));
+}
+
+TEST_CASE("processes: a vacated registrant's settings pass to the next registered node",
+          "[processes][fault]") {
+  // The first worker, the reference of the job's settings and store type, exits before the
+  // job filled up: the next one still registered becomes the reference, and a wrong worker is
+  // refused naming it (the server for the key slicing, the other worker for the type).
+  for (const bool type : {false, true}) {
+    INFO((type ? "store type" : "key slicing"));
+    Env env = JobEnv(1, 3, 0);
+    env["PS_VERBOSE"] = "1";
+    auto [scheduler, port] = StartSchedulerFor(env);
+    auto gone = Start("ps-kvstore-check", env, {"--rounds", "3"});
+    REQUIRE(gone->WaitForOutput("waiting for the job to fill up", 20s));
+    auto reference =
+        type ? Start("ps-kvstore-check", env, {"--rounds", "3"}) : Start("ps-server", env);
+    REQUIRE(scheduler->WaitForOutput("registered (2 of 4)", 20s));
+    gone->Kill(SIGKILL);
+    REQUIRE(scheduler->WaitForOutput("before the job filled up: its place goes to the next", 10s));
+    Env wrong = env;
+    if (!type) wrong["MXNET_KVSTORE_BIGARRAY_BOUND"] = "5";
+    auto refused = Start("ps-kvstore-check", wrong,
+                         {"--rounds", "3", "--type", type ? "dist_async" : "dist_sync"});
+    CHECK(refused->Wait(30s) == 1);
+    // A live node disagrees: the job cannot run as started, and the registered nodes are told.
+    const auto status = reference->Wait(15s);
+    INFO(scheduler->Output() + refused->Output() + reference->Output());
+    CHECK(status == 1);
+    const std::string earlier =
+        type ? "an earlier worker (worker at 127.0.0.1:" : "an earlier node (server at 127.0.0.1:";
+    CHECK_THAT(refused->Output(), Catch::Contains(earlier));
+  }
 }
 
 TEST_CASE("processes: garbage sent to the scheduler's port does not disturb the job",

@@ -94,6 +94,9 @@ class Scheduler {
   // they do not.
   std::optional<Refusal> SettingsRefusal(const NodeInfo& node, std::string_view settings) const
       PS_REQUIRES(mu_);
+  // The refusal of a node whose settings differ from `earlier`'s: it ends the job, unless
+  // `earlier`'s connection closed (it may be gone within kReconnectGrace).
+  Refusal AgainstEarlierNode(std::string why, int earlier) const PS_REQUIRES(mu_);
   // Counts and logs why `node` is turned away, tells it when a reply can reach it (kReply),
   // and fails the registration when the refusal ends the job.
   void Refuse(const NodeInfo& node, const Refusal& refusal) PS_REQUIRES(mu_);
