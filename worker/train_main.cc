@@ -212,7 +212,9 @@ int main(int argc, char** argv) {
 
   try {
     CheckFloat32Flags();
-    if (const char* local_rank = std::getenv("PS_LOCAL_RANK"); local_rank != nullptr) {
+    // Empty means unset, as for every other variable.
+    if (const char* local_rank = std::getenv("PS_LOCAL_RANK");
+        local_rank != nullptr && *local_rank != '\0') {
       config.local_rank = ParseLocalRank(local_rank);
     }
     // Flags first, so a typo fails fast on every role; then the store (servers and the

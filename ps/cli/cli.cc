@@ -374,6 +374,15 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
   gflags::SetUsageMessage(usage);
   ParseFlags(argc, argv);
   RejectArguments(*argc, *argv);
+  // A flag of another role's would be taken and ignored: its --help does not list it.
+  for (const auto& [variable, name] : ClusterFlags()) {
+    if (role == Role::kScheduler || !SchedulerOnly(name) ||
+        gflags::GetCommandLineFlagInfoOrDie(name.c_str()).is_default) {
+      continue;
+    }
+    Die(ProgramName((*argv)[0]), "--" + name + " is read by ps-scheduler only (" + variable +
+                                     "); a " + RoleName(role) + " would ignore it: drop it");
+  }
   internal::SetUpLogging((*argv)[0]);
 }
 

@@ -87,7 +87,8 @@ server_failure)
 bad_flags)
   # A --json path that cannot be written is refused before the run, not found out after it.
   for args in "--sizes=3B" "--modes=local" "--ops=push,fly" "--workers=0" "--servers=17" "--transports=udp" \
-    "--min-iterations=10 --max-iterations=5" "--warmup=0" "--json=/nonexistent/dir/run.json" \
+    "--min-iterations=10 --max-iterations=5" "--warmup=0" "--warmup=-2" "--workers=1,,2" \
+    "--ops=push,,pull" "--ps=false --raw=false" "--json=/nonexistent/dir/run.json" \
     "--json=$out"; do
     # shellcheck disable=SC2086
     message=$(timeout 20 "$tool" $args 2>&1)

@@ -16,6 +16,12 @@ std::vector<std::string> ParseList(const std::string& text) {
   while (std::getline(stream, item, ',')) {
     item.erase(0, item.find_first_not_of(" \t"));
     item.erase(item.find_last_not_of(" \t") + 1);
+    // "1,,2" is a typo, not the list 1,2; a blank list is the caller's to judge.
+    if (item.empty() && text.find_first_not_of(" \t") != std::string::npos) {
+      throw std::invalid_argument("'" + text +
+                                  "' has an empty item: want items separated by "
+                                  "single commas");
+    }
     if (!item.empty()) items.push_back(item);
   }
   return items;

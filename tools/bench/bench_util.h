@@ -29,7 +29,8 @@ inline double SecondsSince(Clock::time_point start) {
 std::vector<std::size_t> ParseSizes(const std::string& text);
 // "1,2,4" -> {1, 2, 4}, each in [min, max]; throws std::invalid_argument.
 std::vector<int> ParseInts(const std::string& text, int min, int max);
-// "a,b" -> {"a", "b"} (empty items dropped).
+// "a,b" -> {"a", "b"}; a blank text -> {}; an empty item ("a,,b") throws
+// std::invalid_argument.
 std::vector<std::string> ParseList(const std::string& text);
 // Comma-joined, the inverse of the parsers above ("4B,16MB" for sizes).
 std::string JoinSizes(const std::vector<std::size_t>& sizes);

@@ -686,7 +686,12 @@ bool IsDefault(const char* flag) { return gflags::GetCommandLineFlagInfoOrDie(fl
 
 std::vector<std::string> CheckedList(const std::string& flag, const std::string& text,
                                      const std::set<std::string>& accepted) {
-  std::vector<std::string> items = ParseList(text);
+  std::vector<std::string> items;
+  try {
+    items = ParseList(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("--" + flag + ": " + e.what());
+  }
   if (items.empty()) throw std::invalid_argument("--" + flag + " is empty");
   for (const std::string& item : items) {
     if (!accepted.contains(item)) {
@@ -741,6 +746,9 @@ Settings ReadSettings() {
   }
   s.run_ps = FLAGS_ps;
   s.run_raw = FLAGS_raw;
+  if (!s.run_ps && !s.run_raw) {
+    throw std::invalid_argument("--ps=false with --raw=false leaves nothing to measure: keep one");
+  }
   s.mpi = pick("mpi", FLAGS_mpi, "off");
   if (s.mpi != "auto" && s.mpi != "on" && s.mpi != "off") {
     throw std::invalid_argument("--mpi: expected auto, on or off, got '" + s.mpi + "'");
@@ -766,7 +774,9 @@ Settings ReadSettings() {
   if (s.calibration.fixed_iterations < 0 || s.calibration.fixed_iterations > kMostIterations) {
     throw std::invalid_argument("--iterations: expected 0.." + std::to_string(kMostIterations));
   }
-  if (s.calibration.warmup > 1000) throw std::invalid_argument("--warmup: at most 1000");
+  if (s.calibration.warmup < -1 || s.calibration.warmup > 1000) {
+    throw std::invalid_argument("--warmup: expected -1 (about 128 MB of traffic) or 0..1000");
+  }
   if (s.calibration.warmup == 0 && s.calibration.fixed_iterations == 0) {
     throw std::invalid_argument("--warmup=0 needs --iterations: the calibration times the warm-up");
   }
