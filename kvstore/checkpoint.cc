@@ -437,6 +437,12 @@ std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& m
   return RemoveUnlistedDataFiles(dir, manifest, progress);
 }
 
+void WriteTextFile(const std::string& dir, const std::string& name, std::string_view text) {
+  AtomicFile file(dir, name);
+  file.Write(text.data(), text.size());
+  file.Commit();
+}
+
 std::string ReadManifestText(const std::string& dir) {
   const std::string path = dir + "/" + kManifestName;
   struct stat status {};

@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ps/kvstore.h"
@@ -91,6 +92,12 @@ struct Manifest {
 std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& manifest,
                                        const IoProgress& progress = {});
 std::string ReadManifestText(const std::string& dir);
+
+// `text` as `dir`/`name`, whole or not at all, also after a power loss: the way the data files
+// and the MANIFEST are written (a temporary file in `dir`, flushed, renamed over `name`, the
+// directory flushed); for the small files beside a checkpoint (ps-train's LATEST, TRAINING).
+// Throws ps::Error naming the file and the system's reason.
+void WriteTextFile(const std::string& dir, const std::string& name, std::string_view text);
 
 // The saved records of several files, by key, from which a slice of any layout is assembled.
 class Index {

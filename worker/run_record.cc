@@ -7,7 +7,7 @@
 #include <map>
 #include <sstream>
 
-#include "worker/durable_file.h"
+#include "kvstore/checkpoint.h"
 #include "worker/errors.h"
 
 namespace ps::worker {
@@ -74,7 +74,7 @@ bool HasMomentumBuffers(const RunRecord& r) {
 void WriteRunRecord(const std::string& epoch_dir, const RunRecord& record) {
   std::string text;
   for (const auto& [key, value] : Fields(record)) text += key + ' ' + value + '\n';
-  WriteFileDurably(Path(epoch_dir), text);
+  checkpoint::WriteTextFile(epoch_dir, kRunRecordName, text);
 }
 
 std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {

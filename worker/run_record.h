@@ -42,8 +42,8 @@ struct RunRecord {
 
 inline constexpr const char* kRunRecordName = "TRAINING";
 
-// Writes epoch_dir/TRAINING (WriteFileDurably: whole or not at all). Throws
-// std::runtime_error naming the file.
+// Writes epoch_dir/TRAINING (checkpoint::WriteTextFile: whole or not at all). Throws
+// ps::Error naming the file.
 void WriteRunRecord(const std::string& epoch_dir, const RunRecord& record);
 // epoch_dir/TRAINING, or nullopt when there is none. Throws ConfigError when it cannot be
 // read or parsed.

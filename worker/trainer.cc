@@ -15,8 +15,8 @@
 #include <string>
 #include <string_view>
 
+#include "kvstore/checkpoint.h"
 #include "worker/device.h"
-#include "worker/durable_file.h"
 #include "worker/errors.h"
 #include "worker/run_record.h"
 
@@ -279,7 +279,7 @@ constexpr const char* kLatestName = "LATEST";
 // checkpoint_dir/LATEST names the newest complete checkpoint ("epoch-N"). Written after the
 // checkpoint itself, by rename, so it never names a checkpoint that is not whole.
 void WriteLatest(const std::string& dir, int epoch) {
-  WriteFileDurably(dir + "/" + kLatestName, "epoch-" + std::to_string(epoch) + "\n");
+  checkpoint::WriteTextFile(dir, kLatestName, "epoch-" + std::to_string(epoch) + "\n");
 }
 
 // The epochs the checkpoint LATEST names has finished; throws, saying which, when LATEST is

@@ -2,10 +2,12 @@
 // named, and a resume that cannot go on from the checkpoint is refused naming the flag.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include "kvstore/checkpoint.h"
 #include "tests/worker/test_util.h"
-#include "worker/durable_file.h"
 #include "worker/errors.h"
 #include "worker/run_record.h"
 
@@ -75,15 +77,16 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
 TEST_CASE("a durable file replaces the old one whole, or says why it cannot", "[run_record]") {
   testing::TempDir dir;
   const std::string path = dir.file("LATEST");
-  WriteFileDurably(path, "epoch-1\n");
-  WriteFileDurably(path, "epoch-2\n");
+  checkpoint::WriteTextFile(dir.path(), "LATEST", "epoch-1\n");
+  checkpoint::WriteTextFile(dir.path(), "LATEST", "epoch-2\n");
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(text == "epoch-2\n");
-  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
-  CHECK_THROWS_WITH(
-      WriteFileDurably(dir.file("missing/LATEST"), "x"),
-      "cannot write " + dir.file("missing/LATEST.tmp") + ": No such file or directory");
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                      std::filesystem::directory_iterator()) == 1);  // no temporary file left
+  CHECK_THROWS_WITH(checkpoint::WriteTextFile(dir.file("missing"), "LATEST", "x"),
+                    Catch::StartsWith("cannot create " + dir.file("missing/.LATEST.tmp.")) &&
+                        Catch::EndsWith(": No such file or directory"));
 }
 
 TEST_CASE("run record: a resume the checkpoint cannot carry is refused, naming the flag",
