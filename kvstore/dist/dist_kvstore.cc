@@ -618,6 +618,7 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
     // Every server reads and checks its slices first; none changes one unless all of them
     // can (a key missing from the checkpoint fails the load with the model as it was).
+    const std::size_t events = runtime_->server_event_count();
     SendToLiveServers(request);
     request.manifest.clear();  // the later steps use what each server staged
     try {
@@ -635,6 +636,20 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
     }
     request.load_step = kv::LoadStep::kApply;
     SendToLiveServers(request);
+    try {
+      WaitAll();
+    } catch (const ServerLost&) {
+      throw;
+    } catch (const Error&) {
+      // A server that heard of a death or a join since it read its slices refuses to apply
+      // them, where the others may have applied theirs. Once this worker hears of it too,
+      // RunOverLiveServers runs the load again on the servers as they are: every key is
+      // loaded anew.
+      if (replicated_) {
+        runtime_->AwaitServerEventsBeyond(events, runtime_->config().heartbeat_timeout);
+      }
+      throw;
+    }
   });
 }
 

@@ -467,6 +467,9 @@ class KVServerStore {
     std::string path;
     std::map<SliceId, checkpoint::Index::Slice> slices;
   };
+  // Dropped when a server dies or joins (membership_ changes): the slices this server serves,
+  // and which replicas hold copies, may differ then, and the apply is refused as none is
+  // staged; worker 0 runs the load again on the servers as they are.
   std::optional<StagedLoad> staged_load_;
   std::unique_ptr<Optimizer> optimizer_;
   compression::Settings compression_;  // SetGradientCompression's; none until set

@@ -148,23 +148,27 @@ void KVServerStore::StageLoad(const Meta& meta, const kv::Request& request) {
 
 void KVServerStore::ApplyLoad(const Meta& meta, const kv::Request& request) {
   const std::string server = "server " + std::to_string(runtime_.rank());
-  // Every slice this server serves must have its staged value: one it took over or was sent
-  // since the stage (a server died or joined between the steps) fails the step, and worker 0
-  // runs the whole load again on the servers as they are now (a replica's copy that missed it
-  // gets its primary's value below).
+  // A server that died or joined since the stage dropped what this server staged (the slices
+  // it serves may differ now), as did one that held nothing then: nothing changes here, and
+  // worker 0 runs the whole load again once it heard of the change (a replica's copy that
+  // missed the load gets its primary's value below).
   std::optional<StagedLoad> staged = std::move(staged_load_);
   staged_load_.reset();
+  const bool holds_any = !slices_.empty();
+  if ((!staged && holds_any) || (staged && staged->path != request.path)) {
+    runtime_.ReplyError(meta, server + ": servers died or joined since it read " + request.path +
+                                  ": the load runs again on the servers as they are now");
+    return;
+  }
   for (const auto& [id, slice] : slices_) {
-    if (!Serves(slice) || (staged && staged->path == request.path && staged->slices.count(id))) {
-      continue;
-    }
+    if (!Serves(slice) || staged->slices.count(id)) continue;
     runtime_.ReplyError(meta, server + ": " + KeyText(id.first) + ": not read from " +
                                   request.path +
                                   " (the server came to serve it after the load began)");
     return;
   }
   std::vector<Slice*> served;
-  if (staged) {
+  if (staged) {  // else this server holds nothing
     for (auto& [id, assembled] : staged->slices) {
       const auto it = slices_.find(id);
       if (it == slices_.end()) continue;  // dropped meanwhile: nothing to load into

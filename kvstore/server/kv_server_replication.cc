@@ -373,6 +373,7 @@ void KVServerStore::OnServerDead(const NodeInfo& peer) {
   }
   ring_.MarkDead(peer.rank);
   ++membership_;
+  staged_load_.reset();  // read for the servers as they were: its apply would be refused
   ForgetAnnouncements();
   // Segments the dead server shared with this one (as its replica): mapped until the requests
   // that reference them are done.
@@ -423,6 +424,7 @@ void KVServerStore::OnServerJoined(const NodeInfo& peer) {
   }
   ring_.MarkJoined(peer.rank);
   ++membership_;
+  staged_load_.reset();  // read for the servers as they were: its apply would be refused
   ForgetAnnouncements();
   const int me = runtime_.rank();
   if (peer.id == runtime_.id()) {  // this server: it serves nothing yet

@@ -268,6 +268,15 @@ int Runtime::ServerId(int rank) const {
   throw Error("no server with rank " + std::to_string(rank));
 }
 
+bool Runtime::AwaitServerEventsBeyond(std::size_t count, std::chrono::milliseconds limit) {
+  const auto deadline = SteadyClock::now() + limit;
+  MutexLock lock(mu_);
+  while (server_events_.size() <= count && !terminated_) {
+    if (!changed_.WaitUntil(mu_, deadline) && SteadyClock::now() >= deadline) break;
+  }
+  return server_events_.size() > count;
+}
+
 std::vector<Runtime::ServerEvent> Runtime::ServerEvents(std::size_t from) const {
   MutexLock lock(mu_);
   if (from >= server_events_.size()) return {};
@@ -558,6 +567,7 @@ void Runtime::OnNodeDead(const NodeInfo& dead) {
     if (dead.role == Role::kServer) {
       server_events_.push_back(ServerEvent{dead.rank, dead.id, false});
       server_event_count_.store(server_events_.size());
+      changed_.NotifyAll();
     }
   }
   if (dead.role == self_.role && dead.rank == self_.rank) {
@@ -627,6 +637,7 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
     }
     server_events_.push_back(ServerEvent{node.rank, node.id, true});
     server_event_count_.store(server_events_.size());
+    changed_.NotifyAll();
   }
   if (node.id != self_.id) {
     PS_LOG(WARNING) << node.Describe() << " joined the job in the place of a dead server";

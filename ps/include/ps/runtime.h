@@ -74,6 +74,9 @@ class Runtime {
   };
   std::vector<ServerEvent> ServerEvents(std::size_t from = 0) const;
   std::size_t server_event_count() const { return server_event_count_.load(); }
+  // Waits until this node has heard of more than `count` server deaths and joins, the job
+  // ended, or `limit` passed; whether it heard of more.
+  bool AwaitServerEventsBeyond(std::size_t count, std::chrono::milliseconds limit);
   // The server deaths and joins whose requests waiting on the servers concerned have failed and
   // whose peer handler has run (server_event_count() is raised before): a KVStore request sent
   // with this count is behind every request a failure callback sent again to another server.
