@@ -19,7 +19,10 @@ int RunScheduler(const ClusterConfig& config) {
   Scheduler scheduler(config);
   scheduler.PrintListeningLine();
   const int status = scheduler.Run();
-  if (status != 0) std::cerr << "ps-scheduler: error: " << scheduler.failure() << std::endl;
+  if (status != 0) {
+    internal::FlushStderrLog();  // the log lines before it, then the last word
+    std::cerr << "ps-scheduler: error: " << scheduler.failure() << std::endl;
+  }
   return status;
 }
 

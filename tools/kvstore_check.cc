@@ -23,6 +23,7 @@
 
 #include "ps/cli/cli.h"
 #include "ps/kvstore.h"
+#include "ps/src/stderr_log.h"
 
 DEFINE_string(type, "dist_sync", "KVStore type: local, dist_sync or dist_async");
 DEFINE_int32(rounds, 20, "Push/pull rounds");
@@ -51,6 +52,7 @@ namespace {
     kv.reset();
   }
   std::fflush(stdout);  // its progress lines first
+  ps::internal::FlushStderrLog();
   std::fprintf(stderr, "ps-kvstore-check: error: %s\n", message.c_str());
   std::exit(1);
 }

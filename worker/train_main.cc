@@ -210,6 +210,7 @@ int main(int argc, char** argv) {
   config.compression_threshold = static_cast<float>(FLAGS_compression_threshold);
   config.pull_compression = FLAGS_pull_compression;
 
+  std::string error;  // the caught failure's words
   try {
     CheckFloat32Flags();
     // Empty means unset, as for every other variable.
@@ -242,13 +243,15 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const ps::worker::DataError& e) {
-    std::fprintf(stderr, "ps-train: error: %s (check --data-dir)\n", e.what());
+    error = std::string(e.what()) + " (check --data-dir)";
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "ps-train: error: out of memory for the data set, the model or its buffers: "
-                 "lower --batch-size or --num-examples, or give the process more memory\n");
+    error =
+        "out of memory for the data set, the model or its buffers: lower --batch-size or "
+        "--num-examples, or give the process more memory";
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ps-train: error: %s\n", e.what());
+    error = e.what();
   }
+  ps::internal::FlushStderrLog();  // the log lines before it, then the last word
+  std::fprintf(stderr, "ps-train: error: %s\n", error.c_str());
   return 1;
 }

@@ -12,6 +12,7 @@
 
 #include "ps/mutex.h"
 #include "ps/src/internal.h"
+#include "ps/src/stderr_log.h"
 #include "ps/thread_annotations.h"
 
 namespace ps {
@@ -1001,7 +1002,7 @@ int RunServer(const ClusterConfig& config) {
     LOG(ERROR) << "server " << rank
                << ": its receive thread is held in a slow call; exiting without it";
     if (runtime->receive_thread_stuck()) runtime->AwaitSchedulerGone(config.heartbeat_timeout);
-    google::FlushLogFiles(google::GLOG_INFO);
+    internal::FlushStderrLog();  // _Exit runs no atexit handler
     std::fflush(nullptr);
     std::_Exit(1);
   }
@@ -1011,6 +1012,7 @@ int RunServer(const ClusterConfig& config) {
     const std::string self = "server " + std::to_string(rank);
     const bool named = failure.starts_with(self + ":") || failure.starts_with(self + " ");
     // The process's last word, as every role's fatal error is: "ps-server: error: ...".
+    internal::FlushStderrLog();
     std::cerr << "ps-server: error: " << (named ? failure : self + ": " + failure) << std::endl;
     return 1;
   }

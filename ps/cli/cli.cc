@@ -418,6 +418,7 @@ ClusterConfig ReadClusterConfig(Role role) {
 }
 
 void Die(const std::string& program, const std::string& message) {
+  internal::FlushStderrLog();  // the log lines before it, then the last word
   std::fprintf(stderr, "%s: error: %s\n", program.c_str(), message.c_str());
   std::fflush(stderr);
   std::exit(1);

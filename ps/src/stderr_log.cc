@@ -1,6 +1,8 @@
 #include "ps/src/stderr_log.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,13 +17,28 @@ namespace {
 // How long an exiting process waits for its queued log lines (a reader that stopped for good
 // must not hold the exit).
 constexpr std::chrono::seconds kExitFlush{3};
-// How long glog's FATAL line waits for the lines before it.
+// How long glog's FATAL line waits for the lines before it, and how long the process may
+// take to abort after it (SIGALRM ends it then).
 constexpr std::chrono::seconds kFatalFlush{2};
+constexpr unsigned kFatalDeadline = 10;
+
+// `fd`'s pipe opened again, as a description of its own with O_NONBLOCK (set on `fd` itself,
+// it would reach every process that shares the pipe); -1 when `fd` is no pipe (a file opened
+// again would start at offset 0).
+int NonBlockingPipe(int fd) {
+  struct stat status {};
+  if (::fstat(fd, &status) != 0 || !S_ISFIFO(status.st_mode)) return -1;
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  return ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+}
 
 }  // namespace
 
 LogWriter::LogWriter(int fd, std::size_t max_queued_bytes)
-    : fd_(fd), max_queued_bytes_(max_queued_bytes), thread_([this] { Run(); }) {}
+    : fd_(fd),
+      nonblocking_(NonBlockingPipe(fd)),
+      max_queued_bytes_(max_queued_bytes),
+      thread_([this] { Run(); }) {}
 
 LogWriter::~LogWriter() {
   {
@@ -32,12 +49,22 @@ LogWriter::~LogWriter() {
   thread_.join();  // Run writes what is queued first
 }
 
-bool LogWriter::WritableNow(std::size_t bytes) const {
-  // A pipe takes PIPE_BUF bytes at once whenever poll says it is writable; longer lines, and
-  // anything while the pipe is full, go through the queue.
-  if (bytes > PIPE_BUF) return false;
+bool LogWriter::TryWriteNow(std::string_view line) const {
+  // Longer lines could be written in part: they go through the queue, whole.
+  if (line.size() > PIPE_BUF) return false;
+  if (nonblocking_.get() >= 0) {
+    for (;;) {
+      const ssize_t n = ::write(nonblocking_.get(), line.data(), line.size());
+      if (n < 0 && errno == EINTR) continue;
+      // Up to PIPE_BUF bytes go into a pipe whole or not at all (EAGAIN: it is full).
+      return n >= 0 || errno != EAGAIN;
+    }
+  }
+  // A file, a terminal: poll says whether there is room.
   pollfd out{fd_, POLLOUT, 0};
-  return ::poll(&out, 1, 0) == 1 && (out.revents & POLLOUT) != 0;
+  if (::poll(&out, 1, 0) != 1 || (out.revents & POLLOUT) == 0) return false;
+  WriteFully(line);
+  return true;
 }
 
 void LogWriter::WriteFully(std::string_view text) const {
@@ -49,14 +76,12 @@ void LogWriter::WriteFully(std::string_view text) const {
   }
 }
 
-void LogWriter::Write(std::string_view line) {
+void LogWriter::Write(std::string_view line, bool important) {
   MutexLock lock(mu_);
   // Written here only when nothing is ahead of it, so the order stays the order of the calls.
-  if (queue_.empty() && !writing_ && WritableNow(line.size())) {
-    WriteFully(line);
-    return;
-  }
-  if (queued_bytes_ + line.size() > max_queued_bytes_) {
+  if (queue_.empty() && !writing_ && TryWriteNow(line)) return;
+  const std::size_t bound = important ? kImportantFactor * max_queued_bytes_ : max_queued_bytes_;
+  if (queued_bytes_ + line.size() > bound) {
     ++dropped_;
     ++dropped_unreported_;
     return;
@@ -85,7 +110,7 @@ void LogWriter::Run() {
       WriteFully("ps: " + std::to_string(dropped) +
                  " log line(s) dropped: nothing read this process's stderr for a while (a "
                  "stopped launcher or terminal?), and the lines waiting for it filled " +
-                 std::to_string(max_queued_bytes_ >> 20) + " MiB\n");
+                 std::to_string(max_queued_bytes_ >> 10) + " KiB (warnings and errors kept)\n");
     }
     lock.Lock();
     queued_bytes_ -= written;
@@ -131,10 +156,17 @@ void StderrLogSink::send(google::LogSeverity severity, const char* full_filename
   static_cast<void>(full_filename);
   std::string text = ToString(severity, base_filename, line, time, message, message_len);
   text += '\n';
-  ProcessStderrWriter().Write(text);
-  // glog aborts after a FATAL line: it and the lines before it get out first, if they can.
-  if (severity == google::GLOG_FATAL) ProcessStderrWriter().Flush(kFatalFlush);
+  ProcessStderrWriter().Write(text, severity >= google::GLOG_WARNING);
+  if (severity == google::GLOG_FATAL) {
+    // glog aborts after a FATAL line: it and the lines before it get out first, if they can.
+    ProcessStderrWriter().Flush(kFatalFlush);
+    // glog then writes its stack trace to stderr itself, blocking: a reader that stopped must
+    // not keep a failed process alive (its other threads would go on heartbeating).
+    ::alarm(kFatalDeadline);
+  }
 }
+
+void FlushStderrLog(std::chrono::milliseconds limit) { ProcessStderrWriter().Flush(limit); }
 
 StderrLogSink& ProcessStderrSink() {
   alignas(StderrLogSink) static unsigned char storage[sizeof(StderrLogSink)];
@@ -146,6 +178,7 @@ void SetUpLogging(const char* program) {
   // glog writes nowhere itself (no file for any severity, nothing straight to stderr): every
   // line goes through the sink, which never blocks the thread that logs.
   FLAGS_logtostderr = false;
+  FLAGS_logtostdout = false;
   FLAGS_alsologtostderr = false;
   FLAGS_stderrthreshold = google::NUM_SEVERITIES;
   google::InitGoogleLogging(program);

@@ -6,10 +6,13 @@
 // message). A plain write to a pipe whose reader stopped reading (a launcher stopped by Ctrl-Z
 // or SIGSTOP, a paused terminal, `| less` at a full screen) blocks, and with it glog's
 // process-wide lock: every thread that logs stops, heartbeats too, and the scheduler declares
-// a healthy node dead. So LogWriter writes a line at once only when that cannot block (no
-// line queued, and the pipe has room for it); otherwise a thread of its own writes it, from a
-// queue of at most kMaxQueuedBytes, beyond which lines are dropped and counted, and a line
-// says how many once the output moves again. Order is kept.
+// a healthy node dead. So LogWriter writes a line at once only when that cannot block: with no
+// line queued, through a non-blocking description of its own when the output is a pipe (a
+// write of at most PIPE_BUF bytes then goes whole or not at all, whoever else writes into the
+// pipe), else when poll says there is room. Otherwise a thread of its own writes it, from a
+// queue of at most kMaxQueuedBytes, beyond which informational lines are dropped and counted
+// (warnings and errors are kept), and a line says how many once the output moves again.
+// Order is kept.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include <glog/logging.h>
 
 #include "ps/mutex.h"
+#include "ps/src/scoped_fd.h"
 #include "ps/thread_annotations.h"
 
 namespace ps::internal {
@@ -36,8 +40,11 @@ class LogWriter {
   LogWriter(const LogWriter&) = delete;
   LogWriter& operator=(const LogWriter&) = delete;
 
-  // A whole line (its '\n' included). Never waits for the reader.
-  void Write(std::string_view line);
+  // A whole line (its '\n' included). Never waits for the reader. An `important` line (a
+  // warning or an error: what the job's end is read from) is queued past the bound, up to
+  // kImportantFactor times it.
+  void Write(std::string_view line, bool important = false);
+  static constexpr std::size_t kImportantFactor = 4;
   // Waits up to `limit` for every queued line to be written; whether they were.
   bool Flush(std::chrono::milliseconds limit);
   // Lines dropped so far because the queue was full.
@@ -45,11 +52,14 @@ class LogWriter {
 
  private:
   void Run();
-  // Whether `bytes` can be written to fd_ now without blocking.
-  bool WritableNow(std::size_t bytes) const;
+  // Writes `line` now if that cannot block; whether it did (or the output is broken).
+  bool TryWriteNow(std::string_view line) const;
   void WriteFully(std::string_view text) const;
 
   const int fd_;
+  // fd_'s pipe opened anew, non-blocking (the caller's description is left as it is); -1 when
+  // fd_ is no pipe.
+  ScopedFd nonblocking_;
   const std::size_t max_queued_bytes_;
   mutable Mutex mu_;
   CondVar changed_;  // a line queued, the queue written, or stopping
@@ -76,6 +86,11 @@ class StderrLogSink final : public google::LogSink {
 // The process's stderr sink; never destroyed (threads may log while the process exits). Its
 // writer flushes when the process exits (std::atexit), for at most a few seconds.
 StderrLogSink& ProcessStderrSink();
+
+// Waits up to `limit` for the lines the process's stderr writer still holds: before a
+// process's last words go straight to stderr, or before it exits without running its atexit
+// handlers (std::_Exit).
+void FlushStderrLog(std::chrono::milliseconds limit = std::chrono::seconds(3));
 
 // Sets glog up for a program that owns its process (ps-scheduler, ps-server, ps-train, a role
 // run by KVStore::Create): every line through ProcessStderrSink, none to files.

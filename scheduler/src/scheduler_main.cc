@@ -6,6 +6,7 @@
 #include "ps/error.h"
 #include "ps/mutex.h"
 #include "ps/scheduler.h"
+#include "ps/src/stderr_log.h"
 #include "ps/thread_annotations.h"
 
 int main(int argc, char** argv) {
@@ -48,7 +49,10 @@ int main(int argc, char** argv) {
       target.ended = true;
     }
     // The one report of a failure: the Scheduler hands it back and does not log it.
-    if (status != 0) std::fprintf(stderr, "ps-scheduler: error: %s\n", scheduler.failure().c_str());
+    if (status != 0) {
+      ps::internal::FlushStderrLog();  // the log lines before it, then the last word
+      std::fprintf(stderr, "ps-scheduler: error: %s\n", scheduler.failure().c_str());
+    }
     return status;
   } catch (const ps::Error& e) {
     ps::cli::Die("ps-scheduler", e.what());

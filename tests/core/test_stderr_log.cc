@@ -97,18 +97,26 @@ TEST_CASE("log writer: a reader that stops reading never holds the thread that l
   logger.join();
   CHECK(done);
   CHECK(writer.dropped() > 0);
+  // A warning or an error still waits for the reader: the job's end is read from those.
+  const std::uint64_t dropped = writer.dropped();
+  const std::string important = "W an important line\n";
+  writer.Write(important, true);
+  CHECK(writer.dropped() == dropped);
   CHECK_FALSE(writer.Flush(std::chrono::milliseconds(50)));  // the reader is still away
   const std::string text = pipe.Drain(writer);
   // What got out is the first lines in order, then the note of how many were dropped.
-  const std::string note = "ps: " + std::to_string(writer.dropped()) +
+  const std::string note = "ps: " + std::to_string(dropped) +
                            " log line(s) dropped: nothing read this process's stderr for a while";
   const auto at = text.find(note);
   REQUIRE(at != std::string::npos);
+  REQUIRE(at >= important.size());
+  CHECK(text.substr(at - important.size(), important.size()) == important);
+  const auto lines_end = at - important.size();
   std::string expected;
-  for (int i = 0; expected.size() < at; ++i) expected += Line(i);
-  CHECK(text.substr(0, at) == expected);
+  for (int i = 0; expected.size() < lines_end; ++i) expected += Line(i);
+  CHECK(text.substr(0, lines_end) == expected);
   // Every line was written or counted, and no more waited than the pipe and the bound hold.
-  CHECK(expected.size() + writer.dropped() * Line(0).size() == kLines * Line(0).size());
+  CHECK(expected.size() + dropped * Line(0).size() == kLines * Line(0).size());
   CHECK(expected.size() <= (64 << 10) + kBound);
   // The reader is back: lines are written as they come again.
   writer.Write("after\n");
