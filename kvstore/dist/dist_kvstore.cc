@@ -640,6 +640,8 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
       WaitAll();
     } catch (const ServerLost&) {
       throw;
+    } catch (const ConnectionReset&) {
+      throw;  // RunOverLiveServers runs it again as it is
     } catch (const Error&) {
       // A server that heard of a death or a join since it read its slices refuses to apply
       // them, where the others may have applied theirs. Once this worker hears of it too,
