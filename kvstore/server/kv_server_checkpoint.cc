@@ -174,6 +174,9 @@ void KVServerStore::ApplyLoad(const Meta& meta, const kv::Request& request) {
       if (it == slices_.end()) continue;  // dropped meanwhile: nothing to load into
       Slice& slice = it->second;
       slice.value = Blob::FromVector(std::move(assembled.value), slice.dtype);
+      // The workers' copies are of the value before: a compressed pull would send the change
+      // since them, coarsely; the next pull of each worker goes in full.
+      slice.mirrors.clear();
       if (optimizer_ && (assembled.count > 0 || !assembled.state.empty())) {
         optimizer_->ImportState(slice.state_id,
                                 {slice.length, assembled.count, std::move(assembled.state)});
