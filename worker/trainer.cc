@@ -38,6 +38,30 @@ std::string Format(const char* fmt, Args... args) {
   return out;
 }
 
+// "4,7" -> {4, 7}; throws ConfigError naming the flag.
+std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
+  std::vector<std::uint64_t> epochs;
+  std::size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::uint64_t value = 0;
+    const char* first = text.data() + start;
+    const char* last = text.data() + comma;
+    const auto [end, ec] = std::from_chars(first, last, value);
+    if (ec != std::errc() || end != last || value == 0) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
+    }
+    if (!epochs.empty() && value <= epochs.back()) {
+      throw ConfigError("--lr-step-epochs '" + text +
+                        "' is invalid: the epochs must increase, e.g. 4,7");
+    }
+    epochs.push_back(value);
+    start = comma + 1;
+  }
+  return epochs;
+}
+
 }  // namespace
 
 void ValidateConfig(const TrainConfig& c) {
@@ -110,10 +134,24 @@ void ValidateConfig(const TrainConfig& c) {
                       "multifactor (it is " +
                       c.lr_scheduler + ", which has no steps): drop one of them");
   }
-  if (c.lr_scheduler == "cosine" && c.warmup_epochs >= c.epochs) {
+  if (c.warmup_epochs > 0 && c.warmup_epochs >= c.epochs) {
     throw ConfigError("--warmup-epochs " + std::to_string(c.warmup_epochs) +
                       " must be below --epochs " + std::to_string(c.epochs) +
-                      " with --lr-scheduler cosine (it decays over the epochs after the warm-up)");
+                      (c.lr_scheduler == "cosine"
+                           ? " with --lr-scheduler cosine (it decays over the epochs after the "
+                             "warm-up)"
+                           : ": the job would end before the rate reaches --lr"));
+  }
+  // A step at or past the last epoch never happens: the flag would be ignored.
+  if ((c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") &&
+      !c.lr_step_epochs.empty()) {
+    const std::vector<std::uint64_t> steps = ParseEpochList(c.lr_step_epochs);
+    if (steps.back() >= static_cast<std::uint64_t>(c.epochs)) {
+      throw ConfigError("--lr-step-epochs " + c.lr_step_epochs + ": epoch " +
+                        std::to_string(steps.back()) + " is not below --epochs " +
+                        std::to_string(c.epochs) +
+                        ", so the rate never drops there: give steps below it, or more --epochs");
+    }
   }
   // The optimizer's own rules below, said in flags where a flag alone breaks them.
   if ((c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") &&
@@ -161,34 +199,6 @@ void ValidateConfig(const TrainConfig& c) {
     throw ConfigError("--compression-threshold must be a finite number > 0");
   }
 }
-
-namespace {
-
-// "4,7" -> {4, 7}; throws ConfigError naming the flag.
-std::vector<std::uint64_t> ParseEpochList(const std::string& text) {
-  std::vector<std::uint64_t> epochs;
-  std::size_t start = 0;
-  while (start <= text.size() && !text.empty()) {
-    const std::size_t comma = std::min(text.find(',', start), text.size());
-    std::uint64_t value = 0;
-    const char* first = text.data() + start;
-    const char* last = text.data() + comma;
-    const auto [end, ec] = std::from_chars(first, last, value);
-    if (ec != std::errc() || end != last || value == 0) {
-      throw ConfigError("--lr-step-epochs '" + text +
-                        "' is invalid: expected epochs >= 1 separated by commas, e.g. 4,7");
-    }
-    if (!epochs.empty() && value <= epochs.back()) {
-      throw ConfigError("--lr-step-epochs '" + text +
-                        "' is invalid: the epochs must increase, e.g. 4,7");
-    }
-    epochs.push_back(value);
-    start = comma + 1;
-  }
-  return epochs;
-}
-
-}  // namespace
 
 OptimizerConfig MakeOptimizerConfig(const TrainConfig& c, std::uint64_t updates_per_epoch,
                                     float rescale_grad) {
@@ -270,6 +280,19 @@ void ValidateGivenFlags(const TrainConfig& c, const std::function<bool(std::stri
     throw ConfigError("--lr-factor needs --lr-scheduler factor or multifactor (it is " +
                       c.lr_scheduler + ", which has no steps): drop one of them");
   }
+  if (given("final_lr") && c.lr_scheduler != "cosine") {
+    throw ConfigError("--final-lr is where --lr-scheduler cosine ends (it is " + c.lr_scheduler +
+                      "): drop one of them");
+  }
+  if (given("warmup_begin_lr") && c.warmup_epochs == 0) {
+    throw ConfigError(
+        "--warmup-begin-lr is where a warm-up starts, and this job has none: give "
+        "--warmup-epochs, or drop it");
+  }
+  if (given("momentum") && c.optimizer != "sgd" && c.optimizer != "nag") {
+    throw ConfigError("--momentum is for --optimizer sgd or nag; " + c.optimizer +
+                      " keeps its own moments: drop it");
+  }
 }
 
 namespace {
@@ -282,6 +305,40 @@ void WriteLatest(const std::string& dir, int epoch) {
   checkpoint::WriteTextFile(dir, kLatestName, "epoch-" + std::to_string(epoch) + "\n");
 }
 
+std::string EpochDir(const std::string& dir, int epoch) {
+  return dir + "/epoch-" + std::to_string(epoch);
+}
+
+// The checkpoints in `dir`: its epoch-N directories, by N.
+std::vector<int> EpochsIn(const std::string& dir) {
+  std::vector<int> epochs;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    int epoch = -1;
+    const char* digits = name.c_str() + std::strlen("epoch-");
+    const char* end = name.c_str() + name.size();
+    if (name.starts_with("epoch-") && digits != end &&
+        std::from_chars(digits, end, epoch).ptr == end && epoch >= 0 && entry.is_directory(error)) {
+      epochs.push_back(epoch);
+    }
+  }
+  std::sort(epochs.begin(), epochs.end());
+  return epochs;
+}
+
+// "epoch-1, epoch-2" (the last few of many).
+std::string EpochList(const std::vector<int>& epochs) {
+  constexpr std::size_t kShown = 4;
+  std::string text = epochs.size() > kShown ? "..., " : "";
+  for (std::size_t i = epochs.size() > kShown ? epochs.size() - kShown : 0; i < epochs.size();
+       ++i) {
+    text += (text.empty() || text == "..., " ? "" : ", ") + std::string("epoch-") +
+            std::to_string(epochs[i]);
+  }
+  return text;
+}
+
 // The epochs the checkpoint LATEST names has finished; throws, saying which, when LATEST is
 // missing, unreadable, or names no epoch-N.
 int ReadLatest(const std::string& dir) {
@@ -289,6 +346,12 @@ int ReadLatest(const std::string& dir) {
   std::ifstream in(path);
   if (!in) {
     if (errno == ENOENT) {
+      if (const std::vector<int> epochs = EpochsIn(dir); !epochs.empty()) {
+        throw ConfigError("--resume: " + path + " is missing, though " + dir + " holds " +
+                          EpochList(epochs) +
+                          ": write the name of the one to go on from into it (echo epoch-" +
+                          std::to_string(epochs.back()) + " > " + path + ")");
+      }
       throw ConfigError("--resume: no checkpoint in " + dir + " (" + path +
                         " is missing; a job with --checkpoint-dir writes it after its first "
                         "checkpoint)");
@@ -308,6 +371,14 @@ int ReadLatest(const std::string& dir) {
                       ", not the name of a checkpoint such as epoch-3: write into it the name "
                       "of one of the epoch-N directories in " +
                       dir);
+  }
+  if (std::error_code error; !std::filesystem::is_directory(EpochDir(dir, epoch), error)) {
+    const std::vector<int> epochs = EpochsIn(dir);
+    throw ConfigError("--resume: " + path + " names " + name + ", but " + EpochDir(dir, epoch) +
+                      " does not exist: " +
+                      (epochs.empty()
+                           ? "no checkpoint is left in " + dir
+                           : "write the name of one of " + EpochList(epochs) + " into it"));
   }
   return epoch;
 }
@@ -335,10 +406,14 @@ void PrepareCheckpointDir(const std::string& dir) {
                       "): add --resume to go on from there, or name an empty directory; a new "
                       "job would write over them");
   }
-}
-
-std::string EpochDir(const std::string& dir, int epoch) {
-  return dir + "/epoch-" + std::to_string(epoch);
+  // LATEST lost (deleted, a copy without it): the epochs are still another run's.
+  if (const std::vector<int> epochs = EpochsIn(dir); !epochs.empty()) {
+    throw ConfigError("--checkpoint-dir " + dir + " holds checkpoints already (" +
+                      EpochList(epochs) + ", and no " + kLatestName +
+                      "): to go on from one, write its name into " + dir + "/" + kLatestName +
+                      " and add --resume, or name an empty directory; a new job would write "
+                      "over them");
+  }
 }
 
 }  // namespace

@@ -170,6 +170,15 @@ class TrainResume(unittest.TestCase):
                              "or name an empty directory; a new job would write over them")
             with open(os.path.join(ckpt, "epoch-1", "MANIFEST"), "rb") as f:
                 self.assertEqual(f.read(), manifest)
+            # LATEST lost (a copy without it): the epochs are still another run's.
+            os.remove(os.path.join(ckpt, "LATEST"))
+            again = self.local(ckpt, "--epochs", "1", "--seed", "7")
+            self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
+            self.assertIn(f"--checkpoint-dir {ckpt} holds checkpoints already (epoch-1, and no "
+                          "LATEST): to go on from one, write its name into "
+                          f"{ckpt}/LATEST and add --resume", again.stderr)
+            with open(os.path.join(ckpt, "epoch-1", "MANIFEST"), "rb") as f:
+                self.assertEqual(f.read(), manifest)
 
     def test_resume_without_a_checkpoint_is_a_one_line_error(self):
         with tempfile.TemporaryDirectory() as empty:
@@ -185,7 +194,9 @@ class TrainResume(unittest.TestCase):
                     ("garbage\n", f"--resume: {empty}/LATEST holds 'garbage', not the name of a "
                                    "checkpoint such as epoch-3"),
                     ("epoch-x7\n", "holds 'epoch-x7', not the name"),
-                    ("epoch-7\n", f"no checkpoint in {empty}/epoch-7: MANIFEST is missing"),
+                    ("epoch-7\n", f"--resume: {empty}/LATEST names epoch-7, but "
+                                  f"{empty}/epoch-7 does not exist: no checkpoint is left in "
+                                  f"{empty}"),
             ]:
                 with open(os.path.join(empty, "LATEST"), "w") as f:
                     f.write(latest)
@@ -193,8 +204,19 @@ class TrainResume(unittest.TestCase):
                 self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
                 self.assertIn(want, result.stderr)
                 self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
-                if latest == "epoch-7\n":
-                    self.assertIn(f"(--resume: {empty}/LATEST names epoch-7)", result.stderr)
+            # The checkpoints there, LATEST lost: named, and the way to go on from one.
+            os.remove(os.path.join(empty, "LATEST"))
+            os.makedirs(os.path.join(empty, "epoch-2"))
+            result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertIn(f"--resume: {empty}/LATEST is missing, though {empty} holds epoch-2: "
+                          f"write the name of the one to go on from into it (echo epoch-2 > "
+                          f"{empty}/LATEST)", result.stderr)
+            with open(os.path.join(empty, "LATEST"), "w") as f:
+                f.write("epoch-7\n")
+            result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+            self.assertIn(f"but {empty}/epoch-7 does not exist: write the name of one of epoch-2 "
+                          "into it", result.stderr)
 
     def test_checkpoint_every_without_a_directory_is_a_one_line_error(self):
         # Not silently ignored (no checkpoint would ever be written).

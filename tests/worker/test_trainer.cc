@@ -556,6 +556,47 @@ TEST_CASE("flags given that nothing would read are refused", "[trainer]") {
                     "has no steps): drop one of them");
   c.lr_scheduler = "factor";
   CHECK_NOTHROW(ValidateGivenFlags(c, given({"lr_factor"})));
+  // A rate a schedule without it never reaches, momentum an optimizer without it never uses.
+  CHECK_THROWS_WITH(ValidateGivenFlags(c, given({"final_lr"})),
+                    "--final-lr is where --lr-scheduler cosine ends (it is factor): drop one of "
+                    "them");
+  c.lr_scheduler = "cosine";
+  CHECK_NOTHROW(ValidateGivenFlags(c, given({"final_lr"})));
+  CHECK_THROWS_WITH(ValidateGivenFlags(c, given({"warmup_begin_lr"})),
+                    Catch::StartsWith("--warmup-begin-lr is where a warm-up starts, and this "
+                                      "job has none"));
+  c.warmup_epochs = 1;
+  CHECK_NOTHROW(ValidateGivenFlags(c, given({"warmup_begin_lr"})));
+  for (const std::string optimizer : {"adam", "adagrad", "rmsprop"}) {
+    c.optimizer = optimizer;
+    CHECK_THROWS_WITH(ValidateGivenFlags(c, given({"momentum"})),
+                      "--momentum is for --optimizer sgd or nag; " + optimizer +
+                          " keeps its own moments: drop it");
+  }
+  c.optimizer = "nag";
+  CHECK_NOTHROW(ValidateGivenFlags(c, given({"momentum"})));
+}
+
+TEST_CASE("schedule flags the job would never reach are refused", "[trainer]") {
+  TrainConfig c;
+  c.epochs = 2;
+  c.lr_scheduler = "factor";
+  c.lr_step_epochs = "100";
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--lr-step-epochs 100: epoch 100 is not below --epochs 2, so the rate never "
+                    "drops there: give steps below it, or more --epochs");
+  c.lr_scheduler = "multifactor";
+  c.lr_step_epochs = "1,2";
+  CHECK_THROWS_WITH(ValidateConfig(c), Catch::StartsWith("--lr-step-epochs 1,2: epoch 2 is not "
+                                                         "below --epochs 2"));
+  c.lr_step_epochs = "1";
+  CHECK_NOTHROW(ValidateConfig(c));
+  c = TrainConfig{};
+  c.epochs = 2;
+  c.warmup_epochs = 5;  // with a constant rate too: the job ends inside the warm-up
+  CHECK_THROWS_WITH(ValidateConfig(c),
+                    "--warmup-epochs 5 must be below --epochs 2: the job would end before the "
+                    "rate reaches --lr");
 }
 
 }  // namespace
