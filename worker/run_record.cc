@@ -35,14 +35,17 @@ std::map<std::string, std::string> Fields(const RunRecord& r) {
   return fields;
 }
 
+// The whole value, a finite number at least `min`: "3x2", "nan" and "-1" are damage.
 template <typename T>
 T Number(const std::map<std::string, std::string>& fields, const std::string& key,
-         const std::string& path) {
+         const std::string& path, T min = T{}) {
   const auto it = fields.find(key);
   T value{};
-  if (it == fields.end() ||
-      std::from_chars(it->second.data(), it->second.data() + it->second.size(), value).ec !=
-          std::errc()) {
+  const char* const end = it == fields.end() ? nullptr : it->second.data() + it->second.size();
+  const auto parsed = it == fields.end()
+                          ? std::from_chars_result{nullptr, std::errc::invalid_argument}
+                          : std::from_chars(it->second.data(), end, value);
+  if (parsed.ec != std::errc() || parsed.ptr != end || !(value >= min)) {
     throw ConfigError("--resume: " + path + " has no valid '" + key +
                       "' line: the file is damaged; delete it to resume without its checks");
   }
@@ -89,7 +92,12 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
   std::string line;
   while (std::getline(in, line)) {
     const auto space = line.find(' ');
-    if (space != std::string::npos) fields[line.substr(0, space)] = line.substr(space + 1);
+    if (space == std::string::npos) continue;
+    const std::string key = line.substr(0, space);
+    if (!fields.emplace(key, line.substr(space + 1)).second) {
+      throw ConfigError("--resume: " + path + " has two '" + key +
+                        "' lines: the file is damaged; delete it to resume without its checks");
+    }
   }
   RunRecord r;
   r.model = Text(fields, "model", path);
@@ -97,9 +105,9 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
   r.kvstore = Text(fields, "kvstore", path);
   r.gradient_compression = Text(fields, "gradient_compression", path);
   r.momentum = Number<float>(fields, "momentum", path);
-  r.workers = Number<int>(fields, "workers", path);
-  r.batch_size = Number<int>(fields, "batch_size", path);
-  r.examples = Number<int>(fields, "examples", path);
+  r.workers = Number<int>(fields, "workers", path, 1);
+  r.batch_size = Number<int>(fields, "batch_size", path, 1);
+  r.examples = Number<int>(fields, "examples", path, 1);
   r.updates_per_epoch = Number<std::uint64_t>(fields, "updates_per_epoch", path);
   if (fields.contains("updates_done")) {
     r.updates_done = Number<std::uint64_t>(fields, "updates_done", path);

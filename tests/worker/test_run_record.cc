@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include "kvstore/checkpoint.h"
 #include "tests/worker/test_util.h"
@@ -62,6 +63,29 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   REQUIRE(older.has_value());
   CHECK_FALSE(older->updates_done.has_value());
   CHECK(older->UpdatesDone(2) == 62);
+
+  // A line whose value is not whole, not a count, or given twice: damage, not a value.
+  WriteRunRecord(dir.path(), saved);
+  std::string good;
+  {
+    std::ifstream in(dir.file("TRAINING"));
+    good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  for (const auto& [from, to, key] : {std::tuple<std::string, std::string, std::string>{
+                                          "updates_done 62", "updates_done 6x2", "updates_done"},
+                                      {"momentum 0.125", "momentum nan", "momentum"},
+                                      {"workers 2", "workers 0", "workers"}}) {
+    std::string text = good;
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(dir.file("TRAINING"), std::ios::trunc) << text;
+    CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
+                      Catch::StartsWith("--resume: " + dir.file("TRAINING") + " has no valid '" +
+                                        key + "' line: the file is damaged"));
+  }
+  std::ofstream(dir.file("TRAINING"), std::ios::trunc) << good << "model cnn\n";
+  CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
+                    Catch::StartsWith("--resume: " + dir.file("TRAINING") +
+                                      " has two 'model' lines: the file is damaged"));
 
   std::ofstream(dir.file("TRAINING"), std::ios::trunc) << "model mlp\nworkers two\n";
   CHECK_THROWS_WITH(ReadRunRecord(dir.path()),
