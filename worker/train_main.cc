@@ -148,14 +148,19 @@ void CheckFloat32Flags() {
 
 // A local store under a launcher's DMLC_* environment trains this process alone, beside a job
 // whose scheduler waits for it to register: worth a line before the run rather than after.
-void WarnIfLocalInAJob(const std::string& kvstore) {
+// A launched job's workers with local stores would each train alone and never register: the
+// job would wait for them until its timeouts.
+void RefuseLocalInAJob(const std::string& kvstore) {
   const char* workers = std::getenv("DMLC_NUM_WORKER");
-  if (kvstore != "local" || workers == nullptr || std::string_view(workers) == "1") return;
-  std::fprintf(stderr,
-               "ps-train: warning: --kvstore local trains this process alone, but "
-               "DMLC_NUM_WORKER=%s says it is one of a job's workers: to train together, use "
-               "--kvstore dist_sync or dist_async\n",
-               workers);
+  if (kvstore != "local" || workers == nullptr || *workers == '\0' ||
+      std::string_view(workers) == "1") {
+    return;
+  }
+  throw ps::worker::ConfigError(
+      "--kvstore local would train this process alone, but DMLC_NUM_WORKER=" +
+      std::string(workers) +
+      " says it is one of a job's workers: to train together, use --kvstore dist_sync or "
+      "dist_async (or run it outside the job's environment)");
 }
 
 }  // namespace
@@ -227,7 +232,7 @@ int main(int argc, char** argv) {
     ps::worker::ApplyModelDefaults(config, given);
     ps::worker::ValidateGivenFlags(config, given);
     ps::worker::ValidateConfig(config);
-    WarnIfLocalInAJob(config.kvstore);
+    RefuseLocalInAJob(config.kvstore);
     std::unique_ptr<ps::KVStore> kv = ps::KVStore::Create(config.kvstore);
     try {
       ps::worker::RunTraining(config, *kv, std::cout);
