@@ -101,6 +101,11 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
   }
   RunRecord r;
   r.model = Text(fields, "model", path);
+  if (r.model != "mlp" && r.model != "cnn") {  // what --model takes, or the file is damaged
+    throw ConfigError("--resume: " + path +
+                      " has no valid 'model' line: the file is damaged; "
+                      "delete it to resume without its checks");
+  }
   r.optimizer = Text(fields, "optimizer", path);
   r.kvstore = Text(fields, "kvstore", path);
   r.gradient_compression = Text(fields, "gradient_compression", path);

@@ -25,10 +25,14 @@ ShardSampler::ShardSampler(int num_samples, int rank, int num_workers, int batch
   const int min_shard = num_samples / num_workers;  // floor(N/W): the smallest rank's shard
   batches_ = min_shard / batch_size;
   if (batches_ == 0) {
+    // With no sample per worker no batch size helps: more examples, or fewer workers, do.
     throw ConfigError("--batch-size " + std::to_string(batch_size) +
                       " is larger than a worker's shard of " + std::to_string(min_shard) +
                       " samples (" + std::to_string(num_samples) + " samples over " +
-                      std::to_string(num_workers) + " workers): use a smaller batch size");
+                      std::to_string(num_workers) + " workers): " +
+                      (min_shard == 0 ? "give more --num-examples, or use fewer workers"
+                                      : "use a smaller batch size, more --num-examples or "
+                                        "fewer workers"));
   }
 }
 

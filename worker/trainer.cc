@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "kvstore/checkpoint.h"
+#include "ps/src/log_text.h"
 #include "worker/device.h"
 #include "worker/errors.h"
 #include "worker/run_record.h"
@@ -343,6 +344,10 @@ std::string EpochList(const std::vector<int>& epochs) {
 // missing, unreadable, or names no epoch-N.
 int ReadLatest(const std::string& dir) {
   const std::string path = dir + "/" + kLatestName;
+  if (std::error_code error; std::filesystem::is_directory(path, error)) {
+    throw ConfigError("--resume: " + path +
+                      " is a directory: it must be a file naming a checkpoint such as epoch-3");
+  }
   std::ifstream in(path);
   if (!in) {
     if (errno == ENOENT) {
@@ -365,9 +370,7 @@ int ReadLatest(const std::string& dir) {
   const char* end = name.c_str() + name.size();
   if (!name.starts_with("epoch-") || digits == end ||
       std::from_chars(digits, end, epoch).ptr != end || epoch < 0) {
-    constexpr std::size_t kShown = 40;  // of what may be any file's bytes
-    throw ConfigError("--resume: " + path + " holds '" + name.substr(0, kShown) +
-                      (name.size() > kShown ? "...'" : "'") +
+    throw ConfigError("--resume: " + path + " holds '" + PrintableText(name, 40) + "'" +
                       ", not the name of a checkpoint such as epoch-3: write into it the name "
                       "of one of the epoch-N directories in " +
                       dir);
@@ -400,9 +403,8 @@ void PrepareCheckpointDir(const std::string& dir) {
   std::ifstream latest(dir + "/" + kLatestName);
   std::string name;
   if (latest >> name) {
-    constexpr std::size_t kShown = 40;  // of what may be any file's bytes
     throw ConfigError("--checkpoint-dir " + dir + " holds checkpoints already (" + kLatestName +
-                      " names " + name.substr(0, kShown) + (name.size() > kShown ? "..." : "") +
+                      " names " + PrintableText(name, 40) +
                       "): add --resume to go on from there, or name an empty directory; a new "
                       "job would write over them");
   }

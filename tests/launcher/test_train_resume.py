@@ -194,6 +194,7 @@ class TrainResume(unittest.TestCase):
                     ("garbage\n", f"--resume: {empty}/LATEST holds 'garbage', not the name of a "
                                    "checkpoint such as epoch-3"),
                     ("epoch-x7\n", "holds 'epoch-x7', not the name"),
+                    ("ep\x01och-2\n", "holds 'ep\\x01och-2', not the name"),
                     ("epoch-7\n", f"--resume: {empty}/LATEST names epoch-7, but "
                                   f"{empty}/epoch-7 does not exist: no checkpoint is left in "
                                   f"{empty}"),
@@ -204,8 +205,13 @@ class TrainResume(unittest.TestCase):
                 self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
                 self.assertIn(want, result.stderr)
                 self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
-            # The checkpoints there, LATEST lost: named, and the way to go on from one.
             os.remove(os.path.join(empty, "LATEST"))
+            os.makedirs(os.path.join(empty, "LATEST"))
+            result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+            self.assertIn(f"--resume: {empty}/LATEST is a directory: it must be a file naming a "
+                          "checkpoint such as epoch-3", result.stderr)
+            os.rmdir(os.path.join(empty, "LATEST"))
+            # The checkpoints there, LATEST lost: named, and the way to go on from one.
             os.makedirs(os.path.join(empty, "epoch-2"))
             result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)

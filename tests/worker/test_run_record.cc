@@ -74,6 +74,7 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   for (const auto& [from, to, key] : {std::tuple<std::string, std::string, std::string>{
                                           "updates_done 62", "updates_done 6x2", "updates_done"},
                                       {"momentum 0.125", "momentum nan", "momentum"},
+                                      {"model mlp", "model mxp", "model"},
                                       {"workers 2", "workers 0", "workers"}}) {
     std::string text = good;
     text.replace(text.find(from), from.size(), to);

@@ -76,7 +76,13 @@ TEST_CASE("sharding rejects impossible configurations", "[sharding]") {
   CHECK_THROWS_AS(ShardSampler(100, 0, 0, 10, 0), ConfigError);
   CHECK_THROWS_AS(ShardSampler(100, 0, 1, 0, 0), ConfigError);
   CHECK_THROWS_WITH(ShardSampler(100, 0, 3, 64, 0),
-                    Catch::Contains("larger than a worker's shard of 33 samples"));
+                    Catch::Contains("larger than a worker's shard of 33 samples") &&
+                        Catch::EndsWith("use a smaller batch size, more --num-examples or "
+                                        "fewer workers"));
+  // No sample for a worker: no batch size helps.
+  CHECK_THROWS_WITH(ShardSampler(1, 0, 2, 1, 0),
+                    Catch::EndsWith("shard of 0 samples (1 samples over 2 workers): give more "
+                                    "--num-examples, or use fewer workers"));
 }
 
 }  // namespace
