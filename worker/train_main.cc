@@ -144,10 +144,17 @@ void CheckFloat32Flags() {
           "ps-train computes");
     }
   }
+  // Below 1 as typed, 1 once rounded: ValidateConfig would say "must be in [0, 1)".
+  if (FLAGS_momentum < 1.0 && static_cast<float>(FLAGS_momentum) >= 1.0f) {
+    std::ostringstream text;
+    text.precision(10);
+    text << "--momentum " << FLAGS_momentum;
+    throw ps::worker::ConfigError(text.str() +
+                                  " reads as 1 in float32, in which ps-train computes: give at "
+                                  "most 0.9999999 (momentum must stay below 1)");
+  }
 }
 
-// A local store under a launcher's DMLC_* environment trains this process alone, beside a job
-// whose scheduler waits for it to register: worth a line before the run rather than after.
 // A launched job's workers with local stores would each train alone and never register: the
 // job would wait for them until its timeouts.
 void RefuseLocalInAJob(const std::string& kvstore) {

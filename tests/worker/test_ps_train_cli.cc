@@ -68,6 +68,8 @@ TEST_CASE("ps-train --help describes every flag", "[ps-train]") {
 }
 
 TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", "[ps-train]") {
+  CheckOneLineError(RunPsTrain("--kvstore local --momentum 0.999999999"),
+                    "--momentum 0.999999999 reads as 1 in float32, in which ps-train computes");
   CheckOneLineError(RunPsTrain("--kvstore local --model resnet"),
                     "unknown --model 'resnet': use mlp or cnn");
   CheckOneLineError(RunPsTrain("--kvstore local --device tpu"), "unknown --device 'tpu'");
