@@ -875,7 +875,12 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
               ")");
     }
     trainer.PullWeights();
-    log << "ps-train: resumed from " << resumed << " (" << first_epoch << " epoch(s) done)\n"
+    log << "ps-train: resumed from " << resumed << " (" << first_epoch << " epoch(s) done"
+        << (saved ? ""
+                  : "; it has no " + std::string(kRunRecordName) +
+                        " record, so the workers, --batch-size and schedule it was trained "
+                        "with were not checked")
+        << ")\n"
         << std::flush;
     if (first_epoch >= config.epochs) {
       log << "ps-train: nothing left to train: the checkpoint has " << first_epoch

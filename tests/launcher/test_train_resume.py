@@ -121,6 +121,12 @@ class TrainResume(unittest.TestCase):
             self.assertIn("the checkpoint holds sgd optimizer state, this job's optimizer is adam",
                           other.stderr)
             self.assertNotIn("another model", other.stderr)
+            # The same job resumes; the checks it could not make are named.
+            same = self.local(ckpt, "--epochs", "2", "--resume")
+            self.assertEqual(same.returncode, 0, same.stdout + same.stderr)
+            self.assertIn(f"resumed from {ckpt}/epoch-1 (1 epoch(s) done; it has no TRAINING "
+                          "record, so the workers, --batch-size and schedule it was trained "
+                          "with were not checked)", same.stdout)
 
     def test_a_resume_whose_schedule_would_slip_is_refused(self):
         # The servers' update counts go on from the checkpoint's; with another number of
