@@ -24,7 +24,7 @@ namespace ps::internal {
 // (stderr_log.h: it never blocks the thread that logs).
 inline google::LogSink* SinkUntilGlogIsSetUp() {
   if (google::IsGoogleLoggingInitialized()) return nullptr;
-  return &ProcessStderrSink();
+  return ProcessStderrSink();
 }
 
 }  // namespace ps::internal

@@ -1,6 +1,7 @@
 #include "ps/src/stderr_log.h"
 
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -148,7 +149,14 @@ LogWriter& ProcessStderrWriter() {
   return *writer;
 }
 
-}  // namespace
+// Formats glog lines as glog writes them to stderr, for the process's stderr LogWriter.
+class StderrLogSink final : public google::LogSink {
+ public:
+  using google::LogSink::send;
+  void send(google::LogSeverity severity, const char* full_filename, const char* base_filename,
+            int line, const google::LogMessageTime& time, const char* message,
+            std::size_t message_len) override;
+};
 
 void StderrLogSink::send(google::LogSeverity severity, const char* full_filename,
                          const char* base_filename, int line, const google::LogMessageTime& time,
@@ -166,12 +174,14 @@ void StderrLogSink::send(google::LogSeverity severity, const char* full_filename
   }
 }
 
+}  // namespace
+
 void FlushStderrLog(std::chrono::milliseconds limit) { ProcessStderrWriter().Flush(limit); }
 
-StderrLogSink& ProcessStderrSink() {
+google::LogSink* ProcessStderrSink() {
   alignas(StderrLogSink) static unsigned char storage[sizeof(StderrLogSink)];
   static StderrLogSink* const sink = std::construct_at(reinterpret_cast<StderrLogSink*>(storage));
-  return *sink;
+  return sink;
 }
 
 void SetUpLogging(const char* program) {
@@ -185,7 +195,7 @@ void SetUpLogging(const char* program) {
   for (int severity = 0; severity < google::NUM_SEVERITIES; ++severity) {
     google::SetLogDestination(severity, "");
   }
-  google::AddLogSink(&ProcessStderrSink());
+  google::AddLogSink(ProcessStderrSink());
 }
 
 }  // namespace ps::internal

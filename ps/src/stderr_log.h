@@ -21,11 +21,13 @@
 #include <string_view>
 #include <thread>
 
-#include <glog/logging.h>
-
 #include "ps/mutex.h"
 #include "ps/src/scoped_fd.h"
 #include "ps/thread_annotations.h"
+
+namespace google {
+class LogSink;
+}  // namespace google
 
 namespace ps::internal {
 
@@ -72,20 +74,12 @@ class LogWriter {
   std::thread thread_;  // Run; started last
 };
 
-// Formats glog lines as glog writes them to stderr, and hands them to the process's stderr
-// LogWriter. Used by PS_LOG before the program sets glog up, and as glog's only output in the
-// processes whose glog SetUpLogging configured.
-class StderrLogSink final : public google::LogSink {
- public:
-  using google::LogSink::send;
-  void send(google::LogSeverity severity, const char* full_filename, const char* base_filename,
-            int line, const google::LogMessageTime& time, const char* message,
-            std::size_t message_len) override;
-};
-
-// The process's stderr sink; never destroyed (threads may log while the process exits). Its
-// writer flushes when the process exits (std::atexit), for at most a few seconds.
-StderrLogSink& ProcessStderrSink();
+// The process's glog sink: formats lines as glog writes them to stderr and hands them to the
+// process's stderr LogWriter. Used by PS_LOG before the program sets glog up, and as glog's
+// only output in the processes SetUpLogging configured. Never destroyed (threads may log
+// while the process exits); its writer flushes when the process exits (std::atexit), for at
+// most a few seconds.
+google::LogSink* ProcessStderrSink();
 
 // Waits up to `limit` for the lines the process's stderr writer still holds: before a
 // process's last words go straight to stderr, or before it exits without running its atexit
