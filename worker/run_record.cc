@@ -41,11 +41,13 @@ T Number(const std::map<std::string, std::string>& fields, const std::string& ke
          const std::string& path, T min = T{}) {
   const auto it = fields.find(key);
   T value{};
-  const char* const end = it == fields.end() ? nullptr : it->second.data() + it->second.size();
-  const auto parsed = it == fields.end()
-                          ? std::from_chars_result{nullptr, std::errc::invalid_argument}
-                          : std::from_chars(it->second.data(), end, value);
-  if (parsed.ec != std::errc() || parsed.ptr != end || !(value >= min)) {
+  bool valid = false;
+  if (it != fields.end()) {
+    const char* const end = it->second.data() + it->second.size();
+    const auto [stop, error] = std::from_chars(it->second.data(), end, value);
+    valid = error == std::errc() && stop == end && value >= min;  // false for nan
+  }
+  if (!valid) {
     throw ConfigError("--resume: " + path + " has no valid '" + key +
                       "' line: the file is damaged; delete it to resume without its checks");
   }

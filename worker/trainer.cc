@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -300,42 +301,48 @@ namespace {
 
 constexpr const char* kLatestName = "LATEST";
 
+// "epoch-3": the name of the checkpoint after that many epochs.
+std::string EpochName(int epoch) { return "epoch-" + std::to_string(epoch); }
+
+// 3 for "epoch-3"; nullopt for anything else.
+std::optional<int> EpochOfName(const std::string& name) {
+  constexpr std::string_view kPrefix = "epoch-";
+  if (!name.starts_with(kPrefix) || name.size() == kPrefix.size()) return std::nullopt;
+  int epoch = -1;
+  const char* end = name.data() + name.size();
+  if (std::from_chars(name.data() + kPrefix.size(), end, epoch).ptr != end || epoch < 0) {
+    return std::nullopt;
+  }
+  return epoch;
+}
+
 // checkpoint_dir/LATEST names the newest complete checkpoint ("epoch-N"). Written after the
 // checkpoint itself, by rename, so it never names a checkpoint that is not whole.
 void WriteLatest(const std::string& dir, int epoch) {
-  checkpoint::WriteTextFile(dir, kLatestName, "epoch-" + std::to_string(epoch) + "\n");
+  checkpoint::WriteTextFile(dir, kLatestName, EpochName(epoch) + "\n");
 }
 
-std::string EpochDir(const std::string& dir, int epoch) {
-  return dir + "/epoch-" + std::to_string(epoch);
-}
+std::string EpochDir(const std::string& dir, int epoch) { return dir + "/" + EpochName(epoch); }
 
 // The checkpoints in `dir`: its epoch-N directories, by N.
 std::vector<int> EpochsIn(const std::string& dir) {
   std::vector<int> epochs;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    const std::string name = entry.path().filename().string();
-    int epoch = -1;
-    const char* digits = name.c_str() + std::strlen("epoch-");
-    const char* end = name.c_str() + name.size();
-    if (name.starts_with("epoch-") && digits != end &&
-        std::from_chars(digits, end, epoch).ptr == end && epoch >= 0 && entry.is_directory(error)) {
-      epochs.push_back(epoch);
-    }
+    const std::optional<int> epoch = EpochOfName(entry.path().filename().string());
+    if (epoch && entry.is_directory(error)) epochs.push_back(*epoch);
   }
   std::sort(epochs.begin(), epochs.end());
   return epochs;
 }
 
-// "epoch-1, epoch-2" (the last few of many).
+// "epoch-1, epoch-2" (the last few of many, after "...").
 std::string EpochList(const std::vector<int>& epochs) {
   constexpr std::size_t kShown = 4;
-  std::string text = epochs.size() > kShown ? "..., " : "";
-  for (std::size_t i = epochs.size() > kShown ? epochs.size() - kShown : 0; i < epochs.size();
-       ++i) {
-    text += (text.empty() || text == "..., " ? "" : ", ") + std::string("epoch-") +
-            std::to_string(epochs[i]);
+  const std::size_t first = epochs.size() > kShown ? epochs.size() - kShown : 0;
+  std::string text = first > 0 ? "..." : "";
+  for (std::size_t i = first; i < epochs.size(); ++i) {
+    text += (text.empty() ? "" : ", ") + EpochName(epochs[i]);
   }
   return text;
 }
@@ -354,8 +361,8 @@ int ReadLatest(const std::string& dir) {
       if (const std::vector<int> epochs = EpochsIn(dir); !epochs.empty()) {
         throw ConfigError("--resume: " + path + " is missing, though " + dir + " holds " +
                           EpochList(epochs) +
-                          ": write the name of the one to go on from into it (echo epoch-" +
-                          std::to_string(epochs.back()) + " > " + path + ")");
+                          ": write the name of the one to go on from into it (echo " +
+                          EpochName(epochs.back()) + " > " + path + ")");
       }
       throw ConfigError("--resume: no checkpoint in " + dir + " (" + path +
                         " is missing; a job with --checkpoint-dir writes it after its first "
@@ -365,25 +372,22 @@ int ReadLatest(const std::string& dir) {
   }
   std::string name;
   in >> name;
-  int epoch = -1;
-  const char* digits = name.c_str() + std::strlen("epoch-");
-  const char* end = name.c_str() + name.size();
-  if (!name.starts_with("epoch-") || digits == end ||
-      std::from_chars(digits, end, epoch).ptr != end || epoch < 0) {
+  const std::optional<int> epoch = EpochOfName(name);
+  if (!epoch) {
     throw ConfigError("--resume: " + path + " holds '" + PrintableText(name, 40) + "'" +
                       ", not the name of a checkpoint such as epoch-3: write into it the name "
                       "of one of the epoch-N directories in " +
                       dir);
   }
-  if (std::error_code error; !std::filesystem::is_directory(EpochDir(dir, epoch), error)) {
+  if (std::error_code error; !std::filesystem::is_directory(EpochDir(dir, *epoch), error)) {
     const std::vector<int> epochs = EpochsIn(dir);
-    throw ConfigError("--resume: " + path + " names " + name + ", but " + EpochDir(dir, epoch) +
+    throw ConfigError("--resume: " + path + " names " + name + ", but " + EpochDir(dir, *epoch) +
                       " does not exist: " +
                       (epochs.empty()
                            ? "no checkpoint is left in " + dir
                            : "write the name of one of " + EpochList(epochs) + " into it"));
   }
-  return epoch;
+  return *epoch;
 }
 
 // Makes `dir` (and its parents) if missing, and checks that this process can write into it
@@ -867,7 +871,7 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
       ps::ThrowError(
           e.kind(),
           std::string(what) + " (--resume: " + config.checkpoint_dir + "/" + kLatestName +
-              " names epoch-" + std::to_string(first_epoch) +
+              " names " + EpochName(first_epoch) +
               (other_model ? ", which holds the parameters of another model than "
                              "this job's --model " +
                                  config.model + ": resume with the --model it was written with"

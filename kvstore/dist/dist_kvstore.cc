@@ -618,7 +618,6 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
     checkpoint::Manifest::Parse(request.manifest, dir + "/MANIFEST");  // fails here, not 4 times
     // Every server reads and checks its slices first; none changes one unless all of them
     // can (a key missing from the checkpoint fails the load with the model as it was).
-    const std::size_t events = runtime_->server_event_count();
     SendToLiveServers(request);
     request.manifest.clear();  // the later steps use what each server staged
     try {
@@ -648,7 +647,7 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
       // RunOverLiveServers runs the load again on the servers as they are: every key is
       // loaded anew.
       if (replicated_) {
-        runtime_->AwaitServerEventsBeyond(events, runtime_->config().heartbeat_timeout);
+        runtime_->AwaitServerEventsBeyond(request.membership, runtime_->config().heartbeat_timeout);
       }
       throw;
     }

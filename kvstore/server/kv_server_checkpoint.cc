@@ -152,8 +152,7 @@ void KVServerStore::ApplyLoad(const Meta& meta, const kv::Request& request) {
   // it serves may differ now), as did one that held nothing then: nothing changes here, and
   // worker 0 runs the whole load again once it heard of the change (a replica's copy that
   // missed the load gets its primary's value below).
-  std::optional<StagedLoad> staged = std::move(staged_load_);
-  staged_load_.reset();
+  std::optional<StagedLoad> staged = std::exchange(staged_load_, std::nullopt);
   const bool holds_any = !slices_.empty();
   if ((!staged && holds_any) || (staged && staged->path != request.path)) {
     runtime_.ReplyError(meta, server + ": servers died or joined since it read " + request.path +

@@ -123,12 +123,13 @@ void LogWriter::Run() {
 bool LogWriter::Flush(std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   MutexLock lock(mu_);
-  while (!queue_.empty() || writing_ || dropped_unreported_ > 0) {
-    if (!changed_.WaitUntil(mu_, deadline) && std::chrono::steady_clock::now() >= deadline) {
-      return queue_.empty() && !writing_ && dropped_unreported_ == 0;
-    }
+  const auto written = [this]() PS_REQUIRES(mu_) {
+    return queue_.empty() && !writing_ && dropped_unreported_ == 0;
+  };
+  while (!written()) {
+    if (!changed_.WaitUntil(mu_, deadline) && std::chrono::steady_clock::now() >= deadline) break;
   }
-  return true;
+  return written();
 }
 
 std::uint64_t LogWriter::dropped() const {

@@ -719,8 +719,8 @@ TEST_CASE("processes: settings of a registrant that exited do not bind the job",
   CHECK(second->Wait(30s) == 0);
   CHECK(server->Wait(15s) == 0);
   CHECK(scheduler->Wait(15s) == 0);
-  CHECK_THAT(early->Output(), Catch::Contains("an earlier") &&
-                                  Catch::Contains("that node's connection has closed"));
+  CHECK_THAT(early->Output(),
+             Catch::Contains("an earlier") && Catch::Contains("that node's connection has closed"));
   const std::string after = scheduler->Output().substr(scheduler->Output().find(freed));
   CHECK_THAT(after,
              !Catch::Contains("MXNET_KVSTORE_BIGARRAY_BOUND=5") && !Catch::Contains("dist_async"));
