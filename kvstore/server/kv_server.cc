@@ -451,9 +451,10 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
         Resolve(waiter, slice);
         continue;
       }
-      // A push sent again after a server died is applied once: answered now when it was
-      // applied (`seen` holds applied pushes only, so a copy to a new replica never claims one
-      // that is still on its way), or with the copy under way.
+      // A push sent again after a server died is applied once: answered once the replica holds
+      // it when it was applied (`seen` holds applied pushes only, here those applied ahead of
+      // the replica too, so a copy to a new replica claims exactly those its value holds), or
+      // with the copy under way.
       const std::uint64_t seq = request.seqs[i];
       if (slice.seen[meta.sender].Contains(seq)) {
         ResolveWhenReplicated(slice, waiter);
@@ -474,6 +475,7 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
       push.gradient = gradient;
       push.waiters.push_back(waiter);
       StartForward(slice, std::move(push));
+      ApplyPushAhead(slice);
       continue;
     }
     const std::uint64_t round = RoundOf(slice, meta.sender, request, i);
@@ -760,6 +762,23 @@ void KVServerStore::CloseRound(Slice& slice) {
   if (sent.applied) ResolveEarlyPulls(slice);
 }
 
+void KVServerStore::ApplyPushAhead(Slice& slice) {
+  if (slice.replicated_to == kNoNode) return;  // StartForward applied it
+  // The push is on its way to the replica, at the back of the queue. It is applied here only
+  // behind updates applied here already, so that both servers apply them in the same order
+  // (an optimizer's step depends on it): one applied when the replica answers (out of memory
+  // here before) holds back those after it.
+  const auto sent = std::prev(slice.forwards.end());
+  if (!std::all_of(slice.forwards.begin(), sent,
+                   [](const Forward& f) { return f.applied || !f.updates(); })) {
+    return;
+  }
+  ApplyUpdate(slice, sent->gradient);
+  sent->applied = failed_update_ != &slice;
+  failed_update_ = nullptr;
+  if (sent->applied) slice.seen[sent->worker].Add(sent->seq);
+}
+
 void KVServerStore::ResolveEarlyPulls(Slice& slice) {
   // Rounds before the open one were answered when they were committed; the open one is the
   // round just applied.
@@ -863,8 +882,9 @@ void KVServerStore::ResolveWhenReplicated(Slice& slice, const Waiter& waiter) {
 }
 
 void KVServerStore::ResolveCurrent(Slice& slice, const Waiter& waiter) {
-  // At most one round is on its way at a time (CloseRound waits for the one before), and no
-  // update applies here before it is answered: its waiters see exactly what the replica holds.
+  // dist_sync: at most one round is on its way at a time (CloseRound waits for the one before),
+  // and no update applies here before it is answered: its waiters see exactly what the replica
+  // holds. dist_async: the first push applied ahead answers them, with the value as it is then.
   Forward* const ahead = slice.AppliedAhead();
   if (ahead == nullptr || AnswersEarly(waiter)) {
     Resolve(waiter, slice);

@@ -16,9 +16,10 @@
 // lives on its primary and on the primary's replica (server_ring.h). The primary sends every
 // update it makes (a dist_sync round's sum, a dist_async push, a new slice) to the replica and
 // answers the requests it releases only once the replica answered: no acknowledged update
-// exists in one place only, and what a pull sees the replica holds too. A dist_sync round's sum
-// is applied here as soon as it is sent, while the replica applies it too (a pull that would
-// see it waits for the replica's answer); the rest is applied here once the replica answered.
+// exists in one place only. A dist_sync round's sum and a dist_async push are applied here as
+// soon as they are sent, while the replica applies them too (the waiters they release wait for
+// the replica's answer; a plain pull, which acknowledges nothing, sees them at once); the rest
+// (an update behind one that could not be applied ahead) is applied once the replica answered.
 // Pushes carry their sender's push number, so a push sent again after a server died is
 // recognized and never applied twice. When a server dies its replica becomes the primary of
 // its ranges, and every range whose copy was lost is copied in full to its new replica.
@@ -141,7 +142,8 @@ class KVServerStore {
     void Add(std::uint64_t seq);
   };
   // An update sent to the replica and applied here when the replica answers, in order (or,
-  // `applied`, already: a dist_sync round whose answers wait for the replica's).
+  // `applied`, already: a dist_sync round or a dist_async push whose answers wait for the
+  // replica's).
   struct Forward {
     std::uint64_t serial = 0;  // unique on this server: matches the replica's answer
     kv::ReplicaKind kind = kv::ReplicaKind::kRound;
@@ -154,10 +156,11 @@ class KVServerStore {
     // still read until it answers this copy (it handles a sender's messages in order). Held
     // until then, and released with this copy's answer (CopyToReplica).
     std::vector<ShmSlot*> held_slots;
-    // A round's sum applied to the value when it was sent (CloseRound).
+    // A round's sum or a push applied to the value when it was sent (CloseRound,
+    // ApplyPushAhead).
     bool applied = false;
-    // An applied round that a full copy sent since holds (CopyToReplica): never sent again,
-    // done when the copy before it is answered (the copy counts the round too).
+    // An applied update that a full copy sent since holds (CopyToReplica): never sent again,
+    // done when the copy before it is answered (the copy counts the round or the push too).
     bool in_copy = false;
     // Whether it changes the slice (a round, a push) rather than copying or dropping it.
     bool updates() const {
@@ -205,8 +208,9 @@ class KVServerStore {
     // the replica maps (null: updates travel as frames).
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
-    // The dist_sync round applied here while on its way to the replica (CloseRound; at most
-    // one), or null.
+    // The first update applied here while on its way to the replica, or null: a dist_sync
+    // round (CloseRound; at most one) or a dist_async push (ApplyPushAhead; the updates before
+    // it are applied too).
     const Forward* AppliedAhead() const {
       const auto it = std::ranges::find_if(forwards, &Forward::applied);
       return it == forwards.end() ? nullptr : &*it;
@@ -434,6 +438,9 @@ class KVServerStore {
   static bool AnswersEarly(const Waiter& waiter) {
     return waiter.pending != nullptr && waiter.pending->values_only;
   }
+  // dist_async with a replica: applies the push StartForward just sent there, unless an
+  // update before it waits to be applied until the replica answers (see Forward::applied).
+  void ApplyPushAhead(Slice& slice);
   // dist_sync: resolves the plain pulls that wait for the round applied here ahead of the
   // replica (CloseRound).
   void ResolveEarlyPulls(Slice& slice);

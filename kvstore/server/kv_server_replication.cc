@@ -148,8 +148,13 @@ void KVServerStore::SendForward(const Slice& slice, Forward& forward) {
   Blob frame(nullptr, nullptr, 0, slice.dtype);
   switch (forward.kind) {
     case kv::ReplicaKind::kState:
-      // The rounds closed here, the one applied ahead included (it rides on this copy).
-      op.seq = slice.completed + (slice.AppliedAhead() != nullptr ? 1 : 0);
+      // The rounds closed here, the one applied ahead included (it rides on this copy; so do
+      // dist_async pushes applied ahead, in the value and the push numbers).
+      if (const Forward* ahead = slice.AppliedAhead()) {
+        op.seq = slice.completed + (ahead->kind == kv::ReplicaKind::kRound ? 1 : 0);
+      } else {
+        op.seq = slice.completed;
+      }
       op.state = EncodeState(slice);
       frame = slice.value;
       break;
@@ -297,9 +302,18 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
       CommitRound(slice, forward.applied ? Gradient() : forward.gradient, forward.waiters);
       return;
     case kv::ReplicaKind::kAsyncPush:
-      ApplyUpdate(slice, forward.gradient);
-      slice.seen[forward.worker].Add(forward.seq);
-      break;
+      if (forward.applied) {
+        failed_update_ = nullptr;  // applied when it was sent (ApplyPushAhead)
+      } else {
+        ApplyUpdate(slice, forward.gradient);
+        slice.seen[forward.worker].Add(forward.seq);
+      }
+      // The value as it is now, later pushes applied ahead of the replica included: waiting
+      // for a value the replica holds too would wait for ever under a steady stream of pushes.
+      // Were this server to die, those pushes were never answered: their workers send them
+      // to the new owner, which applies each once.
+      for (const Waiter& waiter : forward.waiters) Resolve(waiter, slice);
+      return;
     case kv::ReplicaKind::kState:
     case kv::ReplicaKind::kForget:
       break;

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "kvstore/dist/key_layout.h"
+#include "kvstore/dist/shm_slots.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
 
@@ -506,6 +507,18 @@ struct ResumeOnExit {
   ~ResumeOnExit() { process.Kill(SIGCONT); }
 };
 
+// The server process that registered as server `rank` (PS_VERBOSE 1 logs it).
+ps::test::ChildProcess* ServerOfRank(KVCluster& cluster, int rank) {
+  ps::test::ChildProcess* found = nullptr;
+  const std::string line = "registered as server " + std::to_string(rank) + " ";
+  for (auto& server : cluster.servers()) {
+    Expect(server->WaitForOutput("registered as server ", 20s), "a server registered");
+    if (server->Output().find(line) != std::string::npos) found = server.get();
+  }
+  Expect(found != nullptr, "server " + std::to_string(rank) + " found");
+  return found;
+}
+
 TEST_CASE("replication: a pull is answered once its round is applied, its push once replicated",
           "[dist][replication]") {
   // The stopped replica is never declared dead here: the heartbeat timeout outlasts the test.
@@ -524,14 +537,7 @@ TEST_CASE("replication: a pull is answered once its round is applied, its push o
     const int rank = kv.Rank();
     std::vector<float> value(1000, 0.0f), grad(1000, 2.0f);
     kv.Init(key, ps::Tensor(value.data(), value.size()));
-    ps::test::ChildProcess* replica = nullptr;  // every node registered by now
-    for (auto& server : cluster.servers()) {
-      Expect(server->WaitForOutput("registered as server ", 20s), "a server registered");
-      if (server->Output().find("registered as server 1 ") != std::string::npos) {
-        replica = server.get();
-      }
-    }
-    Expect(replica != nullptr, "server 1 found");
+    ps::test::ChildProcess* replica = ServerOfRank(cluster, 1);  // every node registered by now
     if (rank == 0) {
       replica->Kill(SIGSTOP);
     } else {
@@ -569,6 +575,52 @@ TEST_CASE("replication: a pull is answered once its round is applied, its push o
   for (const auto& value : pulled) {
     CHECK(value == std::vector<float>(1000, 4.0f));  // no optimizer: the round's sum
   }
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("replication: a dist_async push is applied on arrival, answered once replicated",
+          "[dist][replication]") {
+  // As without replication, a pull sent after a push sees it: the primary applies the push
+  // while it is on its way to the replica. The push's answer waits for the replica's.
+  // Frames, and shared memory (the replica reads the push in the worker's slot).
+  const std::size_t size = GENERATE(std::size_t{1000}, ps::kShmMinBytes / sizeof(float) + 1000);
+  INFO(size << " elements");
+  KVCluster cluster(2, 1, {{"PS_VERBOSE", "1"}, {"PS_HEARTBEAT_TIMEOUT", "120"}});
+  ps::Key key = 0;  // served by server 0, replicated on server 1
+  while (ps::KeyLayout(2, 1000000).ServerOf(key) != 0) ++key;
+  bool pull_early = false, push_waited = false;
+  std::vector<float> pulled, later;
+  const auto outcomes = cluster.RunWorkers("dist_async", [&](ps::KVStore& kv) {
+    std::vector<float> value(size, 1.0f), grad(size, 2.0f);
+    kv.Init(key, ps::Tensor(value.data(), value.size()));
+    ps::OptimizerConfig sgd;
+    sgd.learning_rate = 1.0f;
+    kv.SetOptimizer(sgd);
+    ps::test::ChildProcess& replica = *ServerOfRank(cluster, 1);
+    replica.Kill(SIGSTOP);
+    const ResumeOnExit resume{replica};
+    kv.Push(key, ps::Tensor(grad.data(), grad.size()));
+    kv.Pull(key, ps::Tensor(value.data(), value.size()));
+    std::future<void> pull = std::async(std::launch::async, [&] { kv.WaitPulls(key); });
+    pull_early = pull.wait_for(10s) == std::future_status::ready;
+    std::future<void> push = std::async(std::launch::async, [&] { kv.Wait(key); });
+    // No wait here can end it sooner: the replica is stopped.
+    push_waited = push.wait_for(1s) == std::future_status::timeout;
+    replica.Kill(SIGCONT);
+    pull.get();
+    push.get();
+    pulled = value;
+    // And the replica holds it: the next push builds on the same value on both servers.
+    kv.Push(key, ps::Tensor(grad.data(), grad.size()));
+    kv.Pull(key, ps::Tensor(value.data(), value.size()));
+    kv.WaitAll();
+    later = value;
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(pull_early);
+  CHECK(push_waited);
+  CHECK(pulled == std::vector<float>(size, -1.0f));  // 1 - 2
+  CHECK(later == std::vector<float>(size, -3.0f));
   CHECK(cluster.EndedCleanly());
 }
 
