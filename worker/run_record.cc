@@ -1,11 +1,14 @@
 #include "worker/run_record.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "kvstore/checkpoint.h"
 #include "worker/errors.h"
@@ -32,6 +35,7 @@ std::map<std::string, std::string> Fields(const RunRecord& r) {
 
       {"scheduled", r.scheduled ? "1" : "0"}};
   if (r.updates_done) fields.emplace("updates_done", std::to_string(*r.updates_done));
+  if (!r.update_flags.empty()) fields.emplace("update_flags", r.update_flags);
   return fields;
 }
 
@@ -68,6 +72,26 @@ std::string Text(const std::map<std::string, std::string>& fields, const std::st
 std::string UpdateSources(const RunRecord& r) {
   return std::to_string(r.workers) + " worker(s), --batch-size " + std::to_string(r.batch_size) +
          ", " + std::to_string(r.examples) + " examples, --kvstore " + r.kvstore;
+}
+
+// "--lr 0.1 --epochs 10" -> {{"--lr", "0.1"}, {"--epochs", "10"}}, in order.
+std::vector<std::pair<std::string, std::string>> FlagPairs(const std::string& flags) {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  std::istringstream in(flags);
+  std::string name, value;
+  while (in >> name >> value) pairs.emplace_back(name, value);
+  return pairs;
+}
+
+// The pairs of `flags` that `other` does not hold alike, as "--lr 0.1, --epochs 10".
+std::string FlagsNotIn(const std::vector<std::pair<std::string, std::string>>& flags,
+                       const std::vector<std::pair<std::string, std::string>>& other) {
+  std::string text;
+  for (const auto& pair : flags) {
+    if (std::ranges::find(other, pair) != other.end()) continue;
+    text += (text.empty() ? "" : ", ") + pair.first + " " + pair.second;
+  }
+  return text;
 }
 
 bool HasMomentumBuffers(const RunRecord& r) {
@@ -120,6 +144,7 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
     r.updates_done = Number<std::uint64_t>(fields, "updates_done", path);
   }
   r.scheduled = Number<int>(fields, "scheduled", path) != 0;
+  if (fields.contains("update_flags")) r.update_flags = Text(fields, "update_flags", path);
   return r;
 }
 
@@ -174,6 +199,19 @@ void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
         "those epochs (when one rate trained them all), or with a constant rate "
         "(--lr-scheduler none --warmup-epochs 0)");
   }
+}
+
+std::string ResumeNote(const RunRecord& saved, const RunRecord& now, const std::string& where) {
+  if (saved.update_flags.empty() || saved.update_flags == now.update_flags) return "";
+  const auto then_pairs = FlagPairs(saved.update_flags);
+  const auto now_pairs = FlagPairs(now.update_flags);
+  const std::string then_text = FlagsNotIn(then_pairs, now_pairs);
+  const std::string now_text = FlagsNotIn(now_pairs, then_pairs);
+  return "--resume: " + where + " was trained with " +
+         (then_text.empty() ? std::string("no such flag") : then_text) + "; this job has " +
+         (now_text.empty() ? std::string("none of them") : now_text) +
+         ": the updates' step changes from this epoch on (resume with the checkpoint's flags to "
+         "go on as its job would have)";
 }
 
 }  // namespace ps::worker

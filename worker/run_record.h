@@ -38,6 +38,9 @@ struct RunRecord {
   }
   // Whether the job's learning rate depends on the update count (a schedule or a warm-up).
   bool scheduled = false;
+  // The flags that set each update's step, as "--lr 0.1 --momentum 0.9 ..." (UpdateFlags in
+  // trainer.cc); empty in a record without the line.
+  std::string update_flags;
 };
 
 inline constexpr const char* kRunRecordName = "TRAINING";
@@ -55,5 +58,10 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir);
 // schedule puts epoch epochs_done). `where` names the checkpoint in the message.
 void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
                  const std::string& where);
+// A note for a job resuming from `where` with other update flags than the job that wrote it
+// (the step changes at the resume, which may be meant: a lower --lr to fine-tune, more
+// --epochs of a cosine schedule), naming the flags that differ; "" when none does or the
+// record has no update_flags line.
+std::string ResumeNote(const RunRecord& saved, const RunRecord& now, const std::string& where);
 
 }  // namespace ps::worker

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -420,6 +421,25 @@ void PrepareCheckpointDir(const std::string& dir) {
                       " and add --resume, or name an empty directory; a new job would write "
                       "over them");
   }
+}
+
+// The flags that set each update's step, for the run record: those the optimizer and the
+// schedule read, in flag syntax.
+std::string UpdateFlags(const TrainConfig& c) {
+  std::ostringstream out;
+  out << "--lr " << c.lr;
+  if (c.optimizer == "sgd" || c.optimizer == "nag") out << " --momentum " << c.momentum;
+  out << " --wd " << c.weight_decay << " --lr-scheduler " << c.lr_scheduler;
+  if (c.lr_scheduler == "factor" || c.lr_scheduler == "multifactor") {
+    out << " --lr-factor " << c.lr_factor << " --lr-step-epochs "
+        << (c.lr_step_epochs.empty() ? "''" : c.lr_step_epochs);
+  } else if (c.lr_scheduler == "cosine") {
+    out << " --final-lr " << c.final_lr << " --epochs " << c.epochs;
+  }
+  if (c.warmup_epochs > 0) {
+    out << " --warmup-epochs " << c.warmup_epochs << " --warmup-begin-lr " << c.warmup_begin_lr;
+  }
+  return out.str();
 }
 
 }  // namespace
@@ -851,7 +871,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
                    .examples = train.count,
                    .updates_per_epoch = trainer.updates_per_epoch(),
                    .updates_done = std::nullopt,  // set at each save
-                   .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0};
+                   .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0,
+                   .update_flags = UpdateFlags(config)};
   int first_epoch = 0;
   std::uint64_t updates_before = 0;  // the servers' update count where this job starts
   if (config.resume) {
@@ -886,6 +907,11 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
                         "with were not checked")
         << ")\n"
         << std::flush;
+    if (saved) {
+      if (const std::string note = ResumeNote(*saved, record, resumed); !note.empty()) {
+        log << "ps-train: note: " << note << "\n" << std::flush;
+      }
+    }
     if (first_epoch >= config.epochs) {
       log << "ps-train: nothing left to train: the checkpoint has " << first_epoch
           << " epoch(s) done and --epochs is " << config.epochs

@@ -50,6 +50,11 @@ class TrainResume(unittest.TestCase):
         env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
 
+    def one_epoch(self, ckpt, examples=100):
+        """A local job of one epoch with its checkpoint in ckpt."""
+        first = self.local(ckpt, "--epochs", "1", examples=examples)
+        self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+
     def files(self, checkpoint):
         names = sorted(os.listdir(checkpoint))
         self.assertEqual(names, ["MANIFEST", "TRAINING", "server-0-of-2.psckpt",
@@ -70,6 +75,7 @@ class TrainResume(unittest.TestCase):
             self.assertIn(f"resumed from {broken}/epoch-2 (2 epoch(s) done)", out)
             self.assertIn("Epoch[2]", out)
             self.assertNotIn("Epoch[1]", out)
+            self.assertNotIn("note: --resume", out)  # the same update flags
             want = self.files(os.path.join(straight, "epoch-3"))
             got = self.files(os.path.join(broken, "epoch-3"))
             for name in want:  # plain comparison: a diff of megabytes would take minutes
@@ -95,10 +101,19 @@ class TrainResume(unittest.TestCase):
             self.assertIn(f"final test_accuracy={trained.group(1)} ", again.stdout)
             self.assertGreater(float(trained.group(1)), 0.3)
 
+    def test_resume_with_other_update_flags_goes_on_naming_them(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            self.one_epoch(ckpt)
+            result = self.local(ckpt, "--epochs", "2", "--resume", "--lr", "0.05")
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            self.assertIn(f"ps-train: note: --resume: {ckpt}/epoch-1 was trained with --lr 0.1, "
+                          "--epochs 1; this job has --lr 0.05, --epochs 2: the updates' step "
+                          "changes from this epoch on", result.stdout)
+            self.assertIn("Epoch[1]", result.stdout)
+
     def test_resume_with_another_model_names_it(self):
         with tempfile.TemporaryDirectory() as ckpt:
-            first = self.local(ckpt, "--epochs", "1")
-            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            self.one_epoch(ckpt)
             result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn")
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
             self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job of --model mlp, "
@@ -134,8 +149,7 @@ class TrainResume(unittest.TestCase):
         # --kvstore) a schedule would sit elsewhere than the epoch: in the worst case past its
         # end, training a whole epoch at rate 0 and exiting 0.
         with tempfile.TemporaryDirectory() as ckpt:
-            first = self.local(ckpt, "--epochs", "1", examples=640)
-            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            self.one_epoch(ckpt, examples=640)
             again = ["--epochs", "2", "--resume", "--batch-size", "32"]
             result = self.local(ckpt, *again, examples=640)
             self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
@@ -164,8 +178,7 @@ class TrainResume(unittest.TestCase):
     def test_a_new_job_does_not_write_over_a_directory_of_checkpoints(self):
         # Started again after a crash without --resume: refused, not a mix of two runs.
         with tempfile.TemporaryDirectory() as ckpt:
-            first = self.local(ckpt, "--epochs", "1")
-            self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+            self.one_epoch(ckpt)
             with open(os.path.join(ckpt, "epoch-1", "MANIFEST"), "rb") as f:
                 manifest = f.read()
             again = self.local(ckpt, "--epochs", "1", "--seed", "7")

@@ -26,7 +26,10 @@ RunRecord TwoWorkers() {
                    .examples = 4000,
                    .updates_per_epoch = 31,
                    .updates_done = 62,
-                   .scheduled = true};
+                   .scheduled = true,
+                   .update_flags =
+                       "--lr 0.1 --momentum 0.9 --wd 0.0001 --lr-scheduler cosine "
+                       "--final-lr 0 --epochs 10"};
 }
 
 TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
@@ -48,14 +51,18 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   CHECK(read->updates_per_epoch == 31);
   CHECK(read->updates_done == std::optional<std::uint64_t>(62));
   CHECK(read->scheduled);
+  CHECK(read->update_flags == saved.update_flags);
   CHECK_FALSE(std::filesystem::exists(dir.file("TRAINING.tmp")));
 
-  // Without the updates_done line (the first records): one rate trained every epoch.
+  // Without the updates_done and update_flags lines (older records): one rate trained every
+  // epoch, and the flags are not compared.
   {
     std::ifstream in(dir.file("TRAINING"));
     std::string text, line;
     while (std::getline(in, line)) {
-      if (!line.starts_with("updates_done ")) text += line + "\n";
+      if (!line.starts_with("updates_done ") && !line.starts_with("update_flags ")) {
+        text += line + "\n";
+      }
     }
     std::ofstream(dir.file("TRAINING"), std::ios::trunc) << text;
   }
@@ -63,6 +70,7 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   REQUIRE(older.has_value());
   CHECK_FALSE(older->updates_done.has_value());
   CHECK(older->UpdatesDone(2) == 62);
+  CHECK(older->update_flags.empty());
 
   // A line whose value is not whole, not a count, or given twice: damage, not a value.
   WriteRunRecord(dir.path(), saved);
@@ -173,6 +181,28 @@ TEST_CASE("run record: a resume the checkpoint cannot carry is refused, naming t
   CHECK_THROWS_WITH(CheckResume(chained, now, 2, where),
                     Catch::Contains("counted 51 updates in its 2 epoch(s)") &&
                         Catch::Contains("would take them for 2.55 epoch(s), not 2"));
+}
+
+TEST_CASE("run record: a resume with other update flags is noted, naming them", "[run_record]") {
+  const RunRecord saved = TwoWorkers();
+  const std::string where = "ck/epoch-2";
+  CHECK(ResumeNote(saved, saved, where).empty());
+  RunRecord older = saved;  // a record without the line: nothing to compare
+  older.update_flags.clear();
+  RunRecord now = TwoWorkers();
+  now.update_flags =
+      "--lr 0.05 --momentum 0.9 --wd 0.0001 --lr-scheduler cosine --final-lr 0 "
+      "--epochs 20";
+  CHECK(ResumeNote(older, now, where).empty());
+  CHECK(ResumeNote(saved, now, where) ==
+        "--resume: ck/epoch-2 was trained with --lr 0.1, --epochs 10; this job has --lr 0.05, "
+        "--epochs 20: the updates' step changes from this epoch on (resume with the "
+        "checkpoint's flags to go on as its job would have)");
+  // Another schedule: the flags only one side has are named on that side.
+  now.update_flags = "--lr 0.1 --momentum 0.9 --wd 0.0001 --lr-scheduler none";
+  CHECK_THAT(ResumeNote(saved, now, where),
+             Catch::StartsWith("--resume: ck/epoch-2 was trained with --lr-scheduler cosine, "
+                               "--final-lr 0, --epochs 10; this job has --lr-scheduler none:"));
 }
 
 }  // namespace
