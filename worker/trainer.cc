@@ -912,6 +912,15 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
         log << "ps-train: note: " << note << "\n" << std::flush;
       }
     }
+    // LATEST set back by hand: the later checkpoints of the run that went on from this one.
+    std::vector<int> later = EpochsIn(config.checkpoint_dir);
+    std::erase_if(later, [&](int epoch) { return epoch <= first_epoch; });
+    if (rank == 0 && !later.empty()) {
+      log << "ps-train: note: --resume: " << config.checkpoint_dir << " holds checkpoints past "
+          << EpochName(first_epoch) << " (" << EpochList(later)
+          << "): this job writes its own over those it reaches\n"
+          << std::flush;
+    }
     if (first_epoch >= config.epochs) {
       log << "ps-train: nothing left to train: the checkpoint has " << first_epoch
           << " epoch(s) done and --epochs is " << config.epochs

@@ -101,15 +101,24 @@ class TrainResume(unittest.TestCase):
             self.assertIn(f"final test_accuracy={trained.group(1)} ", again.stdout)
             self.assertGreater(float(trained.group(1)), 0.3)
 
-    def test_resume_with_other_update_flags_goes_on_naming_them(self):
+    def test_resume_with_other_update_flags_or_from_an_earlier_epoch_is_noted(self):
         with tempfile.TemporaryDirectory() as ckpt:
             self.one_epoch(ckpt)
-            result = self.local(ckpt, "--epochs", "2", "--resume", "--lr", "0.05")
+            result = self.local(ckpt, "--epochs", "3", "--resume", "--lr", "0.05")
             self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
             self.assertIn(f"ps-train: note: --resume: {ckpt}/epoch-1 was trained with --lr 0.1, "
-                          "--epochs 1; this job has --lr 0.05, --epochs 2: the updates' step "
+                          "--epochs 1; this job has --lr 0.05, --epochs 3: the updates' step "
                           "changes from this epoch on", result.stdout)
             self.assertIn("Epoch[1]", result.stdout)
+            self.assertNotIn("holds checkpoints past", result.stdout)
+            # LATEST set back by hand: the later checkpoints are named before they are replaced.
+            with open(os.path.join(ckpt, "LATEST"), "w") as f:
+                f.write("epoch-1\n")
+            again = self.local(ckpt, "--epochs", "2", "--resume", "--lr", "0.05")
+            self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+            self.assertIn(f"ps-train: note: --resume: {ckpt} holds checkpoints past epoch-1 "
+                          "(epoch-2, epoch-3): this job writes its own over those it reaches",
+                          again.stdout)
 
     def test_resume_with_another_model_names_it(self):
         with tempfile.TemporaryDirectory() as ckpt:
