@@ -16,11 +16,20 @@ namespace ps {
 namespace {
 
 void Check(cudaError_t status, const char* what, Device device) {
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // clear it, so that the caller's next CUDA call is not blamed for it
-    throw Error(std::string("KVStore: ") + what + " on " + device.ToString() +
-                " failed: " + cudaGetErrorString(status));
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clear it, so that the caller's next CUDA call is not blamed for it
+  std::string why = cudaGetErrorString(status);
+  // CUDA's words for a machine without a GPU name the driver's version, not its absence.
+  if (status == cudaErrorInsufficientDriver) {
+    why +=
+        " (no NVIDIA driver is loaded on this machine, or one older than this build's CUDA "
+        "runtime: a tensor on " +
+        device.ToString() + " needs a GPU and its driver; use host memory otherwise)";
+  } else if (status == cudaErrorNoDevice) {
+    why += " (this machine has no GPU: a tensor on " + device.ToString() +
+           " needs one; use host memory otherwise)";
   }
+  throw Error(std::string("KVStore: ") + what + " on " + device.ToString() + " failed: " + why);
 }
 
 // Makes `device` current on the calling thread when it is not already. Not restored

@@ -157,12 +157,15 @@ void LocalKVStore::LoadCheckpoint(const std::string& dir) {
   checkpoint::Index index;
   for (const auto& file : manifest.files) index.Add(checkpoint::ReadDataFile(dir, file));
   MutexLock lock(mu_);
-  checkpoint::CheckOptimizerMatches(index.optimizer(),
-                                    optimizer_ ? &optimizer_->config() : nullptr);
-  // Assembled and checked whole before anything changes.
+  // Assembled and checked whole before anything changes: the keys and their sizes first, so
+  // that a checkpoint of another model is named as such, whatever the optimizer.
   std::vector<std::pair<Key, checkpoint::Index::Slice>> loaded;
   for (const auto& [key, entry] : store_) {
-    auto slice = index.Assemble(key, 0, entry.size, entry.size, entry.dtype);
+    loaded.emplace_back(key, index.Assemble(key, 0, entry.size, entry.size, entry.dtype));
+  }
+  checkpoint::CheckOptimizerMatches(index.optimizer(),
+                                    optimizer_ ? &optimizer_->config() : nullptr);
+  for (const auto& [key, slice] : loaded) {
     if (!slice.state.empty() &&
         slice.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
       throw Error("local kvstore: LoadCheckpoint: key " + std::to_string(key) +
@@ -171,7 +174,6 @@ void LocalKVStore::LoadCheckpoint(const std::string& dir) {
                   " as set now keeps " + std::to_string(optimizer_->num_buffers()) +
                   ": set the same optimizer");
     }
-    loaded.emplace_back(key, std::move(slice));
   }
   for (auto& [key, slice] : loaded) {
     Entry& entry = store_.at(key);

@@ -118,16 +118,21 @@ void KVServerStore::StageLoad(const Meta& meta, const kv::Request& request) {
       index = checkpoint::Index();
       for (const auto& file : manifest.files) index.Add(read(file));
     }
+    // The keys and their sizes first: a checkpoint of another model is named as such, whatever
+    // the optimizer.
+    work.Doing("loading checkpoint " + request.path + " (assembling the slices)");
+    for (const auto& [id, slice] : slices_) {
+      work.Progress();
+      staged.slices.emplace(
+          id, index.Assemble(id.first, id.second, slice.length, slice.total, slice.dtype));
+    }
     // A server holding nothing (one that took a dead one's rank and was sent no copy yet, so
     // no settings either) has no state to load.
     if (!slices_.empty()) {
       checkpoint::CheckOptimizerMatches(index.optimizer(),
                                         optimizer_ ? &optimizer_->config() : nullptr);
     }
-    work.Doing("loading checkpoint " + request.path + " (assembling the slices)");
-    for (const auto& [id, slice] : slices_) {
-      work.Progress();
-      auto assembled = index.Assemble(id.first, id.second, slice.length, slice.total, slice.dtype);
+    for (const auto& [id, assembled] : staged.slices) {
       if (!assembled.state.empty() &&
           assembled.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
         throw Error(KeyText(id.first) + ": the checkpoint keeps " +
@@ -136,7 +141,6 @@ void KVServerStore::StageLoad(const Meta& meta, const kv::Request& request) {
                     std::to_string(optimizer_->num_buffers()) +
                     " (e.g. SGD saved with momentum, loaded without): set the same optimizer");
       }
-      staged.slices.emplace(id, std::move(assembled));
     }
   } catch (const Error& e) {
     runtime_.ReplyError(meta, server + ": " + e.what(), e.kind());

@@ -497,8 +497,11 @@ void Runtime::OnRegisterReply(const Meta& meta) {
     MutexLock lock(mu_);
     if (registered_) return;
     if (!meta.error.empty()) {
-      register_error_ =
-          "the scheduler at " + config_.SchedulerAddress() + " refused this node: " + meta.error;
+      // Once acknowledged, the node was in: the job as a whole cannot start.
+      register_error_ = "the scheduler at " + config_.SchedulerAddress() +
+                        (acknowledged_ ? " accepted this node, but the job cannot start: "
+                                       : " refused this node: ") +
+                        meta.error;
     } else if (meta.nodes.empty()) {
       acknowledged_ = true;  // an acknowledgement: the table comes when the job is full
     } else {

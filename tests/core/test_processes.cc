@@ -268,6 +268,22 @@ TEST_CASE("processes: ps-kvstore-check refuses counts that check nothing", "[pro
   CHECK_THAT(fine->Output(), Catch::Contains("kvstore-check: ok"));
 }
 
+TEST_CASE("processes: a node of a job that never fills says it was accepted",
+          "[processes][fault]") {
+  // Not "refused": the node registered, the job as a whole could not start.
+  Env env = JobEnv(1, 1, 0);
+  env["PS_REGISTER_TIMEOUT"] = "2";
+  auto [scheduler, port] = StartSchedulerFor(env);
+  auto worker = Start("ps-test-node", env, {"--barriers", "1"});
+  CHECK(worker->Wait(30s) != 0);
+  CHECK(scheduler->Wait(30s) == 1);
+  INFO(worker->Output());
+  CHECK_THAT(worker->Output(),
+             Catch::Contains("the scheduler at 127.0.0.1:" + std::to_string(port) +
+                             " accepted this node, but the job cannot start: only 0 of 1 "
+                             "server(s) and 1 of 1 worker(s) registered within 2 s"));
+}
+
 TEST_CASE("processes: a failed scheduler says why once", "[processes][fault]") {
   const auto count = [](const std::string& text, const std::string& part) {
     std::size_t n = 0;

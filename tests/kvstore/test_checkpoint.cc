@@ -287,6 +287,8 @@ TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every 
   ps::LocalKVStore bigger;
   std::vector<float> longer(kSmall + 1, 1.0f);
   bigger.Init(1, ps::Tensor(longer.data(), kSmall + 1));
+  // Another model is named as such before its optimizer is looked at.
+  CHECK_THROWS_AS(bigger.LoadCheckpoint(adam_dir.path()), ps::CheckpointMismatchError);
   bigger.SetOptimizer(Adam());
   CHECK_THROWS_WITH(
       bigger.LoadCheckpoint(adam_dir.path()),
@@ -323,27 +325,44 @@ TEST_CASE("checkpoint: another model's checkpoint is a CheckpointMismatchError o
   // The server that finds a key missing answers so; worker 0's outcome vote carries the kind
   // through the scheduler to the other worker, so both can tell it from other failures.
   TempDir dir;
+  const auto load_error = [&](ps::KVStore& kv) {
+    try {
+      kv.LoadCheckpoint(dir.path());
+      return std::string("no error");
+    } catch (const ps::CheckpointMismatchError& e) {
+      return std::string(e.what());
+    } catch (const ps::Error& e) {
+      return std::string("another kind: ") + e.what();
+    }
+  };
   KVCluster cluster(2, 2);
   const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
     std::vector<float> value(kSmall, 3.0f);
     kv.Init({1, 2}, {ps::Tensor(value.data(), kSmall), ps::Tensor(value.data(), kSmall)});
+    kv.SetOptimizer(Adam());  // the checkpoint holds optimizer state
+    kv.Push({1, 2}, {ps::Tensor(value.data(), kSmall), ps::Tensor(value.data(), kSmall)});
+    kv.WaitAll();
     kv.SaveCheckpoint(dir.path());
     kv.Init(3, ps::Tensor(value.data(), kSmall));
-    std::string what;
-    try {
-      kv.LoadCheckpoint(dir.path());
-      what = "no error";
-    } catch (const ps::CheckpointMismatchError& e) {
-      what = e.what();
-    } catch (const ps::Error& e) {
-      what = std::string("another kind: ") + e.what();
-    }
+    const std::string what = load_error(kv);
     Expect(what.find("LoadCheckpoint failed on every worker") != std::string::npos &&
                what.find("key 3: not in the checkpoint") != std::string::npos,
            "a CheckpointMismatchError naming key 3: " + what);
   });
   CHECK(AllOk(outcomes) == "");
   CHECK(cluster.EndedCleanly());
+  // Another model's job that set no optimizer yet: the model is named first, not the
+  // optimizer.
+  KVCluster other(2, 2);
+  const auto other_outcomes = other.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> longer(kSmall + 1, 3.0f);
+    kv.Init({1, 2}, {ps::Tensor(longer.data(), kSmall + 1), ps::Tensor(longer.data(), kSmall + 1)});
+    const std::string what = load_error(kv);
+    Expect(what.find("the checkpoint holds 6 x float32, this job 7 x float32") != std::string::npos,
+           "a CheckpointMismatchError naming the size: " + what);
+  });
+  CHECK(AllOk(other_outcomes) == "");
+  CHECK(other.EndedCleanly());
 }
 
 TEST_CASE("checkpoint: a load that one server cannot make changes no server's keys",
