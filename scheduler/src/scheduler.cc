@@ -51,6 +51,12 @@ Message RegisterReply(int recipient, const std::string& connection_key) {
   return reply;
 }
 
+// A worker vote (a collective's call and arguments) as a log line shows it: its start.
+std::string ShownCall(const std::string& vote) {
+  constexpr std::size_t kCallChars = 60;
+  return vote.size() <= kCallChars ? vote : vote.substr(0, kCallChars) + "...";
+}
+
 // Where two votes of the same call with the same number of words part, when that is a
 // setting (a vote is the call's name and its arguments as words: "SetOptimizer sgd lr=0.1 ...
 // max_update=10 ..."), for the reader of a long vote: " (first difference: worker 1's
@@ -652,12 +658,9 @@ void Scheduler::OnWaitMessage(const Message& msg) {
   // worker that has not voted.
   std::vector<VoteWait> votes;
   if (const auto arrived = barriers_.find(kWorkerGroup); arrived != barriers_.end()) {
-    constexpr std::size_t kCallChars = 60;
     const std::vector<int> workers = GroupMembers(kWorkerGroup);
     for (const auto& [waiter, arrival] : arrived->second) {
-      const std::string call = arrival.vote.size() <= kCallChars
-                                   ? arrival.vote
-                                   : arrival.vote.substr(0, kCallChars) + "...";
+      const std::string call = ShownCall(arrival.vote);
       for (const int worker : workers) {
         if (!arrived->second.contains(worker) && IsLive(worker)) {
           votes.push_back({waiter, worker, call});
@@ -695,7 +698,8 @@ void Scheduler::OnBarrier(const Meta& meta) {
     return;
   }
   auto& arrived = barriers_[meta.barrier_group];
-  arrived[meta.sender] = BarrierArrival{meta.body, meta.error, meta.error_kind, meta.timestamp};
+  arrived[meta.sender] =
+      BarrierArrival{meta.body, meta.error, meta.error_kind, meta.timestamp, Clock::now()};
   if (config_.verbose >= 2) {
     LOG(INFO) << nodes_[meta.sender].Describe() << " waits in barrier " << meta.timestamp
               << " of group " << meta.barrier_group << " (" << arrived.size() << " of "
@@ -790,6 +794,43 @@ void Scheduler::ReleaseBarrier(int group, const Verdict& verdict) {
     SendBarrierRelease(group, id, release);
   }
   barriers_.erase(it);
+  barrier_noted_.erase(group);
+}
+
+void Scheduler::NoteLongBarriers(Clock::time_point now) {
+  constexpr std::chrono::milliseconds kNoteAfter{60000};
+  constexpr std::chrono::milliseconds kNoteEvery{300000};
+  const std::chrono::milliseconds note_after = config_.stall_timeout.count() > 0
+                                                   ? std::min(kNoteAfter, config_.stall_timeout / 2)
+                                                   : kNoteAfter;
+  for (const auto& [group, arrived] : barriers_) {
+    const auto first =
+        std::ranges::min_element(arrived, {}, [](const auto& entry) { return entry.second.at; });
+    const auto noted = barrier_noted_.find(group);
+    if (first == arrived.end() ||
+        (noted == barrier_noted_.end() ? now - first->second.at < note_after
+                                       : now - noted->second < kNoteEvery)) {
+      continue;
+    }
+    std::string absent;
+    for (const int member : GroupMembers(group)) {
+      if (arrived.contains(member) || !IsLive(member)) continue;
+      absent += (absent.empty() ? "" : ", ") + nodes_[member].Describe();
+    }
+    if (absent.empty()) continue;  // released at the next arrival or death
+    barrier_noted_[group] = now;
+    const std::string& vote = first->second.vote;
+    LOG(WARNING) << (group == kWorkerGroup && !vote.empty()
+                         ? "the workers' collective " + ShownCall(vote)
+                         : "a barrier of group " + std::to_string(group))
+                 << " has waited "
+                 << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(
+                        now - first->second.at))
+                 << " for " << absent
+                 << ", which has not entered it: still working (the job goes on once it enters), "
+                    "or its program skips the call (every worker must make the same collective "
+                    "calls)";
+  }
 }
 
 void Scheduler::SendBarrierRelease(int group, int id, const BarrierRelease& release) {
@@ -841,6 +882,7 @@ void Scheduler::OnTick() {
   }
   if (DeclareClosedConnectionsDead(now)) return;  // one death per tick
   deadlocks_->OnTick(LiveServers(), now);
+  NoteLongBarriers(now);
   if (config_.heartbeat_interval.count() == 0) return;
   if (pause > pause.zero()) {
     // Not the nodes' silence but this process's: each gets a full timeout from now, in which

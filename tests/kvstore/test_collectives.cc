@@ -148,6 +148,30 @@ TEST_CASE("dist kvstore: ranks in different collectives fail instead of waiting 
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist kvstore: a collective that waits long for a live worker names it",
+          "[dist][collective]") {
+  // Worker 1 is still working while worker 0 waits in Barrier: after half of PS_STALL_TIMEOUT
+  // (here 2 s of 4) the scheduler names the worker that has not entered it; the job goes on.
+  KVCluster cluster(1, 2, {{"PS_STALL_TIMEOUT", "4"}});
+  const std::string type = GENERATE("dist_sync", "dist_async");
+  INFO(type);
+  const auto outcomes = cluster.RunWorkers(type, [&](ps::KVStore& kv) {
+    if (kv.Rank() == 1) {
+      Expect(cluster.scheduler().WaitForOutput("the workers' collective Barrier has waited", 20s),
+             "the scheduler noted the wait");
+    }
+    kv.Barrier();
+  });
+  CHECK(AllOk(outcomes) == "");
+  const std::string output = cluster.scheduler().Output();
+  INFO(output);
+  CHECK_THAT(output, Catch::Contains("the workers' collective Barrier has waited 2") &&
+                         Catch::Contains(" s for worker 1 (node ") &&
+                         Catch::Contains("which has not entered it: still working (the job "
+                                         "goes on once it enters)"));
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("dist_sync: a push the server rejects fails that round on every worker at once",
           "[dist][errors][collective]") {
   KVCluster cluster(1, 2);
