@@ -20,6 +20,7 @@
 #include "kvstore/device_memory.h"
 #include "kvstore/optimizer.h"
 #include "ps/src/internal.h"
+#include "ps/src/log_text.h"
 
 namespace ps {
 namespace {
@@ -198,12 +199,20 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   // kMaxStallReportGap apart, while it lasts (a report lost, servers that forgot it).
   Runtime::StallSchedule reports(start);
   WaitStall stall(*this, keys, false);
+  // A wait that lasts is logged too, for the person watching a job that seems still.
+  auto next_note = start + runtime_->config().long_wait_note();
   while (!done()) {
     if (!sync_) {
       ops_done_.Wait(ops_mu_);
       continue;
     }
-    if (ops_done_.WaitUntil(ops_mu_, reports.next()) || done()) continue;
+    if (ops_done_.WaitUntil(ops_mu_, std::min(reports.next(), next_note)) || done()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_note) {
+      NoteLongWait(now - start, keys);
+      next_note = now + ClusterConfig::kLongWaitNoteEvery;
+    }
+    if (now < reports.next()) continue;
     lock.Unlock();  // reporting takes other locks of this store (the ring's)
     stall.Tick();
     lock.Lock();
@@ -216,6 +225,18 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
     first_error_.clear();
     ThrowFailure(first_failure_, error, first_error_kind_);
   }
+}
+
+void DistKVStore::NoteLongWait(std::chrono::steady_clock::duration waited,
+                               std::span<const Key> keys) const {
+  const std::string call = keys.empty() ? "WaitAll"
+                                        : "a wait for key " + std::to_string(keys[0]) +
+                                              (keys.size() > 1 ? " and others" : "");
+  PS_LOG(WARNING) << "worker " << Rank() << ": " << call << " has waited "
+                  << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(waited))
+                  << " for dist_sync rounds: a round completes once every worker pushed its "
+                     "key, so a worker still computing holds the others up (the job goes on "
+                     "once it pushes; one that died or finished ends the wait with an error)";
 }
 
 DistKVStore::StallGate DistKVStore::Gate() const {

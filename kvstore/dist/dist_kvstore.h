@@ -303,6 +303,8 @@ class DistKVStore final : public KVStore {
   // since the last wait. `keys`: those Wait waits for (empty: WaitAll).
   template <typename Done, typename Poll>
   void WaitUntil(Done done, Poll poll, std::span<const Key> keys);
+  // Logs that a dist_sync wait for `keys` (none: every key) has lasted `waited`.
+  void NoteLongWait(std::chrono::steady_clock::duration waited, std::span<const Key> keys) const;
   // Wait and WaitPulls: until no request (`pulls`: no Pull or PushPull) of any of `keys` is in
   // flight.
   void WaitForKeys(std::span<const Key> keys, bool pulls);

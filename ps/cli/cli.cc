@@ -39,8 +39,8 @@ DEFINE_bool(use_kubernetes, false, "Listen on 0.0.0.0 instead of the DMLC_PS_ROO
 DEFINE_double(stall_timeout, -1,
               "Seconds dist_sync workers that push from other threads than the waiting one may "
               "wait for each other's pushes, none of them pushing, before the job ends; 0: only "
-              "warn. Half of it (at most 60 s) is also when the scheduler names a worker that a "
-              "collective waits for");
+              "warn. Half of it (at most 60 s) is also when a collective or a dist_sync wait "
+              "that lasts is logged, naming what it waits for");
 
 namespace ps::cli {
 namespace {

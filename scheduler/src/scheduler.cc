@@ -798,18 +798,14 @@ void Scheduler::ReleaseBarrier(int group, const Verdict& verdict) {
 }
 
 void Scheduler::NoteLongBarriers(Clock::time_point now) {
-  constexpr std::chrono::milliseconds kNoteAfter{60000};
-  constexpr std::chrono::milliseconds kNoteEvery{300000};
-  const std::chrono::milliseconds note_after = config_.stall_timeout.count() > 0
-                                                   ? std::min(kNoteAfter, config_.stall_timeout / 2)
-                                                   : kNoteAfter;
+  const std::chrono::milliseconds note_after = config_.long_wait_note();
   for (const auto& [group, arrived] : barriers_) {
     const auto first =
         std::ranges::min_element(arrived, {}, [](const auto& entry) { return entry.second.at; });
     const auto noted = barrier_noted_.find(group);
     if (first == arrived.end() ||
         (noted == barrier_noted_.end() ? now - first->second.at < note_after
-                                       : now - noted->second < kNoteEvery)) {
+                                       : now - noted->second < ClusterConfig::kLongWaitNoteEvery)) {
       continue;
     }
     std::string absent;

@@ -1,8 +1,11 @@
 // How a worker process logs when the program has not set glog up (ps/src/glog_or_stderr.h):
 // glog's format on stderr, no "Logging before InitGoogleLogging()" banner, and the program may
-// still call InitGoogleLogging afterwards. Real ps-scheduler and ps-server, and a worker
-// process (ps-test-glog-late-worker, or ps-kvstore-check, which never sets glog up).
+// still call InitGoogleLogging afterwards; and a dist_sync wait that lasts says so. Real
+// ps-scheduler and ps-server, and a worker process (ps-test-glog-late-worker, or
+// ps-kvstore-check, which never sets glog up).
 #include <catch2/catch.hpp>
+
+#include <signal.h>
 
 #include <regex>
 #include <string>
@@ -21,13 +24,19 @@ bool HasGlogLine(const std::string& output, const std::string& file, const std::
                                               file + ":\\d+\\] " + text));
 }
 
+// The job's settings for a worker process.
+ps::test::Env WorkerEnv(const KVCluster& cluster) {
+  auto env = cluster.env();
+  env["DMLC_ROLE"] = "worker";
+  return env;
+}
+
 }  // namespace
 
 TEST_CASE("worker logging: no glog banner, and the program may set glog up after Create",
           "[kvstore][dist][logging]") {
   KVCluster cluster(1, 1, {{"PS_VERBOSE", "1"}});
-  auto env = cluster.env();
-  env["DMLC_ROLE"] = "worker";
+  const auto env = WorkerEnv(cluster);
   ChildProcess worker({ps::test::BinPath("ps-test-glog-late-worker")}, env);
   CHECK(worker.Wait(60s) == 0);
   const std::string output = worker.Output();
@@ -44,8 +53,7 @@ TEST_CASE("worker logging: no glog banner, and the program may set glog up after
 TEST_CASE("worker logging: a program that never sets glog up logs without the banner",
           "[kvstore][dist][logging]") {
   KVCluster cluster(1, 2, {{"PS_VERBOSE", "1"}});
-  auto env = cluster.env();
-  env["DMLC_ROLE"] = "worker";
+  const auto env = WorkerEnv(cluster);
   ChildProcess first({ps::test::BinPath("ps-kvstore-check"), "--rounds", "2"}, env);
   ChildProcess second({ps::test::BinPath("ps-kvstore-check"), "--rounds", "2"}, env);
   for (ChildProcess* worker : {&first, &second}) {
@@ -56,4 +64,24 @@ TEST_CASE("worker logging: a program that never sets glog up logs without the ba
     CHECK(HasGlogLine(output, "runtime.cc", "registered as worker"));
   }
   CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("worker logging: a dist_sync wait that lasts says what holds it up",
+          "[kvstore][dist][logging]") {
+  // The second worker stops at round 5 (alive, computing as far as anyone can tell): after
+  // half of PS_STALL_TIMEOUT (2 s of 4) the first one's wait says why it lasts.
+  KVCluster cluster(1, 2, {{"PS_STALL_TIMEOUT", "4"}});
+  const auto env = WorkerEnv(cluster);
+  ChildProcess waiting({ps::test::BinPath("ps-kvstore-check"), "--rounds", "20"}, env);
+  ChildProcess paused(
+      {ps::test::BinPath("ps-kvstore-check"), "--rounds", "20", "--pause_at_round", "5"}, env);
+  CHECK(
+      waiting.WaitForOutput("for dist_sync rounds: a round completes once every worker pushed "
+                            "its key, so a worker still computing holds the others up",
+                            30s));
+  INFO(waiting.Output());
+  CHECK_THAT(waiting.Output(), Catch::Contains(" has waited 2"));
+  // The job cannot end: the paused worker waits for ever. Both go with the test.
+  paused.Kill(SIGKILL);
+  waiting.Kill(SIGKILL);
 }

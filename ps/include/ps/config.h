@@ -2,6 +2,7 @@
 // ClusterConfig: everything a node needs to know about the job, read once at the edge
 // (a main, or KVStore::Create) from flags and the DMLC_* environment, validated, then passed
 // down. Nothing below the edge reads the environment.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +42,14 @@ struct ClusterConfig {
   // before the job ends (another thread may still push, so the scheduler cannot be sure
   // earlier); 0: never. Workers that push from the waiting thread only end the job at once.
   std::chrono::milliseconds stall_timeout{600000};
+  // A wait for other workers that lasts (a collective on the scheduler, a dist_sync round on a
+  // worker) is logged, naming what it waits for, after half of stall_timeout (at most a minute;
+  // a minute when it is 0), then every kLongWaitNoteEvery while it lasts.
+  std::chrono::milliseconds long_wait_note() const {
+    constexpr std::chrono::milliseconds kAtMost{60000};
+    return stall_timeout.count() > 0 ? std::min(kAtMost, stall_timeout / 2) : kAtMost;
+  }
+  static constexpr std::chrono::milliseconds kLongWaitNoteEvery{300000};
   // MXNET_KVSTORE_BIGARRAY_BOUND: keys of at least this many elements are sliced over all
   // servers; smaller ones live whole on one.
   std::size_t big_array_bound = 1000000;

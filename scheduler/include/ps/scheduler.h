@@ -254,9 +254,9 @@ class Scheduler {
   Verdict BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const PS_REQUIRES(mu_);
   std::map<int, std::map<int, BarrierArrival>> barriers_ PS_GUARDED_BY(mu_);  // group -> arrivals
   // A barrier that has waited long for members that are alive but have not entered it (still
-  // working, or their program skips the call) is logged, naming them: after half of
-  // PS_STALL_TIMEOUT (at most a minute; a minute when it is 0), then every 5 minutes while it
-  // lasts. When each group's barrier in progress was last logged, by group; cleared with it.
+  // working, or their program skips the call) is logged, naming them (ClusterConfig's
+  // long_wait_note). When each group's barrier in progress was last logged, by group; cleared
+  // with it.
   std::map<int, Clock::time_point> barrier_noted_ PS_GUARDED_BY(mu_);
   void NoteLongBarriers(Clock::time_point now) PS_REQUIRES(mu_);
   // The last barrier released for each member of each group, (group, node id) -> its number
