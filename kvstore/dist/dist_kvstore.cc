@@ -972,7 +972,7 @@ void DistKVStore::Issue(kv::Command command, std::span<const Key> keys,
       check.CheckKey(i, checks::DeclaredBy(it == keys_.end() ? nullptr : &it->second));
       PlanKey(call, i, it->second, plan, drafts);
     }
-    if (pushing) {
+    if (pushing && !keys.empty()) {  // an empty push sends nothing
       pushed_.store(true);
       std::thread::id first{};
       const std::thread::id me = std::this_thread::get_id();

@@ -307,6 +307,23 @@ TEST_CASE("dist kvstore: SetGradientCompression after a push fails on every work
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist kvstore: an empty Push pushes nothing, so the compression may still be set",
+          "[dist][compression]") {
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(4, 1.0f), out(4);
+    kv.Init(1, ps::Tensor(value.data(), 4));
+    kv.Push(std::vector<ps::Key>{}, std::vector<ps::Tensor>{});
+    kv.WaitAll();
+    kv.SetGradientCompression({.type = "fp16"});
+    kv.PushPull(1, ps::Tensor(value.data(), 4), ps::Tensor(out.data(), 4));
+    kv.WaitAll();
+    Expect(out == std::vector<float>(4, 2.0f), "the sum of two fp16 pushes of 1");
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("server: refuses compressed requests it cannot decode, and a late compression change",
           "[dist][compression][errors]") {
   KVCluster cluster(1, 1);
