@@ -474,8 +474,8 @@ void KVServerStore::HandlePush(const Meta& meta, const kv::Request& request,
       push.worker = meta.sender;
       push.gradient = gradient;
       push.waiters.push_back(waiter);
-      StartForward(slice, std::move(push));
-      ApplyPushAhead(slice);
+      StartForward(slice, std::move(push));  // applied at once when the slice has no replica
+      ApplyPushesAhead(slice);
       continue;
     }
     const std::uint64_t round = RoundOf(slice, meta.sender, request, i);
@@ -762,21 +762,20 @@ void KVServerStore::CloseRound(Slice& slice) {
   if (sent.applied) ResolveEarlyPulls(slice);
 }
 
-void KVServerStore::ApplyPushAhead(Slice& slice) {
-  if (slice.replicated_to == kNoNode) return;  // StartForward applied it
-  // The push is on its way to the replica, at the back of the queue. It is applied here only
-  // behind updates applied here already, so that both servers apply them in the same order
-  // (an optimizer's step depends on it): one applied when the replica answers (out of memory
-  // here before) holds back those after it.
-  const auto sent = std::prev(slice.forwards.end());
-  if (!std::all_of(slice.forwards.begin(), sent,
-                   [](const Forward& f) { return f.applied || !f.updates(); })) {
-    return;
+void KVServerStore::ApplyPushesAhead(Slice& slice) {
+  // The pushes on their way to the replica are applied here in the order they were sent, the
+  // order the replica applies them in (an optimizer's step depends on it): from the front of
+  // the queue, past copies and those applied already, up to one that cannot be applied now
+  // (out of memory: it is applied when the replica answers, and this runs again then).
+  for (Forward& forward : slice.forwards) {
+    if (forward.applied || !forward.updates()) continue;
+    if (forward.kind != kv::ReplicaKind::kAsyncPush) return;
+    ApplyUpdate(slice, forward.gradient);
+    forward.applied = failed_update_ != &slice;
+    failed_update_ = nullptr;
+    if (!forward.applied) return;
+    slice.seen[forward.worker].Add(forward.seq);
   }
-  ApplyUpdate(slice, sent->gradient);
-  sent->applied = failed_update_ != &slice;
-  failed_update_ = nullptr;
-  if (sent->applied) slice.seen[sent->worker].Add(sent->seq);
 }
 
 void KVServerStore::ResolveEarlyPulls(Slice& slice) {

@@ -157,7 +157,7 @@ class KVServerStore {
     // until then, and released with this copy's answer (CopyToReplica).
     std::vector<ShmSlot*> held_slots;
     // A round's sum or a push applied to the value when it was sent (CloseRound,
-    // ApplyPushAhead).
+    // ApplyPushesAhead).
     bool applied = false;
     // An applied update that a full copy sent since holds (CopyToReplica): never sent again,
     // done when the copy before it is answered (the copy counts the round or the push too).
@@ -209,8 +209,8 @@ class KVServerStore {
     ShmSlot* replica_slot = nullptr;
     std::deque<Forward> forwards;
     // The first update applied here while on its way to the replica, or null: a dist_sync
-    // round (CloseRound; at most one) or a dist_async push (ApplyPushAhead; the updates before
-    // it are applied too).
+    // round (CloseRound; at most one) or a dist_async push (ApplyPushesAhead; only copies
+    // come before it).
     const Forward* AppliedAhead() const {
       const auto it = std::ranges::find_if(forwards, &Forward::applied);
       return it == forwards.end() ? nullptr : &*it;
@@ -426,9 +426,10 @@ class KVServerStore {
   // the last update or copy on its way there (a copy after a failover) is applied. For what
   // was applied before and is asked for again after a server died.
   void ResolveWhenReplicated(Slice& slice, const Waiter& waiter);
-  // Resolves `waiter` with the value the replica holds too: now, or once the replica answered
-  // the round applied here ahead of it. For pulls served from the current value. A plain pull
-  // (AnswersEarly) takes the value as it is, the round applied ahead included.
+  // Resolves `waiter` once the replica holds what this server applied ahead of it: now, or
+  // when the replica answered the first such update (in dist_sync the value is then the
+  // replica's; in dist_async later pushes applied ahead may be in it). For pulls served from
+  // the current value. A plain pull (AnswersEarly) takes the value as it is at once.
   void ResolveCurrent(Slice& slice, const Waiter& waiter);
   // Whether `waiter` may see a round applied here before the replica answered it: a plain
   // pull. Were this server to die, the workers send the round's pushes, which it never
@@ -438,9 +439,9 @@ class KVServerStore {
   static bool AnswersEarly(const Waiter& waiter) {
     return waiter.pending != nullptr && waiter.pending->values_only;
   }
-  // dist_async with a replica: applies the push StartForward just sent there, unless an
-  // update before it waits to be applied until the replica answers (see Forward::applied).
-  void ApplyPushAhead(Slice& slice);
+  // dist_async with a replica: applies the pushes on their way there that are not applied yet,
+  // in the order they were sent, up to one that cannot be applied now (out of memory).
+  void ApplyPushesAhead(Slice& slice);
   // dist_sync: resolves the plain pulls that wait for the round applied here ahead of the
   // replica (CloseRound).
   void ResolveEarlyPulls(Slice& slice);

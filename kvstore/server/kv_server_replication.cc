@@ -1,6 +1,6 @@
 // KVServerStore's replication (PS_REPLICATION): the primary's side (updates sent to the
-// replica and applied once it answers, full copies after a death), the replica's side
-// (Replicate requests) and the take-over when a server dies. See kv_server.h.
+// replica, applied here as they go or once it answers, full copies after a death), the
+// replica's side (Replicate requests) and the take-over when a server dies. See kv_server.h.
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -303,10 +303,12 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
       return;
     case kv::ReplicaKind::kAsyncPush:
       if (forward.applied) {
-        failed_update_ = nullptr;  // applied when it was sent (ApplyPushAhead)
+        failed_update_ = nullptr;  // applied when it was sent (ApplyPushesAhead)
       } else {
         ApplyUpdate(slice, forward.gradient);
         slice.seen[forward.worker].Add(forward.seq);
+        // Those it held back go ahead again (out of memory again, its waiters get the error).
+        if (failed_update_ != &slice) ApplyPushesAhead(slice);
       }
       // The value as it is now, later pushes applied ahead of the replica included: waiting
       // for a value the replica holds too would wait for ever under a steady stream of pushes.

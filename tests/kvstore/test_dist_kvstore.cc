@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
 #include <thread>
 
 #include "kvstore/dist/key_layout.h"
@@ -507,6 +509,29 @@ struct ResumeOnExit {
   ~ResumeOnExit() { process.Kill(SIGCONT); }
 };
 
+// Stops `process` with SIGSTOP and returns once every thread of it has stopped: the signal
+// takes effect asynchronously, and on a busy machine a thread may serve a request meanwhile.
+void StopProcess(ps::test::ChildProcess& process) {
+  process.Kill(SIGSTOP);
+  const std::string tasks = "/proc/" + std::to_string(process.pid()) + "/task";
+  const auto all_stopped = [&] {
+    std::error_code error;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+      std::ifstream stat(task.path() / "stat");
+      const std::string text((std::istreambuf_iterator<char>(stat)), {});
+      const std::size_t name_end = text.rfind(')');  // "pid (name) S ..."
+      if (name_end == std::string::npos || name_end + 2 >= text.size()) return false;
+      const char state = text[name_end + 2];
+      if (state != 'T' && state != 't') return false;
+    }
+    return !error;
+  };
+  for (int polls = 0; polls < 5000 && !all_stopped(); ++polls) {
+    std::this_thread::sleep_for(1ms);  // polling the kernel's state, bounded
+  }
+  Expect(all_stopped(), "process " + std::to_string(process.pid()) + " stopped within 5 s");
+}
+
 // The server process that registered as server `rank` (PS_VERBOSE 1 logs it).
 ps::test::ChildProcess* ServerOfRank(KVCluster& cluster, int rank) {
   ps::test::ChildProcess* found = nullptr;
@@ -539,7 +564,7 @@ TEST_CASE("replication: a pull is answered once its round is applied, its push o
     kv.Init(key, ps::Tensor(value.data(), value.size()));
     ps::test::ChildProcess* replica = ServerOfRank(cluster, 1);  // every node registered by now
     if (rank == 0) {
-      replica->Kill(SIGSTOP);
+      StopProcess(*replica);
     } else {
       Expect(first.wait_for(20s) == std::future_status::ready, "worker 0 pulled");
     }
@@ -597,7 +622,7 @@ TEST_CASE("replication: a dist_async push is applied on arrival, answered once r
     sgd.learning_rate = 1.0f;
     kv.SetOptimizer(sgd);
     ps::test::ChildProcess& replica = *ServerOfRank(cluster, 1);
-    replica.Kill(SIGSTOP);
+    StopProcess(replica);
     const ResumeOnExit resume{replica};
     kv.Push(key, ps::Tensor(grad.data(), grad.size()));
     kv.Pull(key, ps::Tensor(value.data(), value.size()));
@@ -610,7 +635,8 @@ TEST_CASE("replication: a dist_async push is applied on arrival, answered once r
     pull.get();
     push.get();
     pulled = value;
-    // And the replica holds it: the next push builds on the same value on both servers.
+    // The next push builds on it (that both servers hold the same values after a failover,
+    // test_failover checks).
     kv.Push(key, ps::Tensor(grad.data(), grad.size()));
     kv.Pull(key, ps::Tensor(value.data(), value.size()));
     kv.WaitAll();
