@@ -912,10 +912,11 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
         log << "ps-train: note: " << note << "\n" << std::flush;
       }
     }
-    // LATEST set back by hand: the later checkpoints of the run that went on from this one.
-    std::vector<int> later = EpochsIn(config.checkpoint_dir);
+    // LATEST set back by hand: the later checkpoints of the run that went on from this one,
+    // which rank 0 writes over.
+    std::vector<int> later = rank == 0 ? EpochsIn(config.checkpoint_dir) : std::vector<int>{};
     std::erase_if(later, [&](int epoch) { return epoch <= first_epoch; });
-    if (rank == 0 && !later.empty()) {
+    if (!later.empty()) {
       log << "ps-train: note: --resume: " << config.checkpoint_dir << " holds checkpoints past "
           << EpochName(first_epoch) << " (" << EpochList(later)
           << "): this job writes its own over those it reaches\n"

@@ -658,14 +658,10 @@ void Scheduler::OnWaitMessage(const Message& msg) {
   // worker that has not voted.
   std::vector<VoteWait> votes;
   if (const auto arrived = barriers_.find(kWorkerGroup); arrived != barriers_.end()) {
-    const std::vector<int> workers = GroupMembers(kWorkerGroup);
+    const std::vector<int> awaited = AwaitedMembers(kWorkerGroup, arrived->second);
     for (const auto& [waiter, arrival] : arrived->second) {
       const std::string call = ShownCall(arrival.vote);
-      for (const int worker : workers) {
-        if (!arrived->second.contains(worker) && IsLive(worker)) {
-          votes.push_back({waiter, worker, call});
-        }
-      }
+      for (const int worker : awaited) votes.push_back({waiter, worker, call});
     }
   }
   const std::string deadlock = deadlocks_->OnAnswer(msg, LiveServers(), nodes_, votes, now);
@@ -678,6 +674,15 @@ std::vector<int> Scheduler::GroupMembers(int group) const {
     if (RoleBit(nodes_[id].role) & group) members.push_back(static_cast<int>(id));
   }
   return members;
+}
+
+std::vector<int> Scheduler::AwaitedMembers(int group,
+                                           const std::map<int, BarrierArrival>& arrived) const {
+  std::vector<int> awaited = GroupMembers(group);
+  std::erase_if(awaited, [&](int member) PS_REQUIRES(mu_) {
+    return arrived.contains(member) || !IsLive(member);
+  });
+  return awaited;
 }
 
 void Scheduler::OnBarrier(const Meta& meta) {
@@ -809,8 +814,7 @@ void Scheduler::NoteLongBarriers(Clock::time_point now) {
       continue;
     }
     std::string absent;
-    for (const int member : GroupMembers(group)) {
-      if (arrived.contains(member) || !IsLive(member)) continue;
+    for (const int member : AwaitedMembers(group, arrived)) {
       absent += (absent.empty() ? "" : ", ") + nodes_[member].Describe();
     }
     if (absent.empty()) continue;  // released at the next arrival or death

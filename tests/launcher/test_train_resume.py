@@ -42,18 +42,20 @@ class TrainResume(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
         return result.stdout + result.stderr
 
-    def local(self, ckpt, *extra, examples=100):
-        """ps-train alone (--kvstore local) with checkpoints in ckpt: the finished process."""
+    def local(self, ckpt, *extra, status, examples=100):
+        """ps-train alone (--kvstore local) with checkpoints in ckpt: the finished process,
+        which exited with `status`."""
         cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
                "--checkpoint-dir", ckpt, "--num-examples", str(examples), "--log-interval",
                "1000", *extra]
         env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, status, result.stdout + result.stderr)
+        return result
 
     def one_epoch(self, ckpt, examples=100):
         """A local job of one epoch with its checkpoint in ckpt."""
-        first = self.local(ckpt, "--epochs", "1", examples=examples)
-        self.assertEqual(first.returncode, 0, first.stdout + first.stderr)
+        self.local(ckpt, "--epochs", "1", examples=examples, status=0)
 
     def files(self, checkpoint):
         names = sorted(os.listdir(checkpoint))
@@ -104,8 +106,7 @@ class TrainResume(unittest.TestCase):
     def test_resume_with_other_update_flags_or_from_an_earlier_epoch_is_noted(self):
         with tempfile.TemporaryDirectory() as ckpt:
             self.one_epoch(ckpt)
-            result = self.local(ckpt, "--epochs", "3", "--resume", "--lr", "0.05")
-            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            result = self.local(ckpt, "--epochs", "3", "--resume", "--lr", "0.05", status=0)
             self.assertIn(f"ps-train: note: --resume: {ckpt}/epoch-1 was trained with --lr 0.1, "
                           "--epochs 1; this job has --lr 0.05, --epochs 3: the updates' step "
                           "changes from this epoch on", result.stdout)
@@ -114,8 +115,7 @@ class TrainResume(unittest.TestCase):
             # LATEST set back by hand: the later checkpoints are named before they are replaced.
             with open(os.path.join(ckpt, "LATEST"), "w") as f:
                 f.write("epoch-1\n")
-            again = self.local(ckpt, "--epochs", "2", "--resume", "--lr", "0.05")
-            self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+            again = self.local(ckpt, "--epochs", "2", "--resume", "--lr", "0.05", status=0)
             self.assertIn(f"ps-train: note: --resume: {ckpt} holds checkpoints past epoch-1 "
                           "(epoch-2, epoch-3): this job writes its own over those it reaches",
                           again.stdout)
@@ -123,31 +123,28 @@ class TrainResume(unittest.TestCase):
     def test_resume_with_another_model_names_it(self):
         with tempfile.TemporaryDirectory() as ckpt:
             self.one_epoch(ckpt)
-            result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn")
-            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn", status=1)
             self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job of --model mlp, "
                           "this one is --model cnn: resume with --model mlp", result.stderr)
             self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
-            other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam")
-            self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
+            other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam",
+                               status=1)
             self.assertIn("with --optimizer sgd, this one has --optimizer adam: the checkpoint "
                           "holds sgd's state; resume with --optimizer sgd", other.stderr)
             # Without ps-train's record (a checkpoint of an older ps-train, or written through
             # the API) the store itself tells another model from another optimizer.
             os.remove(os.path.join(ckpt, "epoch-1", "TRAINING"))
-            result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn")
-            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            result = self.local(ckpt, "--epochs", "2", "--resume", "--model", "cnn", status=1)
             self.assertIn("which holds the parameters of another model than this job's "
                           "--model cnn: resume with the --model it was written with",
                           result.stderr)
-            other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam")
-            self.assertEqual(other.returncode, 1, other.stdout + other.stderr)
+            other = self.local(ckpt, "--epochs", "2", "--resume", "--optimizer", "adam",
+                               status=1)
             self.assertIn("the checkpoint holds sgd optimizer state, this job's optimizer is adam",
                           other.stderr)
             self.assertNotIn("another model", other.stderr)
             # The same job resumes; the checks it could not make are named.
-            same = self.local(ckpt, "--epochs", "2", "--resume")
-            self.assertEqual(same.returncode, 0, same.stdout + same.stderr)
+            same = self.local(ckpt, "--epochs", "2", "--resume", status=0)
             self.assertIn(f"resumed from {ckpt}/epoch-1 (1 epoch(s) done; it has no TRAINING "
                           "record, so the workers, --batch-size and schedule it was trained "
                           "with were not checked)", same.stdout)
@@ -160,8 +157,7 @@ class TrainResume(unittest.TestCase):
         with tempfile.TemporaryDirectory() as ckpt:
             self.one_epoch(ckpt, examples=640)
             again = ["--epochs", "2", "--resume", "--batch-size", "32"]
-            result = self.local(ckpt, *again, examples=640)
-            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            result = self.local(ckpt, *again, examples=640, status=1)
             self.assertIn(f"--resume: {ckpt}/epoch-1 was written by a job whose servers "
                           "counted 10 updates in its 1 epoch(s) (the last job on it made 10 per "
                           "epoch: 1 worker(s), --batch-size 64, 640 examples, --kvstore local); "
@@ -172,14 +168,12 @@ class TrainResume(unittest.TestCase):
             self.assertIn("(--lr-scheduler none --warmup-epochs 0)", result.stderr)
             self.assertNotIn("Epoch[", result.stdout)
             # A constant rate does not count updates: the same resume goes on.
-            result = self.local(ckpt, *again, "--lr-scheduler", "none", examples=640)
-            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            result = self.local(ckpt, *again, "--lr-scheduler", "none", examples=640, status=0)
             self.assertIn("Epoch[1]", result.stdout)
             # The servers counted 10 + 20 updates in those 2 epochs: a scheduled job of batch
             # 32 (20 per epoch) would take them for 1.5 epochs; it is refused too.
             result = self.local(ckpt, "--epochs", "3", "--resume", "--batch-size", "32",
-                                examples=640)
-            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+                                examples=640, status=1)
             self.assertIn("counted 30 updates in its 2 epoch(s) (the last job on it made 20 per "
                           "epoch", result.stderr)
             self.assertIn("would take them for 1.5 epoch(s), not 2", result.stderr)
@@ -190,8 +184,7 @@ class TrainResume(unittest.TestCase):
             self.one_epoch(ckpt)
             with open(os.path.join(ckpt, "epoch-1", "MANIFEST"), "rb") as f:
                 manifest = f.read()
-            again = self.local(ckpt, "--epochs", "1", "--seed", "7")
-            self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
+            again = self.local(ckpt, "--epochs", "1", "--seed", "7", status=1)
             self.assertEqual(again.stderr.strip(),
                              f"ps-train: error: --checkpoint-dir {ckpt} holds checkpoints "
                              "already (LATEST names epoch-1): add --resume to go on from there, "
@@ -200,8 +193,7 @@ class TrainResume(unittest.TestCase):
                 self.assertEqual(f.read(), manifest)
             # LATEST lost (a copy without it): the epochs are still another run's.
             os.remove(os.path.join(ckpt, "LATEST"))
-            again = self.local(ckpt, "--epochs", "1", "--seed", "7")
-            self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
+            again = self.local(ckpt, "--epochs", "1", "--seed", "7", status=1)
             self.assertIn(f"--checkpoint-dir {ckpt} holds checkpoints already (epoch-1, and no "
                           "LATEST): to go on from one, write its name into "
                           f"{ckpt}/LATEST and add --resume", again.stderr)

@@ -252,6 +252,9 @@ class Scheduler {
     Clock::time_point at{};    // when it arrived
   };
   Verdict BarrierVerdict(const std::map<int, BarrierArrival>& arrived) const PS_REQUIRES(mu_);
+  // The live members of `group` that have not arrived at its barrier: what it waits for.
+  std::vector<int> AwaitedMembers(int group, const std::map<int, BarrierArrival>& arrived) const
+      PS_REQUIRES(mu_);
   std::map<int, std::map<int, BarrierArrival>> barriers_ PS_GUARDED_BY(mu_);  // group -> arrivals
   // A barrier that has waited long for members that are alive but have not entered it (still
   // working, or their program skips the call) is logged, naming them (ClusterConfig's
