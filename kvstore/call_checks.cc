@@ -39,6 +39,10 @@ std::size_t MostElements(DType dtype, Device device) {
   return static_cast<std::size_t>(bytes / DTypeSize(dtype));
 }
 
+[[noreturn]] void ThrowUnknownKey(std::string_view store, std::string_view op, Key key) {
+  throw Error(Where(store, op, key) + "unknown key (never initialized: call Init first)");
+}
+
 }  // namespace
 
 void TensorBasics(std::string_view store, std::string_view op, Key key, const Tensor& t) {
@@ -74,6 +78,23 @@ void NamingKey(std::string_view store, std::string_view op, Key key,
     work();
   } catch (const Error& e) {
     throw Error(Where(store, op, key) + e.what());
+  }
+}
+
+void NamingCall(std::string_view store, std::string_view op, const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const Error& e) {
+    ThrowError(e.kind(), std::string(store) + ": " + std::string(op) + ": " + e.what());
+  }
+}
+
+void WaitedKeys(std::string_view store, std::string_view op, std::span<const Key> keys,
+                const std::function<bool(Key)>& known) {
+  for (const Key key : keys) {
+    if (!known(key)) {
+      ThrowUnknownKey(store, op, key);
+    }
   }
 }
 
@@ -139,7 +160,7 @@ void Operation::CheckKey(std::size_t i, const std::optional<Declared>& declared)
   const Key key = keys_[i];
   const std::string_view op = OpName(op_);
   if (!declared) {
-    throw Error(Where(store_, op, key) + "unknown key (never initialized: call Init first)");
+    ThrowUnknownKey(store_, op, key);
   }
   if (keys_.size() > 1 && !seen_.insert(key).second) {
     throw Error(Where(store_, op, key) + "given twice in one call (a key may appear once)");

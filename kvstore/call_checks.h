@@ -33,6 +33,15 @@ void TensorBasics(std::string_view store, std::string_view op, Key key, const Te
 void NamingKey(std::string_view store, std::string_view op, Key key,
                const std::function<void()>& work);
 
+// Wait and WaitPulls (`op`): every key must have been initialized, or the wait would wait for
+// nothing and return as if it had (a mistyped key). `known(key)` says whether Init declared it.
+void WaitedKeys(std::string_view store, std::string_view op, std::span<const Key> keys,
+                const std::function<bool(Key)>& known);
+
+// Runs work(); a ps::Error from it is rethrown, of the same kind, prefixed "<store>: <op>: ",
+// for calls whose errors name no key of their own (SetOptimizer, the checkpoint calls).
+void NamingCall(std::string_view store, std::string_view op, const std::function<void()>& work);
+
 // A Push/Pull tensor against what Init declared for the key.
 void Matches(std::string_view store, std::string_view op, Key key, const Tensor& t, DType dtype,
              std::size_t size);

@@ -545,4 +545,15 @@ void CheckOptimizerMatches(const std::optional<OptimizerConfig>& saved,
   }
 }
 
+void CheckStateFits(Key key, const Index::Slice& slice, const Optimizer* current) {
+  if (slice.state.empty()) return;
+  const int buffers = current != nullptr ? current->num_buffers() : 0;
+  if (current != nullptr && slice.buffers == static_cast<std::uint32_t>(buffers)) return;
+  throw Error("key " + std::to_string(key) + ": the checkpoint keeps " +
+              std::to_string(slice.buffers) + " optimizer buffer(s) per element, " +
+              (current != nullptr ? current->config().name : std::string("no optimizer")) +
+              " as set now keeps " + std::to_string(buffers) +
+              " (e.g. SGD saved with momentum, loaded without): set the same optimizer");
+}
+
 }  // namespace ps::checkpoint

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvstore/optimizer.h"
 #include "ps/kvstore.h"
 #include "ps/tensor.h"
 
@@ -129,5 +130,10 @@ class Index {
 // (name and state buffers), or neither has one. Throws ps::Error saying what to change.
 void CheckOptimizerMatches(const std::optional<OptimizerConfig>& saved,
                            const OptimizerConfig* current);
+// Then per slice: its saved state (of `key`) must have as many buffers per element as
+// `current` keeps (SGD saved with momentum and loaded without has not). `current` may be null
+// only when the slice has no state (CheckOptimizerMatches saw to that). Throws ps::Error naming
+// the key.
+void CheckStateFits(Key key, const Index::Slice& slice, const Optimizer* current);
 
 }  // namespace ps::checkpoint

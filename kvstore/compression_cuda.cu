@@ -13,7 +13,7 @@ namespace {
 void Check(cudaError_t status, const char* what, int device) {
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear it, so that the caller's next CUDA call is not blamed for it
-    throw Error(std::string("KVStore: gradient compression: ") + what +
+    throw Error(std::string("gradient compression: ") + what +
                 " on cuda:" + std::to_string(device) + " failed: " + cudaGetErrorString(status));
   }
 }

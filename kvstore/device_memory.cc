@@ -29,7 +29,7 @@ void Check(cudaError_t status, const char* what, Device device) {
     why += " (this machine has no GPU: a tensor on " + device.ToString() +
            " needs one; use host memory otherwise)";
   }
-  throw Error(std::string("KVStore: ") + what + " on " + device.ToString() + " failed: " + why);
+  throw Error(std::string(what) + " on " + device.ToString() + " failed: " + why);
 }
 
 // Makes `device` current on the calling thread when it is not already. Not restored
@@ -52,8 +52,8 @@ void CheckDevice(Device device) {
   int count = 0;
   Check(cudaGetDeviceCount(&count), "counting the devices", device);
   if (device.id < 0 || device.id >= count) {
-    throw Error("KVStore: " + device.ToString() + " does not exist (this machine has " +
-                std::to_string(count) + " GPU" + (count == 1 ? "" : "s") + ")");
+    throw Error(device.ToString() + " does not exist (this machine has " + std::to_string(count) +
+                " GPU" + (count == 1 ? "" : "s") + ")");
   }
 }
 
@@ -79,7 +79,7 @@ bool DeviceCopiesBuilt() { return false; }
 void MakeDeviceCurrent(Device device) { CheckDevice(device); }
 
 void CheckDevice(Device device) {
-  throw Error("KVStore: a tensor on " + device.ToString() +
+  throw Error("a tensor on " + device.ToString() +
               " needs a build with CUDA (this one has none): stage it in host memory");
 }
 

@@ -2,7 +2,8 @@
 // Copies between host memory and GPU memory for KVStore tensors. In a build with CUDA these
 // call the CUDA runtime; without it they throw ps::Error saying so. The KVStore never sends
 // from or receives into GPU memory directly: a pushed GPU tensor is copied to a host buffer
-// first, a pulled value is copied from the received frame to the GPU.
+// first, a pulled value is copied from the received frame to the GPU. Errors name the device
+// and the step; the caller names the store, the call and the key (checks::NamingKey).
 #include <cstddef>
 #include <memory>
 #include <span>

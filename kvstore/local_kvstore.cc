@@ -19,7 +19,8 @@ LocalKVStore::LocalKVStore(const ParallelOptions& parallel) : parallel_(parallel
 LocalKVStore::~LocalKVStore() = default;
 
 void LocalKVStore::SetOptimizer(const OptimizerConfig& config) {
-  auto optimizer = MakeOptimizer(config, parallel_);  // validates; throws before any change
+  std::unique_ptr<Optimizer> optimizer;  // validated first: a bad config changes nothing
+  checks::NamingCall(kStore, "SetOptimizer", [&] { optimizer = MakeOptimizer(config, parallel_); });
   MutexLock lock(mu_);
   optimizer_ = std::move(optimizer);
 }
@@ -124,8 +125,26 @@ void LocalKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tenso
   DoPullLocked(entries, keys, outs, "PushPull");
 }
 
+void LocalKVStore::WaitImpl(std::span<const Key> keys) { CheckWaited("Wait", keys); }
+
+void LocalKVStore::WaitPullsImpl(std::span<const Key> keys) { CheckWaited("WaitPulls", keys); }
+
+void LocalKVStore::CheckWaited(std::string_view op, std::span<const Key> keys) {
+  MutexLock lock(mu_);
+  checks::WaitedKeys(kStore, op, keys,
+                     [this](Key key) PS_REQUIRES(mu_) { return store_.contains(key); });
+}
+
 void LocalKVStore::SaveCheckpoint(const std::string& dir) {
-  if (dir.empty()) throw Error("local kvstore: SaveCheckpoint: the directory is empty");
+  checks::NamingCall(kStore, "SaveCheckpoint", [&] { SaveCheckpointTo(dir); });
+}
+
+void LocalKVStore::LoadCheckpoint(const std::string& dir) {
+  checks::NamingCall(kStore, "LoadCheckpoint", [&] { LoadCheckpointFrom(dir); });
+}
+
+void LocalKVStore::SaveCheckpointTo(const std::string& dir) {
+  if (dir.empty()) throw Error("the directory is empty");
   MutexLock lock(mu_);
   checkpoint::Contents contents;
   if (optimizer_) contents.optimizer = optimizer_->config();
@@ -150,8 +169,8 @@ void LocalKVStore::SaveCheckpoint(const std::string& dir) {
   checkpoint::WriteManifest(dir, manifest);
 }
 
-void LocalKVStore::LoadCheckpoint(const std::string& dir) {
-  if (dir.empty()) throw Error("local kvstore: LoadCheckpoint: the directory is empty");
+void LocalKVStore::LoadCheckpointFrom(const std::string& dir) {
+  if (dir.empty()) throw Error("the directory is empty");
   const auto manifest =
       checkpoint::Manifest::Parse(checkpoint::ReadManifestText(dir), dir + "/MANIFEST");
   checkpoint::Index index;
@@ -165,16 +184,7 @@ void LocalKVStore::LoadCheckpoint(const std::string& dir) {
   }
   checkpoint::CheckOptimizerMatches(index.optimizer(),
                                     optimizer_ ? &optimizer_->config() : nullptr);
-  for (const auto& [key, slice] : loaded) {
-    if (!slice.state.empty() &&
-        slice.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
-      throw Error("local kvstore: LoadCheckpoint: key " + std::to_string(key) +
-                  ": the checkpoint keeps " + std::to_string(slice.buffers) +
-                  " optimizer buffer(s) per element, " + optimizer_->config().name +
-                  " as set now keeps " + std::to_string(optimizer_->num_buffers()) +
-                  ": set the same optimizer");
-    }
-  }
+  for (const auto& [key, slice] : loaded) checkpoint::CheckStateFits(key, slice, optimizer_.get());
   for (auto& [key, slice] : loaded) {
     Entry& entry = store_.at(key);
     std::copy(slice.value.begin(), slice.value.end(), entry.data.get());

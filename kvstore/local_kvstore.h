@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +55,9 @@ class LocalKVStore final : public KVStore {
   void PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) override;
   void PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                     std::span<const Tensor> outs, int priority) override;
+  // Nothing to wait for (every call is synchronous); an unknown key is refused as elsewhere.
+  void WaitImpl(std::span<const Key> keys) override;
+  void WaitPullsImpl(std::span<const Key> keys) override;
 
  private:
   struct Entry {
@@ -74,6 +78,11 @@ class LocalKVStore final : public KVStore {
   const ParallelOptions parallel_;
   // Page-locked host copies of pushed GPU tensors.
   const std::shared_ptr<StagingPool> staging_ = StagingPool::Create();
+  void CheckWaited(std::string_view op, std::span<const Key> keys);
+  // The checkpoint calls without their "local kvstore: <call>: " prefix.
+  void SaveCheckpointTo(const std::string& dir);
+  void LoadCheckpointFrom(const std::string& dir);
+
   Mutex mu_;
   std::unordered_map<Key, Entry> store_ PS_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ PS_GUARDED_BY(mu_);  // null: pushes replace the value

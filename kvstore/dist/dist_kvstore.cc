@@ -58,6 +58,12 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
   }
   ThrowError(kind, error);
 }
+// A pulled value that could not be copied into the caller's memory (a GPU copy, a compressed
+// pull's decoding): the reply does not say for which key.
+std::string PulledValueError(const Error& e) {
+  return std::string(kStore) + ": a pulled value: " + e.what();
+}
+
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
 
@@ -357,6 +363,12 @@ void DistKVStore::WaitImpl(std::span<const Key> keys) { WaitForKeys(keys, false)
 void DistKVStore::WaitPullsImpl(std::span<const Key> keys) { WaitForKeys(keys, true); }
 
 void DistKVStore::WaitForKeys(std::span<const Key> keys, bool pulls) {
+  {
+    SharedLock lock(keys_mu_);
+    checks::WaitedKeys(kStore, pulls ? "WaitPulls" : "Wait", keys,
+                       [this](Key key)
+                           PS_REQUIRES_SHARED(keys_mu_) { return keys_.contains(key); });
+  }
   const auto done = [this, keys, pulls]() PS_REQUIRES(ops_mu_) {
     const std::unordered_map<Key, std::size_t>& counts = pulls ? key_pulls_ : key_ops_;
     return std::all_of(keys.begin(), keys.end(), [&counts](Key key) {
@@ -680,7 +692,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
   try {
     ValidateOptimizerConfig(config);
   } catch (const Error& e) {
-    local_error = e.what();
+    local_error = std::string(kStore) + ": SetOptimizer: " + e.what();
   }
   Collective("SetOptimizer", "SetOptimizer " + DescribeOptimizer(config), local_error, [&] {
     kv::Request request;
@@ -1257,7 +1269,7 @@ std::string DistKVStore::CopyReply(const Message& response, std::span<const Dest
         error =
             copy->ApplyPull(response.data[j], targets[j].pull, targets[j].data, targets[j].device);
       } catch (const Error& e) {
-        error = e.what();
+        error = PulledValueError(e);
       }
       if (!error.empty()) {
         return "response from " + runtime_->Describe(response.meta.sender) + ": " + error;
@@ -1272,7 +1284,7 @@ std::string DistKVStore::CopyReply(const Message& response, std::span<const Dest
     try {
       CopyFromHost(targets[j].data, targets[j].device, value, targets[j].bytes);
     } catch (const Error& e) {
-      return e.what();
+      return PulledValueError(e);
     }
   }
   return "";
@@ -1385,7 +1397,7 @@ void DistKVStore::SendRerouted(const std::shared_ptr<Rerouted>& state, ReroutedP
   try {
     SplitRerouted(part, pieces);
   } catch (const Error& e) {  // a GPU value that cannot be copied again
-    ReroutedPartDone(state, e.what());
+    ReroutedPartDone(state, std::string(kStore) + ": a pushed value sent again: " + e.what());
     return;
   }
   {

@@ -44,7 +44,7 @@ compression::gpu::DeviceResidual& SliceCompression::DeviceResidualLocked(int dev
   return *device_;
 #else
   CheckDevice(Device::CUDA(device));  // throws: this build has no CUDA
-  throw Error("KVStore: gradient compression of a GPU tensor needs a build with CUDA");
+  throw Error("gradient compression of a GPU tensor needs a build with CUDA");
 #endif
 }
 

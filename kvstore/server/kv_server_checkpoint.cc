@@ -133,14 +133,7 @@ void KVServerStore::StageLoad(const Meta& meta, const kv::Request& request) {
                                         optimizer_ ? &optimizer_->config() : nullptr);
     }
     for (const auto& [id, assembled] : staged.slices) {
-      if (!assembled.state.empty() &&
-          assembled.buffers != static_cast<std::uint32_t>(optimizer_->num_buffers())) {
-        throw Error(KeyText(id.first) + ": the checkpoint keeps " +
-                    std::to_string(assembled.buffers) + " optimizer buffer(s) per element, " +
-                    optimizer_->config().name + " as set now keeps " +
-                    std::to_string(optimizer_->num_buffers()) +
-                    " (e.g. SGD saved with momentum, loaded without): set the same optimizer");
-      }
+      checkpoint::CheckStateFits(id.first, assembled, optimizer_.get());
     }
   } catch (const Error& e) {
     runtime_.ReplyError(meta, server + ": " + e.what(), e.kind());

@@ -299,6 +299,47 @@ TEST_CASE("checkpoint: missing, corrupt or mismatched checkpoints fail on every 
         ps::ErrorKind::kOther);
 }
 
+TEST_CASE("checkpoint: SGD saved with momentum does not load into SGD without, in either store",
+          "[dist][checkpoint][errors]") {
+  TempDir dir;
+  ps::OptimizerConfig with_momentum;
+  with_momentum.momentum = 0.9f;
+  const ps::OptimizerConfig without_momentum;  // sgd, no state buffers
+  std::vector<float> value(kSmall, 1.0f);
+  ps::LocalKVStore saved;
+  saved.Init(1, ps::Tensor(value.data(), kSmall));
+  saved.SetOptimizer(with_momentum);
+  saved.Push(1, ps::Tensor(value.data(), kSmall));
+  saved.SaveCheckpoint(dir.path());
+  const std::string why =
+      "key 1: the checkpoint keeps 1 optimizer buffer(s) per element, sgd as set now keeps 0 (e.g. "
+      "SGD saved with momentum, loaded without): set the same optimizer";
+  ps::LocalKVStore local;
+  local.Init(1, ps::Tensor(value.data(), kSmall));
+  local.SetOptimizer(without_momentum);
+  CHECK_THROWS_WITH(local.LoadCheckpoint(dir.path()), "local kvstore: LoadCheckpoint: " + why);
+  std::vector<float> out(kSmall);
+  local.Pull(1, ps::Tensor(out.data(), kSmall));
+  CHECK(out == value);  // unchanged
+  // The servers check each slice the same way, in the same words.
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    kv.Init(1, ps::Tensor(value.data(), kSmall));
+    kv.SetOptimizer(without_momentum);
+    std::string what = "no error";
+    try {
+      kv.LoadCheckpoint(dir.path());
+    } catch (const ps::Error& e) {
+      what = e.what();
+    }
+    Expect(what.find("dist kvstore: LoadCheckpoint failed on every worker") == 0 &&
+               what.find(why) != std::string::npos,
+           "the dist store's message: " + what);
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("checkpoint: a malformed MANIFEST names what is wrong with it", "[checkpoint][errors]") {
   const auto error_of = [](const std::string& text) -> std::string {
     try {

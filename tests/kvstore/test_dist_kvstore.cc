@@ -20,7 +20,9 @@
 namespace {
 
 using ps::test::AllOk;
+using ps::test::ErrorOf;
 using ps::test::Expect;
+using ps::test::Has;
 using ps::test::KeySizes;
 using ps::test::KVCluster;
 using ps::test::SyncSumRounds;
@@ -296,7 +298,13 @@ TEST_CASE("dist_sync: Wait on one key returns while another key's round is still
       Expect(seen, "rank 0's Wait(1) returned while key 2's round was open");
       Expect(values[1] == std::vector<float>(7, 30.0f), "key 2 after WaitAll");
     }
-    kv.Wait(std::vector<ps::Key>{1, 2, 99});  // nothing in flight (99 was never used): at once
+    kv.Wait(std::vector<ps::Key>{1, 2});  // nothing in flight: at once
+    // A key never initialized (a mistyped one) is refused, not waited for as if done.
+    Expect(Has(ErrorOf([&] {
+                 kv.Wait(std::vector<ps::Key>{1, 99});
+               }),
+               "dist kvstore: Wait key 99: unknown key (never initialized: call Init first)"),
+           "Wait on key 99");
   });
   CHECK(AllOk(outcomes) == "");
   CHECK(cluster.EndedCleanly());

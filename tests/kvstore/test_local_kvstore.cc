@@ -230,6 +230,9 @@ TEST_CASE("user errors name the key, the expected and the given value", "[kvstor
       INFO(what);
       CHECK((what.find("driver version is insufficient") == std::string::npos ||
              what.find("no NVIDIA driver is loaded on this machine") != std::string::npos));
+      // The store and the call are named once, at the front.
+      CHECK(what.rfind("local kvstore: Push key 7: ", 0) == 0);
+      CHECK(what.find("KVStore") == std::string::npos);
     }
     REQUIRE_THROWS_WITH(kv->PushPull(7, ps::Tensor(x.data(), 3),
                                      ps::Tensor(x.data(), 3, ps::DType::kFloat32, missing)),

@@ -60,6 +60,11 @@ std::vector<BadCall> BadCalls() {
       {"Push of an unknown key", [=](ps::KVStore& kv) { kv.Push(99, t3); }},
       {"Pull of an unknown key", [=](ps::KVStore& kv) { kv.Pull(98, t3); }},
       {"PushPull of an unknown key", [=](ps::KVStore& kv) { kv.PushPull(97, t3, u3); }},
+      {"Wait on an unknown key", [=](ps::KVStore& kv) { kv.Wait(94); }},
+      {"WaitPulls on an unknown key after a good one",
+       [=](ps::KVStore& kv) {
+         kv.WaitPulls(std::vector<ps::Key>{7, 93});
+       }},
       {"an unknown key after a good one",
        [=](ps::KVStore& kv) {
          kv.Push({7, 96}, {t3, t3});
@@ -99,6 +104,12 @@ std::vector<BadCall> BadCalls() {
       {"Init: more keys than tensors",
        [=](ps::KVStore& kv) {
          kv.Init(std::vector<ps::Key>{32, 33}, {t1});
+       }},
+      {"SetOptimizer with a negative learning rate",
+       [=](ps::KVStore& kv) {
+         ps::OptimizerConfig config;
+         config.learning_rate = -1.0f;
+         kv.SetOptimizer(config);
        }},
       {"Push to an int32 key with an optimizer set",
        [=](ps::KVStore& kv) {
@@ -182,6 +193,12 @@ TEST_CASE("the shared checks name the key and what is wrong", "[kvstore][local][
   CHECK_THAT(message_of("Pull of an unknown key"),
              Equals("local kvstore: Pull key 98: unknown key (never initialized: call Init "
                     "first)"));
+  CHECK_THAT(message_of("Wait on an unknown key"),
+             Equals("local kvstore: Wait key 94: unknown key (never initialized: call Init "
+                    "first)"));
+  CHECK_THAT(message_of("WaitPulls on an unknown key after a good one"),
+             Equals("local kvstore: WaitPulls key 93: unknown key (never initialized: call Init "
+                    "first)"));
   CHECK_THAT(message_of("an unknown key before a repeat"),
              Equals("local kvstore: Push key 95: unknown key (never initialized: call Init "
                     "first)"));
@@ -195,6 +212,9 @@ TEST_CASE("the shared checks name the key and what is wrong", "[kvstore][local][
                     "key is initialized once)"));
   CHECK_THAT(message_of("the same key twice in one Init"),
              Equals("local kvstore: Init key 20: given twice in one call"));
+  CHECK_THAT(message_of("SetOptimizer with a negative learning rate"),
+             Catch::Matchers::StartsWith("local kvstore: SetOptimizer: ") &&
+                 Catch::Matchers::Contains("learning_rate"));
   CHECK_THAT(message_of("Push to an int32 key with an optimizer set"),
              Equals("local kvstore: Push key 40: optimizers update float32 keys only, this key "
                     "holds int32"));

@@ -147,6 +147,7 @@ class KVStore {
   // buffer may change again: the buffer lifetime rule, per key. It throws what WaitAll would:
   // the first error any operation reported since the last wait, whatever its key. A store may
   // wait for more than asked ("local", whose operations are synchronous, waits for nothing).
+  // A key never initialized throws ps::Error, as Push would.
   void Wait(Key key) { WaitImpl(One(key)); }
   void Wait(const std::vector<Key>& keys) { WaitImpl(keys); }
   // Waits for the Pull and PushPull calls issued so far, by any thread, that involve any of
