@@ -1,5 +1,6 @@
 // LocalKVStore ("local"): exact values, the optimizer path, every user error, concurrency.
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -9,6 +10,7 @@
 
 #include "kvstore/local_kvstore.h"
 #include "kvstore/optimizer.h"
+#include "ps/config.h"
 #include "ps/kvstore.h"
 
 namespace {
@@ -31,6 +33,33 @@ TEST_CASE("Create picks the local store and rejects unknown types", "[kvstore][l
                                                            Contains("dist_sync") &&
                                                            Contains("dist_async"));
   REQUIRE_THROWS_AS(ps::KVStore::Create("device"), ps::Error);
+}
+
+TEST_CASE("Create refuses a local store in a process launched as a server or the scheduler",
+          "[kvstore][local]") {
+  // As launch.py --same-cmd-for-all-roles starts the program for every role: a local store
+  // there would train alone, unseen by the job.
+  const char* before = std::getenv("DMLC_ROLE");
+  const std::string saved = before != nullptr ? before : "";
+  for (const char* role : {"server", "scheduler"}) {
+    INFO(role);
+    ::setenv("DMLC_ROLE", role, 1);
+    REQUIRE_THROWS_WITH(ps::KVStore::Create("local"),
+                        Contains("type 'local'") && Contains(std::string("DMLC_ROLE=") + role) &&
+                            Contains("Create a dist_sync or dist_async store"));
+  }
+  ::setenv("DMLC_ROLE", "worker", 1);
+  CHECK(ps::KVStore::Create("local")->Type() == "local");
+  if (before != nullptr) {
+    ::setenv("DMLC_ROLE", saved.c_str(), 1);
+  } else {
+    ::unsetenv("DMLC_ROLE");
+  }
+  ps::ClusterConfig config;
+  config.role = ps::Role::kServer;
+  REQUIRE_THROWS_WITH(ps::KVStore::Create("local", config), Contains("DMLC_ROLE=server"));
+  config.role = ps::Role::kWorker;
+  CHECK(ps::KVStore::Create("local", config)->Type() == "local");
 }
 
 TEST_CASE("init, push and pull move exact values", "[kvstore][local]") {

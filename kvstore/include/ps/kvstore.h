@@ -108,7 +108,7 @@ class KVStore {
  public:
   // type: "local", "dist_sync" or "dist_async". The cluster comes from the DMLC_* environment.
   // In a process whose DMLC_ROLE is "server" or "scheduler" this runs that role until the job
-  // ends and then exits the process with the role's status.
+  // ends and then exits the process with the role's status; "local" throws ps::Error there.
   static std::unique_ptr<KVStore> Create(const std::string& type);
   // Same, with an explicit cluster configuration (no environment read).
   static std::unique_ptr<KVStore> Create(const std::string& type, const ClusterConfig& config);
