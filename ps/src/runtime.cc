@@ -1096,8 +1096,12 @@ void Runtime::FinishWorker(const std::string& failure) {
   const RequestResult outcome = RequestSchedulerAndWait(
       msg,
       RequestTracker::Clock::now() + std::max(config_.register_timeout, config_.heartbeat_timeout));
-  if (!outcome.ok())
-    throw Error("could not tell the scheduler this worker finished: " + outcome.error);
+  if (outcome.ok()) return;
+  // The job ended failing first (another node failed): say so, not that a message was lost.
+  if (std::string failed = Runtime::failure(); !failed.empty()) {
+    throw Error("finished after the job ended: " + failed);
+  }
+  throw Error("could not tell the scheduler this worker finished: " + outcome.error);
 }
 
 void Runtime::ReportFailure(const std::string& why) {

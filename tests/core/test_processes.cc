@@ -606,7 +606,12 @@ TEST_CASE("processes: ps-kvstore-check's reason for failing reaches the whole jo
   for (auto* worker : {few.get(), many.get()}) {
     CHECK(worker->Wait(30s) == 1);
     CHECK_THAT(worker->Output(), Catch::Contains("kvstore-check: error: "));
+    // The worker that did not report learned of the failure first: it says so, not that its
+    // own finish was lost on the way.
+    CHECK_THAT(worker->Output(), !Catch::Contains("could not tell the scheduler"));
   }
+  CHECK_THAT(few->Output() + many->Output(),
+             Catch::Contains("finished after the job ended: the job failed: worker "));
   CHECK(scheduler->Wait(15s) == 1);
   const std::string output = scheduler->Output();
   INFO(output);
