@@ -24,6 +24,8 @@ namespace {
 
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 constexpr std::uint32_t kFormatVersion = 1;
+constexpr char kResidualMagic[8] = {'P', 'S', 'R', 'E', 'S', 'I', 'D', '\1'};
+constexpr std::uint32_t kResidualFormatVersion = 1;
 constexpr const char* kManifestName = "MANIFEST";
 constexpr const char* kManifestHeader = "ps-checkpoint 1";
 
@@ -435,6 +437,84 @@ std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& m
   file.Commit();
   if (progress) progress();
   return RemoveUnlistedDataFiles(dir, manifest, progress);
+}
+
+std::string ResidualFileName(int rank) { return "worker-" + std::to_string(rank) + ".psres"; }
+
+std::uint64_t ManifestId(std::string_view manifest_text) {
+  Checksum checksum;
+  checksum.Add(manifest_text.data(), manifest_text.size());
+  return checksum.value();
+}
+
+void WriteResidualFile(const std::string& dir, const Residuals& residuals) {
+  AtomicFile file(dir, ResidualFileName(residuals.rank));
+  file.Write(kResidualMagic, sizeof(kResidualMagic));
+  file.WriteValue(kResidualFormatVersion);
+  file.WriteValue(residuals.manifest_id);
+  file.WriteValue(static_cast<std::uint32_t>(residuals.rank));
+  file.WriteValue(static_cast<std::uint32_t>(residuals.workers));
+  file.WriteValue(static_cast<std::uint64_t>(residuals.compression.size()));
+  file.Write(residuals.compression.data(), residuals.compression.size());
+  file.WriteValue(static_cast<std::uint64_t>(residuals.keys.size()));
+  for (const auto& [key, values] : residuals.keys) {
+    file.WriteValue(key);
+    file.WriteValue(static_cast<std::uint64_t>(values.size()));
+    file.Write(values.data(), values.size() * sizeof(float));
+  }
+  const std::uint64_t checksum = file.checksum();
+  file.WriteValue(checksum);
+  file.Commit();
+}
+
+std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank) {
+  const std::string path = dir + "/" + ResidualFileName(rank);
+  if (::access(path.c_str(), F_OK) != 0) return std::nullopt;
+  const std::string bytes = ReadWhole(path, "push residual file");
+  if (bytes.size() < sizeof(kResidualMagic) + sizeof(std::uint64_t)) {
+    throw Error("push residual file " + path + " is too short to be one");
+  }
+  const std::size_t body = bytes.size() - sizeof(std::uint64_t);
+  Checksum checksum;
+  checksum.Add(bytes.data(), body);
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data() + body, sizeof(stored));
+  if (checksum.value() != stored) {
+    throw Error("push residual file " + path + " is corrupt: its checksum does not match");
+  }
+  Reader in(bytes, path);
+  char magic[sizeof(kResidualMagic)];
+  in.Read(magic, sizeof(magic));
+  if (std::memcmp(magic, kResidualMagic, sizeof(magic)) != 0) {
+    in.Corrupt("not a ps push residual file");
+  }
+  if (const auto version = in.Value<std::uint32_t>(); version != kResidualFormatVersion) {
+    in.Corrupt("format version " + std::to_string(version) + ", this build reads " +
+               std::to_string(kResidualFormatVersion));
+  }
+  Residuals residuals;
+  residuals.manifest_id = in.Value<std::uint64_t>();
+  residuals.rank = static_cast<int>(in.Value<std::uint32_t>());
+  residuals.workers = static_cast<int>(in.Value<std::uint32_t>());
+  if (residuals.rank != rank) in.Corrupt("it holds worker " + std::to_string(residuals.rank));
+  const auto text_bytes = in.Value<std::uint64_t>();
+  if (text_bytes > in.remaining())
+    in.Corrupt("a setting of " + std::to_string(text_bytes) + " bytes");
+  residuals.compression.resize(text_bytes);
+  in.Read(residuals.compression.data(), text_bytes);
+  const auto keys = in.Value<std::uint64_t>();
+  for (std::uint64_t k = 0; k < keys; ++k) {
+    const Key key = in.Value<Key>();
+    const auto floats = in.Value<std::uint64_t>();
+    if (floats > in.remaining() / sizeof(float)) {
+      in.Corrupt("key " + std::to_string(key) + " has a residual past the file's end");
+    }
+    std::vector<float>& values = residuals.keys[key];
+    values.resize(floats);
+    in.Read(values.data(), floats * sizeof(float));
+  }
+  if (in.remaining() != sizeof(std::uint64_t)) in.Corrupt("bytes after its last key");
+  return residuals;
 }
 
 void WriteTextFile(const std::string& dir, const std::string& name, std::string_view text) {

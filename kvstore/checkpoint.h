@@ -100,6 +100,28 @@ std::string ReadManifestText(const std::string& dir);
 // Throws ps::Error naming the file and the system's reason.
 void WriteTextFile(const std::string& dir, const std::string& name, std::string_view text);
 
+// --- Push residuals: gradient compression's error feedback, one file per worker ---
+// A worker with push compression keeps, per key, what its compressed pushes have not sent yet.
+// After the MANIFEST is committed each such worker writes "worker-R.psres" beside it (R: its
+// rank), atomically like the data files and closed by a checksum: every compressed key's
+// residual, whole, and the MANIFEST's checksum (ManifestId). A file left by an earlier save (a
+// crash between the commit and this write) names another MANIFEST, and is not used.
+struct Residuals {
+  std::uint64_t manifest_id = 0;
+  std::string compression;  // the push compression they were kept for, e.g. "2bit threshold=0.5"
+  int rank = 0;
+  int workers = 0;  // in the saving job
+  std::map<Key, std::vector<float>> keys;
+};
+
+std::string ResidualFileName(int rank);
+std::uint64_t ManifestId(std::string_view manifest_text);
+// Throws ps::Error naming the file and the system's reason.
+void WriteResidualFile(const std::string& dir, const Residuals& residuals);
+// nullopt when `dir` holds no file for `rank`; throws ps::Error naming the file when it is
+// truncated or corrupt.
+std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank);
+
 // The saved records of several files, by key, from which a slice of any layout is assembled.
 class Index {
  public:

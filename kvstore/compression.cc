@@ -197,6 +197,13 @@ Codec ParseCodec(const std::string& field, const std::string& name) {
               "' (accepted: 2bit, 1bit, fp16, none)");
 }
 
+// Every digit a float needs to read back the same.
+std::string ThresholdText(float threshold) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.9g", static_cast<double>(threshold));
+  return text;
+}
+
 }  // namespace
 
 const char* CodecName(Codec codec) {
@@ -230,11 +237,15 @@ Settings Parse(const GradientCompression& config) {
 }
 
 std::string Describe(const GradientCompression& config) {
-  char threshold[32];
-  std::snprintf(threshold, sizeof(threshold), "%.9g", static_cast<double>(config.threshold));
   // Bounded: a type name is short when valid, and an invalid one only needs to be recognized.
-  return "type=" + config.type.substr(0, 40) + " threshold=" + threshold +
+  return "type=" + config.type.substr(0, 40) + " threshold=" + ThresholdText(config.threshold) +
          " pull_type=" + config.pull_type.substr(0, 40);
+}
+
+std::string DescribePush(const Settings& settings) {
+  std::string text = std::string("type=") + CodecName(settings.push);
+  if (settings.push == Codec::k2Bit) text += " threshold=" + ThresholdText(settings.threshold);
+  return text;
 }
 
 std::size_t EncodedBytes(Codec codec, std::size_t n) {

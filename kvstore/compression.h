@@ -36,6 +36,10 @@ Settings Parse(const GradientCompression& config);
 // The call as the workers state it to each other ("type=2bit threshold=0.5 pull_type=none").
 std::string Describe(const GradientCompression& config);
 
+// The push compression alone, as its residuals depend on it ("type=2bit threshold=0.5",
+// "type=fp16").
+std::string DescribePush(const Settings& settings);
+
 // Bytes of n float32 values encoded with `codec` (n * 4 for kNone).
 std::size_t EncodedBytes(Codec codec, std::size_t n);
 

@@ -624,6 +624,7 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
                    << ", an earlier checkpoint's file that the new MANIFEST does not list";
     }
   });
+  SaveResiduals(dir);
 }
 
 void DistKVStore::LoadCheckpoint(const std::string& given) {
@@ -685,6 +686,7 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
       throw;
     }
   });
+  LoadResiduals(dir);
 }
 
 void DistKVStore::SetOptimizer(const OptimizerConfig& config) {

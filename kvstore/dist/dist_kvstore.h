@@ -289,6 +289,11 @@ class DistKVStore final : public KVStore {
   // The server (node id) that should map the slots of the slices whose home is `home` too: its
   // replica, when there is one and it shares this host (kNoNode: none).
   int SlotMirror(int home);
+  // With push compression, after SaveCheckpoint / LoadCheckpoint committed or loaded `dir` on
+  // every worker: this worker's push residuals to and from `dir` (checkpoint::Residuals;
+  // dist_kvstore_residuals.cc). Not collective: each worker writes or reads its own file.
+  void SaveResiduals(const std::string& dir);
+  void LoadResiduals(const std::string& dir);
   // Gives a key's slices (`info`, an entry of keys_) their compression state when compression_
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);

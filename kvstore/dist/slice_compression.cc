@@ -1,5 +1,6 @@
 #include "kvstore/dist/slice_compression.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kvstore/device_memory.h"
@@ -30,6 +31,41 @@ float* SliceCompression::HostResidualLocked() {
   }
 #endif
   return residual_.data();
+}
+
+void SliceCompression::ExportResidual(float* out) {
+  MutexLock lock(mu_);
+#ifdef PS_KVSTORE_CUDA
+  if (device_) {
+    device_->Download(out);
+    return;
+  }
+#endif
+  if (residual_.empty()) {
+    std::fill(out, out + length_, 0.0f);
+  } else {
+    std::copy(residual_.begin(), residual_.end(), out);
+  }
+}
+
+void SliceCompression::ImportResidual(const float* in) {
+  MutexLock lock(mu_);
+#ifdef PS_KVSTORE_CUDA
+  if (device_) {
+    if (in != nullptr) {
+      device_->Upload(in);
+    } else {
+      const std::vector<float> zeros(length_, 0.0f);
+      device_->Upload(zeros.data());
+    }
+    return;
+  }
+#endif
+  if (in != nullptr) {
+    residual_.assign(in, in + length_);
+  } else {
+    residual_.clear();  // zeros, made at the next push
+  }
 }
 
 compression::gpu::DeviceResidual& SliceCompression::DeviceResidualLocked(int device) {

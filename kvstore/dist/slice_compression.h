@@ -39,6 +39,11 @@ class SliceCompression {
   // ps::Error (a failed CUDA call, a GPU in a build without CUDA).
   Blob EncodePush(const float* grad, Device device);
 
+  // The push residual (zeros before the first push) as `length` floats at `out`, and set from
+  // `in` (null: zeros), for checkpoints. A residual on a GPU stays there.
+  void ExportResidual(float* out);
+  void ImportResidual(const float* in);
+
   // The state a compressed pull of this slice asks the server for: from the copy's state to a
   // new one, never issued before.
   kv::PullState NextPull();

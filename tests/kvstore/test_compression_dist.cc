@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <future>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "tests/kvstore/compression_reference.h"
 #include "tests/kvstore/kv_cluster.h"
 #include "tests/kvstore/kv_rounds.h"
+#include "tests/util/temp_dir.h"
 
 namespace {
 
@@ -201,6 +204,67 @@ TEST_CASE("dist_sync 2bit: two workers, two servers, values worked out by hand",
 TEST_CASE("dist_async 2bit: two workers, two servers, the final value worked out by hand",
           "[dist][compression]") {
   RunHandJob("dist_async");
+}
+
+namespace {
+
+// The hand-worked job's values per element class (c = i % 3) after each of `rounds`, run from
+// round `first` on, by a fresh job that loads the checkpoint in `dir` first (empty: none).
+// Both workers pull the same in dist_sync; worker 0's are returned. `after_round(kv, round)`
+// runs on each worker once a round is complete.
+using RoundHook = std::function<void(ps::KVStore&, int)>;
+std::vector<std::vector<float>> HandRounds(const std::string& dir, int first, int last,
+                                           const RoundHook& after_round = {}) {
+  std::vector<std::vector<float>> classes;
+  KVCluster cluster(2, 2, kSliced);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    Setup(kv, {.type = "2bit", .threshold = 1.0f});
+    if (!dir.empty()) kv.LoadCheckpoint(dir);
+    std::vector<float> big(kBig), out(kBig);
+    for (std::size_t i = 0; i < kBig; ++i) big[i] = HandGradient(kv.Rank(), i);
+    for (int round = first; round <= last; ++round) {
+      kv.PushPull(3, ps::Tensor(big.data(), kBig), ps::Tensor(out.data(), kBig));
+      kv.WaitAll();
+      if (kv.Rank() == 0) classes.push_back({out[0], out[1], out[2]});
+      if (after_round) after_round(kv, round);
+    }
+  });
+  REQUIRE(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+  return classes;
+}
+
+}  // namespace
+
+TEST_CASE("dist_sync 2bit: a checkpoint keeps each worker's push residuals",
+          "[dist][compression]") {
+  // The hand-worked job saved after round 1 and resumed goes on exactly as the job that never
+  // stopped (8, 10, 9 -> 6, 10, 7 -> 4, 10, 5). Started at zero, the residuals would give
+  // 6, 10, 8 after round 2: worker 0's 0.75 of class 2 would be lost.
+  namespace fs = std::filesystem;
+  ps::test::TempDir one, two, lacking, aside;
+  const auto unstopped = HandRounds("", 1, 3, [&](ps::KVStore& kv, int round) {
+    if (round == 1) {
+      kv.SaveCheckpoint(one.path());
+      kv.SaveCheckpoint(two.path());
+      if (kv.Rank() == 0) fs::copy_file(two.path() + "/worker-0.psres", aside.path() + "/r1");
+    }
+    if (round == 2) kv.SaveCheckpoint(two.path());  // the round-1 files give way
+  });
+  REQUIRE(unstopped == std::vector<std::vector<float>>{{8, 10, 9}, {6, 10, 7}, {4, 10, 5}});
+  CHECK(fs::exists(one.path() + "/worker-0.psres"));
+  CHECK(fs::exists(one.path() + "/worker-1.psres"));
+  CHECK(HandRounds(one.path(), 2, 3) == std::vector<std::vector<float>>{{6, 10, 7}, {4, 10, 5}});
+  // Worker 1's file lost: its residuals start at zero (class 1: its -0.5 is not sent in round
+  // 2, worker 0's restored 0.5 is: 9), worker 0's are restored (class 2 as before: 7).
+  fs::copy(one.path(), lacking.path(), fs::copy_options::recursive);
+  fs::remove(lacking.path() + "/worker-1.psres");
+  CHECK(HandRounds(lacking.path(), 2, 2) == std::vector<std::vector<float>>{{6, 9, 7}});
+  // Worker 0's file of the first save into `two`, beside the second save's MANIFEST: not used
+  // (worker 0's class-2 residual 0.5 is lost, so round 3 gives 6, not 5).
+  fs::copy_file(aside.path() + "/r1", two.path() + "/worker-0.psres",
+                fs::copy_options::overwrite_existing);
+  CHECK(HandRounds(two.path(), 3, 3) == std::vector<std::vector<float>>{{4, 10, 6}});
 }
 
 TEST_CASE("dist_sync 1bit and fp16: every worker gets the reference codecs' values",

@@ -57,31 +57,42 @@ class TrainResume(unittest.TestCase):
         """A local job of one epoch with its checkpoint in ckpt."""
         self.local(ckpt, "--epochs", "1", examples=examples, status=0)
 
-    def files(self, checkpoint):
+    def files(self, checkpoint, residuals):
         names = sorted(os.listdir(checkpoint))
         self.assertEqual(names, ["MANIFEST", "TRAINING", "server-0-of-2.psckpt",
-                                 "server-1-of-2.psckpt"])
+                                 "server-1-of-2.psckpt"] +
+                         (["worker-0.psres", "worker-1.psres"] if residuals else []))
         contents = {}
         for name in names:
             with open(os.path.join(checkpoint, name), "rb") as f:
                 contents[name] = f.read()
         return contents
 
-    def test_a_resumed_job_ends_with_the_weights_of_one_that_never_stopped(self):
+    def check_resume_is_exact(self, *extra, residuals=False):
+        """A job of 3 epochs against one stopped after 2 and resumed: the same final files."""
         with tempfile.TemporaryDirectory() as straight, tempfile.TemporaryDirectory() as broken:
-            self.train(straight, 3)
-            self.train(broken, 2)  # the job "dies" after its second epoch's checkpoint
+            self.train(straight, 3, *extra)
+            self.train(broken, 2, *extra)  # the job "dies" after its second epoch's checkpoint
             with open(os.path.join(broken, "LATEST")) as f:
                 self.assertEqual(f.read().strip(), "epoch-2")
-            out = self.train(broken, 3, "--resume")
+            out = self.train(broken, 3, "--resume", *extra)
             self.assertIn(f"resumed from {broken}/epoch-2 (2 epoch(s) done)", out)
             self.assertIn("Epoch[2]", out)
             self.assertNotIn("Epoch[1]", out)
             self.assertNotIn("note: --resume", out)  # the same update flags
-            want = self.files(os.path.join(straight, "epoch-3"))
-            got = self.files(os.path.join(broken, "epoch-3"))
+            self.assertNotIn("push residuals", out)  # restored, so nothing to say
+            want = self.files(os.path.join(straight, "epoch-3"), residuals)
+            got = self.files(os.path.join(broken, "epoch-3"), residuals)
             for name in want:  # plain comparison: a diff of megabytes would take minutes
                 self.assertTrue(want[name] == got[name], f"{name} differs")
+
+    def test_a_resumed_job_ends_with_the_weights_of_one_that_never_stopped(self):
+        self.check_resume_is_exact()
+
+    def test_with_compressed_pushes_too_the_workers_residuals_in_the_checkpoint(self):
+        # Without them the resumed pushes would lose what the stopped job had not sent yet.
+        self.check_resume_is_exact("--gradient-compression", "2bit",
+                                   "--compression-threshold", "0.05", residuals=True)
 
     def test_resume_with_nothing_left_to_train_reports_the_checkpoints_accuracy(self):
         # Not 0.0000 with exit 0: the model of the checkpoint, evaluated, and why nothing ran.

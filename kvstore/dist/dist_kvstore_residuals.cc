@@ -1,0 +1,107 @@
+// DistKVStore's push residuals in checkpoints: with push compression each worker keeps, per
+// key slice, what its compressed pushes have not sent yet (error feedback). A checkpoint
+// without them resumes close to, not bit-identical with, a job that never stopped; with them
+// the resumed pushes carry exactly what the stopped job's would have. See checkpoint.h.
+#include <glog/logging.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvstore/checkpoint.h"
+#include "kvstore/dist/dist_kvstore.h"
+#include "ps/src/internal.h"
+
+namespace ps {
+
+void DistKVStore::SaveResiduals(const std::string& dir) {
+  if (compression_.push == compression::Codec::kNone) return;
+  checkpoint::Residuals residuals;
+  residuals.compression = compression::DescribePush(compression_);
+  residuals.rank = Rank();
+  residuals.workers = NumWorkers();
+  try {
+    // Committed by worker 0 before every worker learned that the save succeeded.
+    residuals.manifest_id = checkpoint::ManifestId(checkpoint::ReadManifestText(dir));
+    {
+      SharedLock lock(keys_mu_);
+      for (const auto& [key, info] : keys_) {
+        if (info.compression.empty()) continue;
+        std::vector<float>& whole = residuals.keys[key];
+        whole.resize(info.size);
+        for (std::size_t s = 0; s < info.slices.size(); ++s) {
+          info.compression[s]->ExportResidual(whole.data() + info.slices[s].offset);
+        }
+      }
+    }
+    checkpoint::WriteResidualFile(dir, residuals);
+  } catch (const Error& e) {
+    // The model and the optimizer state are saved: the job goes on, and a job resumed from
+    // this checkpoint starts this worker's residuals at zero.
+    PS_LOG(WARNING) << "worker " << Rank() << ": SaveCheckpoint: " << dir
+                    << " is saved, but not this worker's push residuals (" << e.what()
+                    << "): a job resumed from it starts them at zero, close to but not "
+                       "bit-identical with one that never stopped";
+  }
+}
+
+void DistKVStore::LoadResiduals(const std::string& dir) {
+  if (compression_.push == compression::Codec::kNone) return;
+  const std::string current = compression::DescribePush(compression_);
+  std::optional<checkpoint::Residuals> saved;
+  std::string why_not;  // why the saved residuals are not used; "" when they are
+  try {
+    const std::uint64_t id = checkpoint::ManifestId(checkpoint::ReadManifestText(dir));
+    saved = checkpoint::ReadResidualFile(dir, Rank());
+    if (!saved) {
+      why_not = dir + " holds none of worker " + std::to_string(Rank()) +
+                " (saved without push compression, or by fewer workers)";
+    } else if (saved->manifest_id != id) {
+      why_not = dir + "/" + checkpoint::ResidualFileName(Rank()) +
+                " was left by an earlier save into that directory (the later one stopped "
+                "before writing it)";
+    } else if (saved->compression != current) {
+      why_not =
+          "they were kept for " + saved->compression + ", this job compresses with " + current;
+    }
+  } catch (const Error& e) {
+    why_not = e.what();
+  }
+  if (!why_not.empty()) saved.reset();
+  // Every compressed slice gets the saved residual, or zeros: what a job starting from the
+  // checkpoint's weights holds.
+  std::vector<Key> unsaved;
+  {
+    SharedLock lock(keys_mu_);
+    for (const auto& [key, info] : keys_) {
+      if (info.compression.empty()) continue;
+      const std::vector<float>* whole = nullptr;
+      if (saved) {
+        const auto it = saved->keys.find(key);
+        if (it != saved->keys.end() && it->second.size() == info.size) whole = &it->second;
+      }
+      if (saved && whole == nullptr) unsaved.push_back(key);
+      for (std::size_t s = 0; s < info.slices.size(); ++s) {
+        info.compression[s]->ImportResidual(whole != nullptr ? whole->data() + info.slices[s].offset
+                                                             : nullptr);
+      }
+    }
+  }
+  if (!why_not.empty()) {
+    PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: this worker's push residuals "
+                    << "start at zero: " << why_not
+                    << " (the job goes on close to, not bit-identical with, the saved one)";
+  } else if (!unsaved.empty()) {
+    PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: " << unsaved.size()
+                    << " key(s), key " << unsaved.front()
+                    << " the first, have no saved push residual of their size: they start "
+                       "at zero";
+  }
+  if (saved && saved->workers != NumWorkers() && Rank() == 0) {
+    PS_LOG(WARNING) << "worker 0: LoadCheckpoint: " << dir << "'s push residuals were saved by "
+                    << saved->workers << " workers, this job has " << NumWorkers()
+                    << ": each worker takes the residuals of its rank, if saved";
+  }
+}
+
+}  // namespace ps
