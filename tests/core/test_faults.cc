@@ -1467,6 +1467,10 @@ TEST_CASE("faults: workers that wait for more keys than a stall notice lists end
   // certain, and ends the job at once.
   StallTimeoutJob job;
   const auto outcomes = job.Run([](ps::KVStore& kv, const StallTimeoutJob::Push& push) {
+    std::vector<ps::Key> more(8997);  // keys 3 .. 8999, one float each (Wait refuses others)
+    std::iota(more.begin(), more.end(), ps::Key{3});
+    float zero = 0.0f;
+    kv.Init(more, std::vector<ps::Tensor>(more.size(), ps::Tensor(&zero, 1)));
     push(static_cast<ps::Key>(kv.Rank()));
     std::vector<ps::Key> keys(9000);
     std::iota(keys.begin(), keys.end(), ps::Key{0});  // its own in the first notice
