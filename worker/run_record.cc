@@ -36,6 +36,7 @@ std::map<std::string, std::string> Fields(const RunRecord& r) {
       {"scheduled", r.scheduled ? "1" : "0"}};
   if (r.updates_done) fields.emplace("updates_done", std::to_string(*r.updates_done));
   if (!r.update_flags.empty()) fields.emplace("update_flags", r.update_flags);
+  if (r.seed) fields.emplace("seed", std::to_string(*r.seed));
   return fields;
 }
 
@@ -145,6 +146,7 @@ std::optional<RunRecord> ReadRunRecord(const std::string& epoch_dir) {
   }
   r.scheduled = Number<int>(fields, "scheduled", path) != 0;
   if (fields.contains("update_flags")) r.update_flags = Text(fields, "update_flags", path);
+  if (fields.contains("seed")) r.seed = Number<std::uint64_t>(fields, "seed", path);
   return r;
 }
 
@@ -212,6 +214,15 @@ std::string ResumeNote(const RunRecord& saved, const RunRecord& now, const std::
          (now_text.empty() ? std::string("none of them") : now_text) +
          ": the updates' step changes from this epoch on (resume with the checkpoint's flags to "
          "go on as its job would have)";
+}
+
+std::string SeedNote(const RunRecord& saved, const RunRecord& now, const std::string& where) {
+  if (!saved.seed || !now.seed || *saved.seed == *now.seed) return "";
+  return "--resume: " + where + " was trained with --seed " + std::to_string(*saved.seed) +
+         "; this job has --seed " + std::to_string(*now.seed) +
+         ": its epochs are shuffled otherwise from here on (resume with --seed " +
+         std::to_string(*saved.seed) + " to go on as its job would have; or " + where +
+         " is another job's checkpoint)";
 }
 
 }  // namespace ps::worker

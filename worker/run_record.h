@@ -41,6 +41,9 @@ struct RunRecord {
   // The flags that set each update's step, as "--lr 0.1 --momentum 0.9 ..." (UpdateFlags in
   // trainer.cc); empty in a record without the line.
   std::string update_flags;
+  // --seed: the weights' initialization and each epoch's shuffles; unset in a record without
+  // the line.
+  std::optional<std::uint64_t> seed;
 };
 
 inline constexpr const char* kRunRecordName = "TRAINING";
@@ -63,5 +66,9 @@ void CheckResume(const RunRecord& saved, const RunRecord& now, int epochs_done,
 // --epochs of a cosine schedule), naming the flags that differ; "" when none does or the
 // record has no update_flags line.
 std::string ResumeNote(const RunRecord& saved, const RunRecord& now, const std::string& where);
+// A note for a job resuming with another --seed than the job that wrote `where` (its later
+// epochs are shuffled otherwise; or `where` is another job's checkpoint); "" when the seeds
+// agree or the record has no seed line.
+std::string SeedNote(const RunRecord& saved, const RunRecord& now, const std::string& where);
 
 }  // namespace ps::worker

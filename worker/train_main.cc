@@ -37,8 +37,13 @@ DEFINE_string(data_dir, ps::worker::kDefaultDataDir,
 DEFINE_int32(batch_size, 64,
              "Samples per batch on each worker (the model's default: mlp 64, cnn 32).");
 DEFINE_int32(epochs, 10, "Passes over each worker's shard of the training set.");
-DEFINE_double(lr, 0.1, "Learning rate (the model's default: mlp 0.1, cnn 0.05).");
-DEFINE_double(momentum, 0.9, "Momentum of sgd and nag (0 for plain SGD).");
+DEFINE_double(lr, 0.1,
+              "Learning rate. Not given: mlp 0.1, cnn 0.05; a quarter of that with --kvstore "
+              "dist_async, 5x with --gradient-compression 2bit or 1bit. The line 'ps-train: "
+              "updates:' at the start shows the rate in effect.");
+DEFINE_double(momentum, 0.9,
+              "Momentum of sgd and nag (0 for plain SGD). Not given: 0.9, or 0 with "
+              "--gradient-compression 2bit or 1bit.");
 DEFINE_double(wd, 1e-4, "Weight decay.");
 DEFINE_string(optimizer, "sgd", "Optimizer: sgd, nag, adam, adagrad or rmsprop.");
 DEFINE_string(lr_scheduler, "cosine",
@@ -71,10 +76,9 @@ DEFINE_string(gradient_compression, "none",
               "Compress the pushed gradients (dist stores): none, 2bit (MXNet's), 1bit or fp16, "
               "each with error feedback. See docs/kvstore.md, \"Gradient compression\".");
 DEFINE_double(compression_threshold, 0.5,
-              "2bit: the magnitude a value must reach (with its residual) to be sent. Not "
-              "given, with --gradient-compression 2bit or 1bit: 0.02 (and plain SGD at 5x the "
-              "model's rate), also with --pull-compression 2bit; otherwise 0.5, MXNet's "
-              "default, shown below.");
+              "2bit (pushes, or pulls with --pull-compression 2bit): the magnitude a value "
+              "must reach (with its residual) to be sent. Not given with 2bit: 0.02, on the "
+              "scale of a batch's gradients (MXNet's 0.5, the default shown, overshoots).");
 DEFINE_string(pull_compression, "none",
               "Compress the pulled weights as changes since this worker's last pull: none, 2bit, "
               "1bit or fp16.");

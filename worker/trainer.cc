@@ -19,6 +19,7 @@
 
 #include "kvstore/checkpoint.h"
 #include "ps/src/log_text.h"
+#include "worker/checkpoint_dir_lock.h"
 #include "worker/device.h"
 #include "worker/errors.h"
 #include "worker/run_record.h"
@@ -386,14 +387,15 @@ int ReadLatest(const std::string& dir) {
                       " does not exist: " +
                       (epochs.empty()
                            ? "no checkpoint is left in " + dir
-                           : "write the name of one of " + EpochList(epochs) + " into it"));
+                           : (epochs.size() == 1 ? "write " : "write the name of one of ") +
+                                 EpochList(epochs) + " into it"));
   }
   return *epoch;
 }
 
 // Makes `dir` (and its parents) if missing, and checks that this process can write into it
 // (LATEST; the servers write the epochs' files there too).
-void PrepareCheckpointDir(const std::string& dir) {
+void MakeWritableDir(const std::string& dir) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
@@ -403,6 +405,10 @@ void PrepareCheckpointDir(const std::string& dir) {
     throw ConfigError("--checkpoint-dir " + dir +
                       ": cannot write into it: " + std::strerror(errno));
   }
+}
+
+// A new job (no --resume): refuses a `dir` that holds another run's checkpoints.
+void RefuseEarlierCheckpoints(const std::string& dir) {
   // A job started again without --resume would write its epochs over the first job's and move
   // LATEST back, leaving a mix of two runs.
   std::ifstream latest(dir + "/" + kLatestName);
@@ -446,7 +452,7 @@ std::string UpdateFlags(const TrainConfig& c) {
 
 // ---- MetricsLog ----
 
-MetricsLog::MetricsLog(std::ostream& log, const std::string& metrics_path, int rank)
+MetricsLog::MetricsLog(std::ostream& log, const std::string& metrics_path, int rank, bool append)
     : log_(log), rank_(rank) {
   // "{rank}" in the path: every worker writes its own file; without it, rank 0 only.
   std::string path = metrics_path;
@@ -457,7 +463,7 @@ MetricsLog::MetricsLog(std::ostream& log, const std::string& metrics_path, int r
     path.clear();
   }
   if (!path.empty()) {
-    json_.open(path, std::ios::out | std::ios::trunc);
+    json_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
     if (!json_) {
       throw ConfigError("cannot write --metrics-out " + path + ": " + std::strerror(errno));
     }
@@ -827,7 +833,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   ValidateConfig(config);
   const int rank = kv.Rank();
   const int workers = kv.NumWorkers();
-  MetricsLog metrics(log, config.metrics_out, rank);
+  // A resumed job adds its lines after those of the epochs before.
+  MetricsLog metrics(log, config.metrics_out, rank, config.resume);
   // Several workers on one machine spread over its GPUs.
   std::unique_ptr<Backend> backend =
       CreateBackend(config.device, config.local_rank >= 0 ? config.local_rank : rank);
@@ -843,9 +850,13 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
     train.labels.resize(static_cast<std::size_t>(train.count));
   }
   // Found out now, not after the first epoch; after the checks above, so that a run they refuse
-  // leaves no directory behind.
-  if (rank == 0 && !config.checkpoint_dir.empty() && !config.resume) {
-    PrepareCheckpointDir(config.checkpoint_dir);
+  // leaves no directory behind. A resume from a directory not there is refused by ReadLatest.
+  std::optional<CheckpointDirLock> lock;  // held for the whole job
+  if (rank == 0 && !config.checkpoint_dir.empty() &&
+      (!config.resume || std::filesystem::exists(config.checkpoint_dir))) {
+    MakeWritableDir(config.checkpoint_dir);
+    lock.emplace(config.checkpoint_dir);
+    if (!config.resume) RefuseEarlierCheckpoints(config.checkpoint_dir);
   }
   // Only rank 0 evaluates.
   const Dataset test = rank == 0 ? LoadFashionMnist(config.data_dir, Split::kTest) : Dataset{};
@@ -858,6 +869,11 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
       << (config.update_on_kvstore ? ", update on kvstore" : ", update on worker") << ", "
       << sampler.batches_per_epoch() << " batches of " << config.batch_size << " per epoch\n"
       << std::flush;
+  if (rank == 0) {  // the defaults depend on the kvstore and the compression: what they came to
+    log << "ps-train: updates: --optimizer " << config.optimizer << " " << UpdateFlags(config)
+        << "\n"
+        << std::flush;
+  }
 
   KVTrainer trainer(config, kv, *model);
   trainer.Start(static_cast<std::uint64_t>(sampler.batches_per_epoch()));
@@ -872,7 +888,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
                    .updates_per_epoch = trainer.updates_per_epoch(),
                    .updates_done = std::nullopt,  // set at each save
                    .scheduled = config.lr_scheduler != "none" || config.warmup_epochs > 0,
-                   .update_flags = UpdateFlags(config)};
+                   .update_flags = UpdateFlags(config),
+                   .seed = config.seed};
   int first_epoch = 0;
   std::uint64_t updates_before = 0;  // the servers' update count where this job starts
   if (config.resume) {
@@ -907,9 +924,10 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
                         "with were not checked")
         << ")\n"
         << std::flush;
-    if (saved) {
-      if (const std::string note = ResumeNote(*saved, record, resumed); !note.empty()) {
-        log << "ps-train: note: " << note << "\n" << std::flush;
+    if (saved && first_epoch < config.epochs) {  // notes about training still to come
+      for (const std::string& note :
+           {ResumeNote(*saved, record, resumed), SeedNote(*saved, record, resumed)}) {
+        if (!note.empty()) log << "ps-train: note: " << note << "\n" << std::flush;
       }
     }
     // LATEST set back by hand: the later checkpoints of the run that went on from this one,

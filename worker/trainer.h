@@ -104,8 +104,8 @@ class MetricsLog {
  public:
   // Throws ConfigError when metrics_path cannot be opened; each record that cannot be written
   // later (a full disk) throws std::runtime_error naming the file: the metrics are not lost
-  // silently.
-  MetricsLog(std::ostream& log, const std::string& metrics_path, int rank);
+  // silently. `append`: add to the file (a resumed job, after the lines of the epochs before).
+  MetricsLog(std::ostream& log, const std::string& metrics_path, int rank, bool append = false);
   void Batch(int epoch, int batch, double samples_per_sec, double loss, double accuracy);
   void EpochEnd(int epoch, const EpochResult& train);
   void TestAccuracy(int epoch, double accuracy);

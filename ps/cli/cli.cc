@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -178,6 +179,20 @@ void RejectArguments(int argc, char* const* argv) {
 // The flags a --flagfile may nest, at most: a file that names itself fails instead of looping.
 constexpr int kMaxFlagfileDepth = 8;
 
+// A word gflags reads as a yes/no value.
+bool IsYesNoWord(std::string_view word) {
+  for (const std::string_view yes_no :
+       {"true", "false", "yes", "no", "1", "0", "t", "f", "y", "n"}) {
+    if (word.size() == yes_no.size() &&
+        std::equal(word.begin(), word.end(), yes_no.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == b;
+        })) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Checks a command line's flags, and the flag files they name, before gflags sees them: gflags
 // would print its own "ERROR: ..." line and exit, or take a flag file's unknown flags in
 // silence. A flag's value is set as gflags will set it (the same values in the same order).
@@ -206,9 +221,14 @@ class FlagChecker {
     gflags::CommandLineFlagInfo info;
     if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       // --noNAME turns the bool flag NAME off.
-      if (equals == std::string_view::npos && name.starts_with("no") &&
-          gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) && info.type == "bool") {
-        return false;
+      if (name.starts_with("no") && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
+          info.type == "bool") {
+        if (equals == std::string_view::npos) return false;
+        const std::string flag = name.substr(2);
+        Die(program_, "--" + std::string(arg) + where +
+                          ": a negated yes/no flag takes no value: write --" + flag +
+                          "=false (or --no" + flag + ") to turn it off, --" + flag +
+                          "=true to turn it on");
       }
       Die(program_,
           "unknown flag --" + name + where + ": see --help for the flags " + program_ + " takes");
@@ -218,6 +238,13 @@ class FlagChecker {
     if (equals != std::string_view::npos) {
       value = arg.substr(equals + 1);
     } else if (info.type == "bool") {
+      // gflags would leave "--resume false" as an argument, refused without naming the flag.
+      if (next != nullptr && IsYesNoWord(next)) {
+        Die(program_, "--" + name + " " + next + where +
+                          ": a yes/no flag takes its value after '=', not as the next "
+                          "argument: write --" +
+                          name + "=" + next);
+      }
       return false;
     } else if (next != nullptr) {
       value = next;  // --name value

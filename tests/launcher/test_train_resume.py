@@ -4,8 +4,12 @@ stopped. Runs tools/launch.py locally (2 workers, 2 servers) with the real binar
 2000 Fashion-MNIST training samples, and compares the servers' final checkpoint files byte for
 byte. Skips, saying why, when ps-train is not built or the data set is not installed.
 """
+import fcntl
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -189,6 +193,70 @@ class TrainResume(unittest.TestCase):
                           "epoch", result.stderr)
             self.assertIn("would take them for 1.5 epoch(s), not 2", result.stderr)
 
+    def test_a_directory_another_job_uses_is_refused(self):
+        # Two jobs on one directory would write their checkpoints over each other's. Another
+        # job's lock, as ps-train holds it (flock on DIR/.ps-train.lock, naming the holder):
+        # refused before training, new job or resume; once it is gone, the job runs.
+        with tempfile.TemporaryDirectory() as ckpt:
+            self.one_epoch(ckpt)
+            lock_path = os.path.join(ckpt, ".ps-train.lock")
+            with open(lock_path, "w") as held:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.write("pid 4242 on host elsewhere\n")
+                held.flush()
+                for extra in (["--resume"], []):
+                    result = self.local(ckpt, "--epochs", "2", *extra, status=1)
+                    self.assertEqual(
+                        result.stderr.strip(),
+                        f"ps-train: error: --checkpoint-dir {ckpt} is in use by another ps-train "
+                        f"job (pid 4242 on host elsewhere holds {lock_path}): two jobs would "
+                        "write their checkpoints over each other's; give each job a directory "
+                        "of its own")
+                    self.assertNotIn("Epoch[", result.stdout)
+            self.assertFalse(os.path.exists(os.path.join(ckpt, "epoch-2")))
+            self.local(ckpt, "--epochs", "2", "--resume", status=0)
+            self.assertTrue(os.path.exists(os.path.join(ckpt, "epoch-2")))
+
+    def test_a_resumed_job_adds_to_its_metrics_and_names_another_seed(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            metrics = os.path.join(ckpt, "metrics.jsonl")
+            self.local(ckpt, "--epochs", "1", "--metrics-out", metrics, status=0)
+            result = self.local(ckpt, "--epochs", "2", "--resume", "--metrics-out", metrics,
+                                "--seed", "5", status=0)
+            # The epochs before the restart keep their lines; the resumed epoch's follow.
+            with open(metrics) as f:
+                epochs = [json.loads(line).get("epoch") for line in f]
+            self.assertIn(0, epochs)
+            self.assertIn(1, epochs)
+            self.assertLess(epochs.index(0), epochs.index(1))
+            self.assertIn(f"ps-train: note: --resume: {ckpt}/epoch-1 was trained with --seed 1; "
+                          "this job has --seed 5: its epochs are shuffled otherwise from here on",
+                          result.stdout)
+
+    def test_a_resume_into_a_read_only_directory_is_refused_before_training(self):
+        # Not after an epoch of training, at the first save.
+        if not shutil.which("unshare") or os.geteuid() != 0:
+            self.skipTest("needs root and unshare (a read-only bind mount)")
+        with tempfile.TemporaryDirectory() as ckpt:
+            self.one_epoch(ckpt)
+            cmd = [os.path.join(BIN, "ps-train"), "--kvstore", "local", "--device", "cpu",
+                   "--checkpoint-dir", ckpt, "--num-examples", "100", "--epochs", "2",
+                   "--resume"]
+            script = (f"mount --bind {shlex.quote(ckpt)} {shlex.quote(ckpt)} && "
+                      f"mount -o remount,bind,ro {shlex.quote(ckpt)} && exec " +
+                      " ".join(shlex.quote(c) for c in cmd))
+            env = {k: v for k, v in os.environ.items() if k != "DMLC_ROLE"}
+            result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                     script], env=env, capture_output=True, text=True,
+                                    timeout=120)
+            if "mount" in result.stderr and "ps-train" not in result.stderr:
+                self.skipTest("no read-only bind mount here: " + result.stderr.strip())
+            self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+            self.assertEqual(result.stderr.strip(),
+                             f"ps-train: error: --checkpoint-dir {ckpt}: cannot write into it: "
+                             "Read-only file system")
+            self.assertNotIn("Epoch[", result.stdout)
+
     def test_a_new_job_does_not_write_over_a_directory_of_checkpoints(self):
         # Started again after a crash without --resume: refused, not a mix of two runs.
         with tempfile.TemporaryDirectory() as ckpt:
@@ -252,8 +320,8 @@ class TrainResume(unittest.TestCase):
             with open(os.path.join(empty, "LATEST"), "w") as f:
                 f.write("epoch-7\n")
             result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-            self.assertIn(f"but {empty}/epoch-7 does not exist: write the name of one of epoch-2 "
-                          "into it", result.stderr)
+            self.assertIn(f"but {empty}/epoch-7 does not exist: write epoch-2 into it",
+                          result.stderr)
 
     def test_checkpoint_every_without_a_directory_is_a_one_line_error(self):
         # Not silently ignored (no checkpoint would ever be written).

@@ -80,6 +80,14 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
   CheckOneLineError(RunPsTrain("--kvstore local --epoch 2"), "unknown flag --epoch: see --help");
   CheckOneLineError(RunPsTrain("--kvstore local --epochs two"),
                     "invalid value 'two' for --epochs (int32)");
+  // Yes/no flags: a value only after '=', and none after the negation.
+  CheckOneLineError(RunPsTrain("--kvstore local --resume false"),
+                    "--resume false: a yes/no flag takes its value after '=', not as the next "
+                    "argument: write --resume=false");
+  CheckOneLineError(
+      RunPsTrain("--kvstore local --no-update-on-kvstore=true"),
+      "a negated yes/no flag takes no value: write --update-on-kvstore=false (or "
+      "--noupdate-on-kvstore) to turn it off, --update-on-kvstore=true to turn it on");
   // Values float32 cannot hold are not read as 0 or infinity.
   CheckOneLineError(RunPsTrain("--kvstore local --lr 1e-50"),
                     "--lr 1e-50 is outside float32's range (magnitudes from about 1.2e-38 to "

@@ -29,7 +29,8 @@ RunRecord TwoWorkers() {
                    .scheduled = true,
                    .update_flags =
                        "--lr 0.1 --momentum 0.9 --wd 0.0001 --lr-scheduler cosine "
-                       "--final-lr 0 --epochs 10"};
+                       "--final-lr 0 --epochs 10",
+                   .seed = 7};
 }
 
 TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
@@ -52,6 +53,7 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   CHECK(read->updates_done == std::optional<std::uint64_t>(62));
   CHECK(read->scheduled);
   CHECK(read->update_flags == saved.update_flags);
+  CHECK(read->seed == std::optional<std::uint64_t>(7));
   CHECK_FALSE(std::filesystem::exists(dir.file("TRAINING.tmp")));
 
   // Without the updates_done and update_flags lines (older records): one rate trained every
@@ -60,7 +62,8 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
     std::ifstream in(dir.file("TRAINING"));
     std::string text, line;
     while (std::getline(in, line)) {
-      if (!line.starts_with("updates_done ") && !line.starts_with("update_flags ")) {
+      if (!line.starts_with("updates_done ") && !line.starts_with("update_flags ") &&
+          !line.starts_with("seed ")) {
         text += line + "\n";
       }
     }
@@ -71,6 +74,7 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
   CHECK_FALSE(older->updates_done.has_value());
   CHECK(older->UpdatesDone(2) == 62);
   CHECK(older->update_flags.empty());
+  CHECK_FALSE(older->seed.has_value());
 
   // A line whose value is not whole, not a count, or given twice: damage, not a value.
   WriteRunRecord(dir.path(), saved);
@@ -83,7 +87,8 @@ TEST_CASE("run record: written, read back, absent, damaged", "[run_record]") {
                                           "updates_done 62", "updates_done 6x2", "updates_done"},
                                       {"momentum 0.125", "momentum nan", "momentum"},
                                       {"model mlp", "model mxp", "model"},
-                                      {"workers 2", "workers 0", "workers"}}) {
+                                      {"workers 2", "workers 0", "workers"},
+                                      {"seed 7", "seed -7", "seed"}}) {
     std::string text = good;
     text.replace(text.find(from), from.size(), to);
     std::ofstream(dir.file("TRAINING"), std::ios::trunc) << text;
@@ -203,6 +208,21 @@ TEST_CASE("run record: a resume with other update flags is noted, naming them", 
   CHECK_THAT(ResumeNote(saved, now, where),
              Catch::StartsWith("--resume: ck/epoch-2 was trained with --lr-scheduler cosine, "
                                "--final-lr 0, --epochs 10; this job has --lr-scheduler none:"));
+}
+
+TEST_CASE("run record: a resume with another --seed is noted", "[run_record]") {
+  const RunRecord saved = TwoWorkers();
+  const std::string where = "ck/epoch-2";
+  CHECK(SeedNote(saved, saved, where).empty());
+  RunRecord now = TwoWorkers();
+  now.seed = 8;
+  CHECK(SeedNote(saved, now, where) ==
+        "--resume: ck/epoch-2 was trained with --seed 7; this job has --seed 8: its epochs are "
+        "shuffled otherwise from here on (resume with --seed 7 to go on as its job would have; "
+        "or ck/epoch-2 is another job's checkpoint)");
+  RunRecord older = saved;  // a record without the line: nothing to compare
+  older.seed.reset();
+  CHECK(SeedNote(older, now, where).empty());
 }
 
 }  // namespace
