@@ -1396,6 +1396,13 @@ class Launch:
                          "(its processes were killed, or the host, its sshd or the network "
                          "to it failed)")
         named = bool(lost)
+        for p in self.procs:
+            # A stopped scheduler is silent, not gone: its nodes give up on it and fail first.
+            if (p.spec.role == "scheduler" and p.returncode is None and p.spec.host is None
+                    and process_state(p.child_pgid) in ("T", "t")):
+                self.say(f"the scheduler on {p.spec.where} is stopped (SIGSTOP, Ctrl-Z or a "
+                         "debugger): the nodes gave up waiting for it")
+                named = True
         seen = set()
         for p in failed:
             for line in p.lines:

@@ -26,6 +26,15 @@ def names(hosts):
     return [h.name for h in hosts]
 
 
+
+def stop_and_wait(pid):
+    """SIGSTOPs local process `pid` and returns once /proc shows it stopped (the kernel stops
+    it asynchronously), or after 10 s."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while launch.process_state(pid) not in ("T", "t") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
 class Hostfile(unittest.TestCase):
 
     def test_formats(self):
@@ -421,11 +430,7 @@ class Args(LauncherTest):
         stand_in = subprocess.Popen(["sleep", "60"])  # worker 0's process
         try:
             by_label["worker 0"].child_pgid = stand_in.pid
-            os.kill(stand_in.pid, signal.SIGSTOP)
-            deadline = time.monotonic() + 10
-            while launch.process_state(stand_in.pid) not in ("T", "t") and \
-                    time.monotonic() < deadline:
-                time.sleep(0.01)  # the kernel stops it asynchronously
+            stop_and_wait(stand_in.pid)
             self.assertTrue(la.report_lost_hosts([server]))
             os.kill(stand_in.pid, signal.SIGCONT)
             self.assertTrue(la.report_lost_hosts([server]))
@@ -439,6 +444,30 @@ class Args(LauncherTest):
             prefix + "it is stopped (SIGSTOP, Ctrl-Z or a debugger)",
             prefix + "it runs but sent no heartbeat (it hangs, or the machine is too busy for "
             "it to answer)"])
+
+    def test_failure_report_names_a_stopped_scheduler(self):
+        # Its nodes fail first (they gave up on its silence); the launcher names the cause.
+        err = io.StringIO()
+        la = launch.Launch(self.parse(["-n", "1", "-s", "1", "--launcher", "local", "prog"]),
+                           err=err)
+        scheduler = launch.Proc(la.scheduler_spec("127.0.0.1", 9000), None)
+        la.procs.append(scheduler)
+        for spec in la.make_specs("127.0.0.1", 9000):
+            la.procs.append(launch.Proc(spec, None))
+        worker = next(p for p in la.procs if p.spec.label == "worker 0")
+        worker.returncode = 1
+        stand_in = subprocess.Popen(["sleep", "60"])  # the scheduler's process
+        try:
+            scheduler.child_pgid = stand_in.pid
+            self.assertFalse(la.report_lost_hosts([worker]))  # running: nothing to say
+            stop_and_wait(stand_in.pid)
+            self.assertTrue(la.report_lost_hosts([worker]))
+        finally:
+            stand_in.kill()
+            stand_in.wait()
+        self.assertEqual(err.getvalue().splitlines(), [
+            "[launch] the scheduler on localhost is stopped (SIGSTOP, Ctrl-Z or a debugger): "
+            "the nodes gave up waiting for it"])
 
     def test_ssh_only_options_are_refused_with_the_local_launcher(self):
         hosts = self.write("hosts", "h1\n")
