@@ -111,6 +111,8 @@ WRAPPER = (
 
 # The scheduler's line when every worker finished through its KVStore (scheduler.cc).
 SCHEDULER_DONE = "every worker finished: the job is done"
+# The scheduler's line once every node registered: the job has started.
+SCHEDULER_FILLED_RE = re.compile(r"all \d+ server\(s\) and \d+ worker\(s\) registered")
 
 
 class UsageError(Exception):
@@ -733,6 +735,7 @@ class Launch:
         # death of a server holding that rank: the first one, then each restarted one)
         self.survived_deaths = {}
         self.joins = {}  # server rank -> servers the scheduler admitted in a dead one's place
+        self.job_filled = False  # the scheduler said every node registered
         self.deaths_heard = {}  # (role, rank) -> when a process's output first said it died
         self.ranks_to_restart = []  # survived ranks for which a new server is due (watch)
         self.restarts_left = c.server_restarts
@@ -1002,6 +1005,8 @@ class Launch:
                         if m:
                             p.port = int(m.group(2))
                     if p.spec.role == "scheduler":
+                        if SCHEDULER_FILLED_RE.search(line):
+                            self.job_filled = True
                         m = SURVIVED_RE.search(line)
                         if m:
                             rank = int(m.group(1))
@@ -1368,6 +1373,9 @@ class Launch:
         self.say(f"{primary.spec.label} on {primary.spec.where} exited with status "
                  f"{primary.status_text()}{consequence}; last lines:")
         self.report_lines(primary)
+        if primary.spec.role == "server" and self.c.server_restarts and not self.job_filled:
+            self.say(f"{primary.spec.label} exited before every node had registered, so the job "
+                     "could not start: --server-restarts replaces servers that die once it has")
         for p in failed[1:]:
             self.say(f"also failed: {p.spec.label} on {p.spec.where} "
                      f"(status {p.status_text()}); last lines:")

@@ -224,6 +224,23 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
                      missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_a_server_lost_before_the_job_started_is_named_so(self):
+        # --server-restarts replaces servers the job went on without; one that dies before
+        # every node registered leaves a job that cannot start, and the launcher says why.
+        server_cmd = (f'if [ "$PS_RANK" = 1 ]; then echo cannot start; exit 7; fi; '
+                      f'exec {binary("ps-server")}')
+        r = self.run_launcher(["-n", "1", "-s", "2", "--server-restarts", "1",
+                               "--server-cmd", f"sh -c '{server_cmd}'"]
+                              + [binary("ps-kvstore-check"), "--rounds", "3"],
+                              env=self.real_env(), timeout=120)
+        self.assertNotEqual(r.rc, 0, r)
+        self.assertIn("server 1 on localhost exited with status 7", r.err)
+        self.assertIn("server 1 exited before every node had registered, so the job could not "
+                      "start: --server-restarts replaces servers that die once it has", r.err)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
     def test_a_new_server_that_cannot_start_leaves_the_job_going(self):
         # The server command fails the second time it runs for a rank (as on a host that went
         # down): the new server never joins, the launcher says so, and the job finishes exact.
