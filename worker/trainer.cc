@@ -315,6 +315,9 @@ std::optional<int> EpochOfName(const std::string& name) {
   if (std::from_chars(name.data() + kPrefix.size(), end, epoch).ptr != end || epoch < 0) {
     return std::nullopt;
   }
+  // As EpochName spells it: "epoch-01" or "epoch-+1" would name epoch-1's directory by another
+  // name.
+  if (EpochName(epoch) != name) return std::nullopt;
   return epoch;
 }
 

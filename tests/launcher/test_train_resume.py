@@ -293,6 +293,7 @@ class TrainResume(unittest.TestCase):
                     ("garbage\n", f"--resume: {empty}/LATEST holds 'garbage', not the name of a "
                                    "checkpoint such as epoch-3"),
                     ("epoch-x7\n", "holds 'epoch-x7', not the name"),
+                    ("epoch-02\n", "holds 'epoch-02', not the name"),
                     ("ep\x01och-2\n", "holds 'ep\\x01och-2', not the name"),
                     ("epoch-7\n", f"--resume: {empty}/LATEST names epoch-7, but "
                                   f"{empty}/epoch-7 does not exist: no checkpoint is left in "
