@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <system_error>
 #include <vector>
@@ -381,6 +382,11 @@ Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
 
 std::string Manifest::Encode() const {
   std::string text = std::string(kManifestHeader) + "\nservers " + std::to_string(servers) + "\n";
+  if (save != 0) {
+    char number[17];
+    std::snprintf(number, sizeof(number), "%016llx", static_cast<unsigned long long>(save));
+    text += std::string("save ") + number + "\n";
+  }
   for (const FileSummary& file : files) {
     char checksum[17];
     std::snprintf(checksum, sizeof(checksum), "%016llx",
@@ -409,6 +415,15 @@ Manifest Manifest::Parse(const std::string& text, const std::string& source) {
     throw bad("'" + PrintableText(line, 80) + "' names no server count in 1..65536");
   }
   while (std::getline(in, line)) {
+    if (line.starts_with("save ") && manifest.save == 0 && manifest.files.empty()) {
+      const std::string number = line.substr(5);
+      if (number.size() != 16 ||
+          std::from_chars(number.data(), number.data() + number.size(), manifest.save, 16).ptr !=
+              number.data() + number.size()) {
+        throw bad("malformed line '" + PrintableText(line, 200) + "'");
+      }
+      continue;
+    }
     std::istringstream fields(line);
     FileSummary file;
     std::string checksum;
@@ -431,7 +446,12 @@ std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& m
                                        const IoProgress& progress) {
   MakeDirectory(dir);
   if (progress) progress();
-  const std::string text = manifest.Encode();
+  Manifest numbered = manifest;
+  std::random_device random;
+  while (numbered.save == 0) {
+    numbered.save = (std::uint64_t{random()} << 32) ^ std::uint64_t{random()};
+  }
+  const std::string text = numbered.Encode();
   AtomicFile file(dir, kManifestName, progress);
   file.Write(text.data(), text.size());
   file.Commit();
@@ -441,14 +461,27 @@ std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& m
 
 std::string ResidualFileName(int rank) { return "worker-" + std::to_string(rank) + ".psres"; }
 
+std::uint64_t ResidualFileBytes(std::size_t compression_text,
+                                const std::vector<std::size_t>& key_sizes) {
+  std::uint64_t bytes = sizeof(kResidualMagic) + sizeof(kResidualFormatVersion) +
+                        sizeof(std::uint64_t) + 2 * sizeof(std::uint32_t) + sizeof(std::uint64_t) +
+                        compression_text + sizeof(std::uint64_t) +
+                        sizeof(std::uint64_t);  // ... the keys ..., the checksum
+  for (const std::size_t size : key_sizes) {
+    bytes += sizeof(Key) + sizeof(std::uint64_t) + size * sizeof(float);
+  }
+  return bytes;
+}
+
 std::uint64_t ManifestId(std::string_view manifest_text) {
   Checksum checksum;
   checksum.Add(manifest_text.data(), manifest_text.size());
   return checksum.value();
 }
 
-void WriteResidualFile(const std::string& dir, const Residuals& residuals) {
-  AtomicFile file(dir, ResidualFileName(residuals.rank));
+void WriteResidualFile(const std::string& dir, const Residuals& residuals,
+                       const IoProgress& progress) {
+  AtomicFile file(dir, ResidualFileName(residuals.rank), progress);
   file.Write(kResidualMagic, sizeof(kResidualMagic));
   file.WriteValue(kResidualFormatVersion);
   file.WriteValue(residuals.manifest_id);
@@ -467,10 +500,17 @@ void WriteResidualFile(const std::string& dir, const Residuals& residuals) {
   file.Commit();
 }
 
-std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank) {
+std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank,
+                                          std::uint64_t most_bytes, const IoProgress& progress) {
   const std::string path = dir + "/" + ResidualFileName(rank);
-  if (::access(path.c_str(), F_OK) != 0) return std::nullopt;
-  const std::string bytes = ReadWhole(path, "push residual file");
+  struct stat status {};
+  if (::stat(path.c_str(), &status) != 0) return std::nullopt;
+  if (!S_ISREG(status.st_mode)) throw Error("push residual file " + path + " is not a file");
+  const std::string bytes = ReadWhole(path, "push residual file", progress, most_bytes);
+  if (bytes.size() > most_bytes) {
+    throw Error("push residual file " + path + " is larger than this job's residuals can be (" +
+                std::to_string(most_bytes) + " bytes)");
+  }
   if (bytes.size() < sizeof(kResidualMagic) + sizeof(std::uint64_t)) {
     throw Error("push residual file " + path + " is too short to be one");
   }
@@ -482,7 +522,7 @@ std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank) {
   if (checksum.value() != stored) {
     throw Error("push residual file " + path + " is corrupt: its checksum does not match");
   }
-  Reader in(bytes, path);
+  Reader in(bytes, path, progress);
   char magic[sizeof(kResidualMagic)];
   in.Read(magic, sizeof(magic));
   if (std::memcmp(magic, kResidualMagic, sizeof(magic)) != 0) {

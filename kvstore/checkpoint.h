@@ -78,13 +78,17 @@ Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
 struct Manifest {
   int servers = 0;
   std::vector<FileSummary> files;  // one per server, in rank order
+  // A random number WriteManifest draws for each save (0: none, an older MANIFEST): two saves
+  // of the same files still differ, so a push residual file names one save only (ManifestId).
+  std::uint64_t save = 0;
 
   std::string Encode() const;
   // Throws ps::Error naming `source` when `text` is not a manifest of this format.
   static Manifest Parse(const std::string& text, const std::string& source);
 };
 
-// `dir`/MANIFEST, written atomically (the checkpoint's commit point) or read whole. After the
+// `dir`/MANIFEST, written atomically (the checkpoint's commit point), with a fresh `save`
+// number, or read whole. After the
 // commit WriteManifest removes the data files in `dir` that `manifest` does not list, as far
 // as this host sees them (an earlier checkpoint's in the same directory, of a server that died
 // since or of another number of servers), and returns their names; one it cannot remove stays.
@@ -116,11 +120,18 @@ struct Residuals {
 
 std::string ResidualFileName(int rank);
 std::uint64_t ManifestId(std::string_view manifest_text);
-// Throws ps::Error naming the file and the system's reason.
-void WriteResidualFile(const std::string& dir, const Residuals& residuals);
-// nullopt when `dir` holds no file for `rank`; throws ps::Error naming the file when it is
-// truncated or corrupt.
-std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank);
+// Throws ps::Error naming the file and the system's reason. `progress` as for the data files.
+void WriteResidualFile(const std::string& dir, const Residuals& residuals,
+                       const IoProgress& progress = {});
+// The size of a residual file of `compression_text` bytes of setting and keys of `key_sizes`
+// floats: what ReadResidualFile reads at most.
+std::uint64_t ResidualFileBytes(std::size_t compression_text,
+                                const std::vector<std::size_t>& key_sizes);
+// nullopt when `dir` holds no file for `rank`; throws ps::Error naming the file when it is not a
+// regular file, longer than `most_bytes`, truncated or corrupt.
+std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank,
+                                          std::uint64_t most_bytes,
+                                          const IoProgress& progress = {});
 
 // The saved records of several files, by key, from which a slice of any layout is assembled.
 class Index {

@@ -1373,7 +1373,8 @@ class Launch:
         self.say(f"{primary.spec.label} on {primary.spec.where} exited with status "
                  f"{primary.status_text()}{consequence}; last lines:")
         self.report_lines(primary)
-        if primary.spec.role == "server" and self.c.server_restarts and not self.job_filled:
+        if (primary.spec.role == "server" and self.c.server_restarts
+                and self.scheduler_logs_info() and not self.job_filled):
             self.say(f"{primary.spec.label} exited before every node had registered, so the job "
                      "could not start: --server-restarts replaces servers that die once it has")
         for p in failed[1:]:
@@ -1385,6 +1386,17 @@ class Launch:
             self.say(f"stopping {len(running)} other process(es)")
         self.stop_all()
         return primary.exit_status() or 1
+
+    def scheduler_logs_info(self):
+        """Whether the scheduler's INFO lines (the one saying every node registered) reach the
+        launcher: not with GLOG_minloglevel 1 or more."""
+        spec = next((p.spec for p in self.procs if p.spec.role == "scheduler"), None)
+        level = (spec.env if spec is not None else {}).get(
+            "GLOG_minloglevel", os.environ.get("GLOG_minloglevel", "0"))
+        try:
+            return int(level) < 1
+        except ValueError:
+            return True
 
     def report_lost_hosts(self, failed):
         """Names the host first when the failure started there, not where it was noticed:

@@ -41,6 +41,14 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
   }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
+    if (error == ENOSYS || error == ENOLCK || error == EOPNOTSUPP) {
+      // A file system without locks (Lustre without -o flock, NFS without its lock service):
+      // checkpoints still work there; only the guard against a second job is gone.
+      warning_ = "--checkpoint-dir " + dir + ": its file system takes no locks (" +
+                 std::strerror(error) + "), so nothing keeps a second job from using it: give " +
+                 "each job a directory of its own";
+      return;
+    }
     const std::string holder = Holder(fd_);
     ::close(fd_);
     fd_ = -1;

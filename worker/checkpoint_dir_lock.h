@@ -18,8 +18,13 @@ class CheckpointDirLock {
   CheckpointDirLock(const CheckpointDirLock&) = delete;
   CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
 
+  // Why the directory is not locked though the job goes on (a file system without locks);
+  // "" when it is locked.
+  const std::string& warning() const { return warning_; }
+
  private:
   int fd_ = -1;
+  std::string warning_;
 };
 
 inline constexpr const char* kCheckpointLockName = ".ps-train.lock";

@@ -855,10 +855,13 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
   // Found out now, not after the first epoch; after the checks above, so that a run they refuse
   // leaves no directory behind. A resume from a directory not there is refused by ReadLatest.
   std::optional<CheckpointDirLock> lock;  // held for the whole job
+  std::error_code missing;
   if (rank == 0 && !config.checkpoint_dir.empty() &&
-      (!config.resume || std::filesystem::exists(config.checkpoint_dir))) {
+      (!config.resume || std::filesystem::exists(config.checkpoint_dir, missing))) {
     MakeWritableDir(config.checkpoint_dir);
     lock.emplace(config.checkpoint_dir);
+    if (!lock->warning().empty())
+      log << "ps-train: note: " << lock->warning() << "\n" << std::flush;
     if (!config.resume) RefuseEarlierCheckpoints(config.checkpoint_dir);
   }
   // Only rank 0 evaluates.

@@ -20,7 +20,11 @@ void DistKVStore::SaveResiduals(const std::string& dir) {
   residuals.compression = compression::DescribePush(compression_);
   residuals.rank = Rank();
   residuals.workers = NumWorkers();
+  const std::string path = dir + "/" + checkpoint::ResidualFileName(Rank());
   try {
+    // As the MANIFEST: a file system that stops answering ends the job, not holds it.
+    Runtime::SlowWork work = runtime_->BeginSlowWork("writing this worker's push residuals " + path,
+                                                     Runtime::SlowWorkThread::kCaller);
     // Committed by worker 0 before every worker learned that the save succeeded.
     residuals.manifest_id = checkpoint::ManifestId(checkpoint::ReadManifestText(dir));
     {
@@ -34,8 +38,8 @@ void DistKVStore::SaveResiduals(const std::string& dir) {
         }
       }
     }
-    checkpoint::WriteResidualFile(dir, residuals);
-  } catch (const Error& e) {
+    checkpoint::WriteResidualFile(dir, residuals, [&work] { work.Progress(); });
+  } catch (const std::exception& e) {  // ps::Error, or std::bad_alloc for the copy
     // The model and the optimizer state are saved: the job goes on, and a job resumed from
     // this checkpoint starts this worker's residuals at zero.
     PS_LOG(WARNING) << "worker " << Rank() << ": SaveCheckpoint: " << dir
@@ -43,6 +47,9 @@ void DistKVStore::SaveResiduals(const std::string& dir) {
                     << "): a job resumed from it starts them at zero, close to but not "
                        "bit-identical with one that never stopped";
   }
+  // SaveCheckpoint returns once every worker's file is written (or given up on): a job that
+  // ends after it (ps-train then points LATEST at the checkpoint) leaves them all.
+  Barrier();
 }
 
 void DistKVStore::LoadResiduals(const std::string& dir) {
@@ -51,8 +58,20 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
   std::optional<checkpoint::Residuals> saved;
   std::string why_not;  // why the saved residuals are not used; "" when they are
   try {
+    std::vector<std::size_t> sizes;  // the most a file of this job's model can hold
+    {
+      SharedLock lock(keys_mu_);
+      for (const auto& [key, info] : keys_) {
+        if (!info.compression.empty()) sizes.push_back(info.size);
+      }
+    }
+    constexpr std::size_t kMostSettingBytes = 256;  // DescribePush's text, with room
+    Runtime::SlowWork work = runtime_->BeginSlowWork(
+        "reading this worker's push residuals in " + dir, Runtime::SlowWorkThread::kCaller);
     const std::uint64_t id = checkpoint::ManifestId(checkpoint::ReadManifestText(dir));
-    saved = checkpoint::ReadResidualFile(dir, Rank());
+    saved = checkpoint::ReadResidualFile(dir, Rank(),
+                                         checkpoint::ResidualFileBytes(kMostSettingBytes, sizes),
+                                         [&work] { work.Progress(); });
     if (!saved) {
       why_not = dir + " holds none of worker " + std::to_string(Rank()) +
                 " (saved without push compression, or by fewer workers)";
@@ -64,28 +83,37 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
       why_not =
           "they were kept for " + saved->compression + ", this job compresses with " + current;
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // ps::Error, or std::bad_alloc
     why_not = e.what();
   }
   if (!why_not.empty()) saved.reset();
   // Every compressed slice gets the saved residual, or zeros: what a job starting from the
-  // checkpoint's weights holds.
+  // checkpoint's weights holds. Zeros need no memory, so a failure (out of memory for a saved
+  // one) leaves every slice at zero, not some restored and some as they were.
   std::vector<Key> unsaved;
-  {
+  const auto import = [&](const checkpoint::Residuals* from) {
     SharedLock lock(keys_mu_);
     for (const auto& [key, info] : keys_) {
       if (info.compression.empty()) continue;
       const std::vector<float>* whole = nullptr;
-      if (saved) {
-        const auto it = saved->keys.find(key);
-        if (it != saved->keys.end() && it->second.size() == info.size) whole = &it->second;
+      if (from != nullptr) {
+        const auto it = from->keys.find(key);
+        if (it != from->keys.end() && it->second.size() == info.size) whole = &it->second;
+        if (whole == nullptr) unsaved.push_back(key);
       }
-      if (saved && whole == nullptr) unsaved.push_back(key);
       for (std::size_t s = 0; s < info.slices.size(); ++s) {
         info.compression[s]->ImportResidual(whole != nullptr ? whole->data() + info.slices[s].offset
                                                              : nullptr);
       }
     }
+  };
+  try {
+    import(saved ? &*saved : nullptr);
+  } catch (const std::exception& e) {
+    why_not = e.what();
+    saved.reset();
+    unsaved.clear();
+    import(nullptr);
   }
   if (!why_not.empty()) {
     PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: this worker's push residuals "

@@ -50,17 +50,9 @@ void SliceCompression::ExportResidual(float* out) {
 
 void SliceCompression::ImportResidual(const float* in) {
   MutexLock lock(mu_);
-#ifdef PS_KVSTORE_CUDA
-  if (device_) {
-    if (in != nullptr) {
-      device_->Upload(in);
-    } else {
-      const std::vector<float> zeros(length_, 0.0f);
-      device_->Upload(zeros.data());
-    }
-    return;
-  }
-#endif
+  // In host memory, whatever device pushed last: no CUDA call that could fail half-way through
+  // a load. The next push from a GPU takes it there (DeviceResidualLocked).
+  device_.reset();
   if (in != nullptr) {
     residual_.assign(in, in + length_);
   } else {

@@ -39,8 +39,9 @@ class SliceCompression {
   // ps::Error (a failed CUDA call, a GPU in a build without CUDA).
   Blob EncodePush(const float* grad, Device device);
 
-  // The push residual (zeros before the first push) as `length` floats at `out`, and set from
-  // `in` (null: zeros), for checkpoints. A residual on a GPU stays there.
+  // The push residual (zeros before the first push) as `length` floats at `out` (a residual on
+  // a GPU stays there), and set from `in` (null: zeros) in host memory, for checkpoints.
+  // ImportResidual cannot fail; ExportResidual throws ps::Error when a GPU copy fails.
   void ExportResidual(float* out);
   void ImportResidual(const float* in);
 

@@ -223,8 +223,15 @@ class FlagChecker {
       // --noNAME turns the bool flag NAME off.
       if (name.starts_with("no") && gflags::GetCommandLineFlagInfo(name.substr(2).c_str(), &info) &&
           info.type == "bool") {
-        if (equals == std::string_view::npos) return false;
         const std::string flag = name.substr(2);
+        if (equals == std::string_view::npos) {
+          if (next != nullptr && IsYesNoWord(next)) {
+            Die(program_, "--" + name + " " + next + where +
+                              ": a negated yes/no flag takes no value: write --" + flag +
+                              "=false (or --" + name + ") or --" + flag + "=true");
+          }
+          return false;
+        }
         Die(program_, "--" + std::string(arg) + where +
                           ": a negated yes/no flag takes no value: write --" + flag +
                           "=false (or --no" + flag + ") to turn it off, --" + flag +

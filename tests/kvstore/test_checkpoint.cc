@@ -340,6 +340,69 @@ TEST_CASE("checkpoint: SGD saved with momentum does not load into SGD without, i
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("checkpoint: a push residual file reads back, and is refused when it cannot be one",
+          "[checkpoint][errors]") {
+  namespace cp = ps::checkpoint;
+  TempDir dir;
+  cp::Residuals written;
+  written.manifest_id = 0x1234;
+  written.compression = "type=2bit threshold=0.5";
+  written.rank = 1;
+  written.workers = 2;
+  written.keys[3] = {0.25f, -0.5f, 0.0f};
+  written.keys[9] = {1.0f};
+  cp::WriteResidualFile(dir.path(), written);
+  const std::uint64_t most = cp::ResidualFileBytes(written.compression.size(), {3, 1});
+  const auto read = cp::ReadResidualFile(dir.path(), 1, most);
+  REQUIRE(read.has_value());
+  CHECK(read->manifest_id == 0x1234);
+  CHECK(read->compression == written.compression);
+  CHECK(read->workers == 2);
+  CHECK(read->keys == written.keys);
+  CHECK_FALSE(cp::ReadResidualFile(dir.path(), 0, most).has_value());  // none for worker 0
+  const std::string path = dir.path() + "/" + cp::ResidualFileName(1);
+  // Longer than this job's keys can make it: not read whole into memory.
+  CHECK_THROWS_WITH(cp::ReadResidualFile(dir.path(), 1, most - 1),
+                    Catch::Contains(path + " is larger than this job's residuals can be"));
+  // A link to an endless device is not a file.
+  std::filesystem::remove(path);
+  std::filesystem::create_symlink("/dev/zero", path);
+  CHECK_THROWS_WITH(cp::ReadResidualFile(dir.path(), 1, most),
+                    "push residual file " + path + " is not a file");
+  // Another worker's file under this name, and a flipped byte.
+  std::filesystem::remove(path);
+  written.rank = 0;
+  cp::WriteResidualFile(dir.path(), written);
+  std::filesystem::rename(dir.path() + "/" + cp::ResidualFileName(0), path);
+  CHECK_THROWS_WITH(cp::ReadResidualFile(dir.path(), 1, most),
+                    Catch::Contains("is corrupt: it holds worker 0"));
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(30);
+    file.put('\x7f');
+  }
+  CHECK_THROWS_WITH(cp::ReadResidualFile(dir.path(), 1, most),
+                    Catch::Contains("is corrupt: its checksum does not match"));
+}
+
+TEST_CASE("checkpoint: each save's MANIFEST carries a number of its own", "[checkpoint]") {
+  // Two saves of the same files differ, so a residual file names one save only.
+  TempDir one, two;
+  ps::checkpoint::Manifest manifest;
+  manifest.servers = 1;
+  manifest.files.push_back({"server-0-of-1.psckpt", 10, 0xabc});
+  ps::checkpoint::WriteManifest(one.path(), manifest);
+  ps::checkpoint::WriteManifest(two.path(), manifest);
+  const std::string first = ps::checkpoint::ReadManifestText(one.path());
+  const std::string second = ps::checkpoint::ReadManifestText(two.path());
+  CHECK(first != second);
+  const auto parsed = ps::checkpoint::Manifest::Parse(first, "MANIFEST");
+  CHECK(parsed.save != 0);
+  CHECK(parsed.files.size() == 1);
+  CHECK(parsed.Encode() == first);
+  CHECK(ps::checkpoint::ManifestId(first) != ps::checkpoint::ManifestId(second));
+}
+
 TEST_CASE("checkpoint: a malformed MANIFEST names what is wrong with it", "[checkpoint][errors]") {
   const auto error_of = [](const std::string& text) -> std::string {
     try {
@@ -355,6 +418,7 @@ TEST_CASE("checkpoint: a malformed MANIFEST names what is wrong with it", "[chec
   CHECK(error_of("ps-checkpoint 1\nservers 1\nfile server-0-of-1.psckpt 10 zzzzzzzzzzzzzzzz\n") ==
         prefix + "malformed line 'file server-0-of-1.psckpt 10 zzzzzzzzzzzzzzzz'");
   CHECK(error_of("ps-checkpoint 1\nsurvers 2\n") == prefix + "no 'servers N' line");
+  CHECK(error_of("ps-checkpoint 1\nservers 1\nsave 12\n") == prefix + "malformed line 'save 12'");
   CHECK(error_of("ps-checkpoint 1\nservers 100000000\n") ==
         prefix + "'servers 100000000' names no server count in 1..65536");
   CHECK(error_of("ps-checkpoint 1\nservers 0\x1b[2J\n") ==

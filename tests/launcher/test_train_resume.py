@@ -70,6 +70,13 @@ class TrainResume(unittest.TestCase):
         for name in names:
             with open(os.path.join(checkpoint, name), "rb") as f:
                 contents[name] = f.read()
+        # Each save draws its own number (MANIFEST's "save" line), which the residual files
+        # carry (in their MANIFEST's checksum, after the magic and the version, and so in their
+        # own checksum at the end): not compared.
+        contents["MANIFEST"] = re.sub(rb"\nsave [0-9a-f]{16}\n", b"\n", contents["MANIFEST"])
+        for name in names:
+            if name.endswith(".psres"):
+                contents[name] = contents[name][:12] + contents[name][20:-8]
         return contents
 
     def check_resume_is_exact(self, *extra, residuals=False):

@@ -84,6 +84,9 @@ TEST_CASE("ps-train rejects bad input with a one-line error and exit status 1", 
   CheckOneLineError(RunPsTrain("--kvstore local --resume false"),
                     "--resume false: a yes/no flag takes its value after '=', not as the next "
                     "argument: write --resume=false");
+  CheckOneLineError(RunPsTrain("--kvstore local --noresume false"),
+                    "--noresume false: a negated yes/no flag takes no value: write "
+                    "--resume=false (or --noresume) or --resume=true");
   CheckOneLineError(
       RunPsTrain("--kvstore local --no-update-on-kvstore=true"),
       "a negated yes/no flag takes no value: write --update-on-kvstore=false (or "
