@@ -536,7 +536,10 @@ std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank,
   residuals.manifest_id = in.Value<std::uint64_t>();
   residuals.rank = static_cast<int>(in.Value<std::uint32_t>());
   residuals.workers = static_cast<int>(in.Value<std::uint32_t>());
-  if (residuals.rank != rank) in.Corrupt("it holds worker " + std::to_string(residuals.rank));
+  if (residuals.rank != rank) {
+    throw Error("push residual file " + path + " holds worker " + std::to_string(residuals.rank) +
+                "'s residuals, not worker " + std::to_string(rank) + "'s (renamed or copied in)");
+  }
   const auto text_bytes = in.Value<std::uint64_t>();
   if (text_bytes > in.remaining())
     in.Corrupt("a setting of " + std::to_string(text_bytes) + " bytes");

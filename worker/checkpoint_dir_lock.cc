@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "ps/src/log_text.h"
@@ -33,7 +34,7 @@ std::string Holder(int fd) {
 }  // namespace
 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
-  const std::string path = dir + "/" + kCheckpointLockName;
+  const std::string path = (std::filesystem::path(dir) / kCheckpointLockName).string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     throw ConfigError("--checkpoint-dir " + dir +

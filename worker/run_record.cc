@@ -225,4 +225,14 @@ std::string SeedNote(const RunRecord& saved, const RunRecord& now, const std::st
          " is another job's checkpoint)";
 }
 
+std::string CompressionNote(const RunRecord& saved, const RunRecord& now,
+                            const std::string& where) {
+  if (saved.gradient_compression == "none" || now.gradient_compression != "none") return "";
+  return "--resume: " + where + " was trained with --gradient-compression " +
+         saved.gradient_compression +
+         "; this job has none: the workers' saved push residuals are not used (resume with "
+         "--gradient-compression " +
+         saved.gradient_compression + " to go on as its job would have)";
+}
+
 }  // namespace ps::worker

@@ -70,5 +70,9 @@ std::string ResumeNote(const RunRecord& saved, const RunRecord& now, const std::
 // epochs are shuffled otherwise; or `where` is another job's checkpoint); "" when the seeds
 // agree or the record has no seed line.
 std::string SeedNote(const RunRecord& saved, const RunRecord& now, const std::string& where);
+// A note for a job resuming without the push compression `where` was trained with: the
+// workers' saved residuals are not used; "" otherwise (another compression is logged by the
+// store when it loads).
+std::string CompressionNote(const RunRecord& saved, const RunRecord& now, const std::string& where);
 
 }  // namespace ps::worker

@@ -466,7 +466,17 @@ MetricsLog::MetricsLog(std::ostream& log, const std::string& metrics_path, int r
     path.clear();
   }
   if (!path.empty()) {
+    // A job killed while writing a record leaves a partial line: the next one starts anew.
+    bool partial_line = false;
+    if (append) {
+      std::ifstream before(path, std::ios::binary | std::ios::ate);
+      if (before && before.tellg() > 0) {
+        before.seekg(-1, std::ios::end);
+        partial_line = before.get() != '\n';
+      }
+    }
     json_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
+    if (json_ && partial_line) json_ << '\n';
     if (!json_) {
       throw ConfigError("cannot write --metrics-out " + path + ": " + std::strerror(errno));
     }
@@ -932,7 +942,8 @@ TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& l
         << std::flush;
     if (saved && first_epoch < config.epochs) {  // notes about training still to come
       for (const std::string& note :
-           {ResumeNote(*saved, record, resumed), SeedNote(*saved, record, resumed)}) {
+           {ResumeNote(*saved, record, resumed), SeedNote(*saved, record, resumed),
+            CompressionNote(*saved, record, resumed)}) {
         if (!note.empty()) log << "ps-train: note: " << note << "\n" << std::flush;
       }
     }

@@ -725,8 +725,17 @@ void DistKVStore::SetGradientCompression(const GradientCompression& config) {
     request.compression = config;
     SendToLiveServers(request);
   });
-  // Every worker and every server has the setting: the keys there so far get their state.
+  // Every worker and every server has the setting: the keys there so far get their state. The
+  // same setting again keeps it (residuals a LoadCheckpoint restored included).
   ExclusiveLock lock(keys_mu_);
+  if (settings == compression_) return;
+  if (residuals_loaded_) {
+    PS_LOG(WARNING) << "worker " << Rank() << ": SetGradientCompression "
+                    << compression::Describe(config)
+                    << " drops the push residuals LoadCheckpoint restored: set the compression "
+                       "before LoadCheckpoint";
+    residuals_loaded_ = false;
+  }
   compression_ = settings;
   for (auto& [key, info] : keys_) {
     info.compression.clear();

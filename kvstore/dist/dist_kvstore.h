@@ -433,7 +433,10 @@ class DistKVStore final : public KVStore {
   std::unordered_map<Key, KeyInfo> keys_ PS_GUARDED_BY(keys_mu_);
   bool optimizer_set_ = false;         // collective calls only
   compression::Settings compression_;  // set by a collective call, before any push
-  std::atomic<bool> pushed_{false};    // a Push or PushPull was issued
+  // LoadResiduals restored saved residuals (that another SetGradientCompression would drop).
+  // Touched only by collective calls, on the thread that makes them.
+  bool residuals_loaded_ = false;
+  std::atomic<bool> pushed_{false};  // a Push or PushPull was issued
   // Worker-group collectives entered (AgreeAmongWorkers), stamped on dist_sync pushes; in
   // dist_sync changed under seq_mu_, so that a push's stamp tells on which side of each
   // collective it was sent.

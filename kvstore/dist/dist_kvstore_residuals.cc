@@ -4,6 +4,8 @@
 // the resumed pushes carry exactly what the stopped job's would have. See checkpoint.h.
 #include <glog/logging.h>
 
+#include <filesystem>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,7 +55,16 @@ void DistKVStore::SaveResiduals(const std::string& dir) {
 }
 
 void DistKVStore::LoadResiduals(const std::string& dir) {
-  if (compression_.push == compression::Codec::kNone) return;
+  if (compression_.push == compression::Codec::kNone) {
+    std::error_code ignored;
+    if (std::filesystem::exists(dir + "/" + checkpoint::ResidualFileName(Rank()), ignored)) {
+      PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: " << dir
+                      << " holds push residuals of this worker, but this store has no push "
+                         "compression (yet): they are not used (call SetGradientCompression "
+                         "before LoadCheckpoint to go on with them)";
+    }
+    return;
+  }
   const std::string current = compression::DescribePush(compression_);
   std::optional<checkpoint::Residuals> saved;
   std::string why_not;  // why the saved residuals are not used; "" when they are
@@ -77,8 +88,8 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
                 " (saved without push compression, or by fewer workers)";
     } else if (saved->manifest_id != id) {
       why_not = dir + "/" + checkpoint::ResidualFileName(Rank()) +
-                " was left by an earlier save into that directory (the later one stopped "
-                "before writing it)";
+                " belongs to another save than its MANIFEST (one into that directory that "
+                "stopped before writing it, a save by more workers, or a file copied in)";
     } else if (saved->compression != current) {
       why_not =
           "they were kept for " + saved->compression + ", this job compresses with " + current;
@@ -109,6 +120,7 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
   };
   try {
     import(saved ? &*saved : nullptr);
+    residuals_loaded_ = saved.has_value();
   } catch (const std::exception& e) {
     why_not = e.what();
     saved.reset();
@@ -127,7 +139,7 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
   }
   if (saved && saved->workers != NumWorkers() && Rank() == 0) {
     PS_LOG(WARNING) << "worker 0: LoadCheckpoint: " << dir << "'s push residuals were saved by "
-                    << saved->workers << " workers, this job has " << NumWorkers()
+                    << saved->workers << " worker(s), this job has " << NumWorkers()
                     << ": each worker takes the residuals of its rank, if saved";
   }
 }

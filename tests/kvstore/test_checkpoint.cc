@@ -375,7 +375,7 @@ TEST_CASE("checkpoint: a push residual file reads back, and is refused when it c
   cp::WriteResidualFile(dir.path(), written);
   std::filesystem::rename(dir.path() + "/" + cp::ResidualFileName(0), path);
   CHECK_THROWS_WITH(cp::ReadResidualFile(dir.path(), 1, most),
-                    Catch::Contains("is corrupt: it holds worker 0"));
+                    Catch::Contains(path + " holds worker 0's residuals, not worker 1's"));
   {
     std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(30);

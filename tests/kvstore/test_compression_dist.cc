@@ -211,15 +211,18 @@ namespace {
 // The hand-worked job's values per element class (c = i % 3) after each of `rounds`, run from
 // round `first` on, by a fresh job that loads the checkpoint in `dir` first (empty: none).
 // Both workers pull the same in dist_sync; worker 0's are returned. `after_round(kv, round)`
-// runs on each worker once a round is complete.
+// runs on each worker once a round is complete; `set_again` sets the compression once more
+// after the load.
 using RoundHook = std::function<void(ps::KVStore&, int)>;
 std::vector<std::vector<float>> HandRounds(const std::string& dir, int first, int last,
-                                           const RoundHook& after_round = {}) {
+                                           const RoundHook& after_round = {},
+                                           bool set_again = false) {
   std::vector<std::vector<float>> classes;
   KVCluster cluster(2, 2, kSliced);
   const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
     Setup(kv, {.type = "2bit", .threshold = 1.0f});
     if (!dir.empty()) kv.LoadCheckpoint(dir);
+    if (set_again) kv.SetGradientCompression({.type = "2bit", .threshold = 1.0f});
     std::vector<float> big(kBig), out(kBig);
     for (std::size_t i = 0; i < kBig; ++i) big[i] = HandGradient(kv.Rank(), i);
     for (int round = first; round <= last; ++round) {
@@ -255,6 +258,8 @@ TEST_CASE("dist_sync 2bit: a checkpoint keeps each worker's push residuals",
   CHECK(fs::exists(one.path() + "/worker-0.psres"));
   CHECK(fs::exists(one.path() + "/worker-1.psres"));
   CHECK(HandRounds(one.path(), 2, 3) == std::vector<std::vector<float>>{{6, 10, 7}, {4, 10, 5}});
+  // The same compression set again after the load keeps what it restored.
+  CHECK(HandRounds(one.path(), 2, 2, {}, true) == std::vector<std::vector<float>>{{6, 10, 7}});
   // Worker 1's file lost: its residuals start at zero (class 1: its -0.5 is not sent in round
   // 2, worker 0's restored 0.5 is: 9), worker 0's are restored (class 2 as before: 7).
   fs::copy(one.path(), lacking.path(), fs::copy_options::recursive);

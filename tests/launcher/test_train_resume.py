@@ -228,11 +228,16 @@ class TrainResume(unittest.TestCase):
         with tempfile.TemporaryDirectory() as ckpt:
             metrics = os.path.join(ckpt, "metrics.jsonl")
             self.local(ckpt, "--epochs", "1", "--metrics-out", metrics, status=0)
+            with open(metrics, "a") as f:
+                f.write('{"cut short')  # a record the stopped job did not finish
             result = self.local(ckpt, "--epochs", "2", "--resume", "--metrics-out", metrics,
                                 "--seed", "5", status=0)
-            # The epochs before the restart keep their lines; the resumed epoch's follow.
+            # The epochs before the restart keep their lines; the resumed epoch's follow, each
+            # on a line of its own.
             with open(metrics) as f:
-                epochs = [json.loads(line).get("epoch") for line in f]
+                lines = f.read().splitlines()
+            self.assertIn('{"cut short', lines)
+            epochs = [json.loads(line).get("epoch") for line in lines if line != '{"cut short']
             self.assertIn(0, epochs)
             self.assertIn(1, epochs)
             self.assertLess(epochs.index(0), epochs.index(1))

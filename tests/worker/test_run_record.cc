@@ -210,6 +210,18 @@ TEST_CASE("run record: a resume with other update flags is noted, naming them", 
                                "--final-lr 0, --epochs 10; this job has --lr-scheduler none:"));
 }
 
+TEST_CASE("run record: a resume without the push compression is noted", "[run_record]") {
+  RunRecord saved = TwoWorkers();
+  saved.gradient_compression = "2bit";
+  RunRecord now = TwoWorkers();  // none
+  CHECK(CompressionNote(saved, now, "ck/epoch-2") ==
+        "--resume: ck/epoch-2 was trained with --gradient-compression 2bit; this job has none: "
+        "the workers' saved push residuals are not used (resume with --gradient-compression "
+        "2bit to go on as its job would have)");
+  CHECK(CompressionNote(saved, saved, "ck/epoch-2").empty());
+  CHECK(CompressionNote(now, saved, "ck/epoch-2").empty());  // the store names other cases
+}
+
 TEST_CASE("run record: a resume with another --seed is noted", "[run_record]") {
   const RunRecord saved = TwoWorkers();
   const std::string where = "ck/epoch-2";

@@ -175,8 +175,10 @@ class KVStore {
   // (momentum, Adam moments, update counts) into directory `dir`, created if missing: each
   // server one file, atomically, then worker 0 a MANIFEST naming them with their checksums,
   // so a checkpoint is complete or absent. A relative `dir` is taken from the calling worker's
-  // working directory (the servers get it absolute). On several hosts `dir` must be one
-  // directory that every server and worker 0 see (a shared file system).
+  // working directory (the servers get it absolute). With push compression each worker also
+  // writes its residuals there (worker-R.psres) before SaveCheckpoint returns, and
+  // LoadCheckpoint restores them: call SetGradientCompression before LoadCheckpoint. On several
+  // hosts `dir` must be one directory that every server and worker sees (a shared file system).
   // LoadCheckpoint restores a checkpoint into the keys this job initialized (Init them first,
   // and SetOptimizer first when the checkpoint holds optimizer state), whatever the number of
   // servers that saved it. A missing or corrupt file, a key missing from the checkpoint or of
