@@ -461,6 +461,28 @@ std::vector<std::string> WriteManifest(const std::string& dir, const Manifest& m
 
 std::string ResidualFileName(int rank) { return "worker-" + std::to_string(rank) + ".psres"; }
 
+std::vector<std::string> RemoveStaleResidualFiles(const std::string& dir, int workers,
+                                                  const IoProgress& progress) {
+  const auto stale = [&](const std::string& name) {
+    int rank = -1;
+    if (std::sscanf(name.c_str(), "worker-%d.psres", &rank) == 1 &&
+        name == ResidualFileName(rank)) {
+      return rank >= workers;
+    }
+    return name.starts_with(".worker-") && name.find(".psres.tmp.") != std::string::npos;
+  };
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    std::error_code ignored;
+    if (stale(name) && std::filesystem::remove(it->path(), ignored)) removed.push_back(name);
+    if (progress) progress();
+  }
+  return removed;
+}
+
 std::uint64_t ResidualFileBytes(std::size_t compression_text,
                                 const std::vector<std::size_t>& key_sizes) {
   std::uint64_t bytes = sizeof(kResidualMagic) + sizeof(kResidualFormatVersion) +

@@ -119,6 +119,11 @@ struct Residuals {
 };
 
 std::string ResidualFileName(int rank);
+// After a save by `workers` workers: removes the residual files of ranks it does not have and
+// the temporaries a worker killed mid-write left (no worker writes one while the MANIFEST is
+// written). Returns their names; one that cannot go stays (never used: another save's).
+std::vector<std::string> RemoveStaleResidualFiles(const std::string& dir, int workers,
+                                                  const IoProgress& progress = {});
 std::uint64_t ManifestId(std::string_view manifest_text);
 // Throws ps::Error naming the file and the system's reason. `progress` as for the data files.
 void WriteResidualFile(const std::string& dir, const Residuals& residuals,

@@ -618,6 +618,10 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
                                       "/MANIFEST (and removing the files it replaces)",
                                   Runtime::SlowWorkThread::kCaller);
       removed = checkpoint::WriteManifest(dir, manifest, [&work] { work.Progress(); });
+      for (std::string& name :
+           checkpoint::RemoveStaleResidualFiles(dir, NumWorkers(), [&work] { work.Progress(); })) {
+        removed.push_back(std::move(name));
+      }
     }
     for (const std::string& name : removed) {
       PS_LOG(INFO) << "worker 0: removed " << dir << "/" << name

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <string>
@@ -246,6 +247,10 @@ TEST_CASE("dist_sync 2bit: a checkpoint keeps each worker's push residuals",
   // 6, 10, 8 after round 2: worker 0's 0.75 of class 2 would be lost.
   namespace fs = std::filesystem;
   ps::test::TempDir one, two, lacking, aside;
+  // Left in `one` by an earlier save of 3 workers, one killed while it wrote: they go.
+  for (const char* name : {"worker-2.psres", ".worker-0.psres.tmp.4242"}) {
+    std::ofstream(one.path() + "/" + name) << "stale";
+  }
   const auto unstopped = HandRounds("", 1, 3, [&](ps::KVStore& kv, int round) {
     if (round == 1) {
       kv.SaveCheckpoint(one.path());
@@ -257,6 +262,8 @@ TEST_CASE("dist_sync 2bit: a checkpoint keeps each worker's push residuals",
   REQUIRE(unstopped == std::vector<std::vector<float>>{{8, 10, 9}, {6, 10, 7}, {4, 10, 5}});
   CHECK(fs::exists(one.path() + "/worker-0.psres"));
   CHECK(fs::exists(one.path() + "/worker-1.psres"));
+  CHECK_FALSE(fs::exists(one.path() + "/worker-2.psres"));
+  CHECK_FALSE(fs::exists(one.path() + "/.worker-0.psres.tmp.4242"));
   CHECK(HandRounds(one.path(), 2, 3) == std::vector<std::vector<float>>{{6, 10, 7}, {4, 10, 5}});
   // The same compression set again after the load keeps what it restored.
   CHECK(HandRounds(one.path(), 2, 2, {}, true) == std::vector<std::vector<float>>{{6, 10, 7}});
