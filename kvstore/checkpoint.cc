@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -26,6 +27,7 @@ namespace {
 constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '\0', '\1'};
 constexpr std::uint32_t kFormatVersion = 1;
 constexpr char kResidualMagic[8] = {'P', 'S', 'R', 'E', 'S', 'I', 'D', '\1'};
+static_assert(sizeof(kResidualMagic) == sizeof(kMagic));  // CheckedChecksum's shortest file
 constexpr std::uint32_t kResidualFormatVersion = 1;
 constexpr const char* kManifestName = "MANIFEST";
 constexpr const char* kManifestHeader = "ps-checkpoint 1";
@@ -173,6 +175,26 @@ std::string ReadWhole(const std::string& path, const std::string& what,
   return bytes;
 }
 
+// A file's bytes end with the checksum of those before them (magic first, 8 bytes, in every
+// format here). Throws ps::Error naming `file` when they are too few or the checksum does not
+// match; returns it. `progress` after each piece summed.
+std::uint64_t CheckedChecksum(const std::string& bytes, const std::string& file,
+                              const IoProgress& progress) {
+  if (bytes.size() < sizeof(kMagic) + sizeof(std::uint64_t)) {
+    throw Error(file + " is too short to be one");
+  }
+  const std::size_t body = bytes.size() - sizeof(std::uint64_t);
+  Checksum checksum;
+  for (std::size_t at = 0; at < body; at += kIoPieceBytes) {
+    checksum.Add(bytes.data() + at, std::min(kIoPieceBytes, body - at));
+    if (progress) progress();
+  }
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data() + body, sizeof(stored));
+  if (checksum.value() != stored) throw Error(file + " is corrupt: its checksum does not match");
+  return stored;
+}
+
 // Reads values out of a data file's bytes; any read past the end is a truncated file.
 // Calls `progress` after each kIoPieceBytes read.
 class Reader {
@@ -241,6 +263,24 @@ std::optional<OptimizerConfig> ReadOptimizer(Reader& in) {
   return c;
 }
 
+// Removes the files in `dir` whose names `doomed` picks; returns their names. One that cannot
+// go stays, harmless beside the MANIFEST (never listed, so never read). `progress` after each
+// name looked at.
+std::vector<std::string> RemoveFilesIf(const std::string& dir,
+                                       const std::function<bool(const std::string&)>& doomed,
+                                       const IoProgress& progress) {
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    std::error_code ignored;
+    if (doomed(name) && std::filesystem::remove(it->path(), ignored)) removed.push_back(name);
+    if (progress) progress();
+  }
+  return removed;
+}
+
 std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const Manifest& manifest,
                                                  const IoProgress& progress) {
   const auto is_data_file = [](const std::string& name) {
@@ -260,19 +300,12 @@ std::vector<std::string> RemoveUnlistedDataFiles(const std::string& dir, const M
     return name.starts_with(".") && tmp != std::string::npos &&
            is_data_file(name.substr(1, tmp + 7 - 1));
   };
-  std::vector<std::string> removed;
-  std::error_code error;
-  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
-       it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    std::error_code ignored;  // one file that cannot go stays, harmless beside the MANIFEST
-    if (((is_data_file(name) && !listed(name)) || is_stale_temporary(name)) &&
-        std::filesystem::remove(it->path(), ignored)) {
-      removed.push_back(name);
-    }
-    if (progress) progress();
-  }
-  return removed;
+  return RemoveFilesIf(
+      dir,
+      [&](const std::string& name) {
+        return (is_data_file(name) && !listed(name)) || is_stale_temporary(name);
+      },
+      progress);
 }
 
 }  // namespace
@@ -323,18 +356,7 @@ Contents ReadDataFile(const std::string& dir, const FileSummary& expected,
                 " bytes, the MANIFEST says " + std::to_string(expected.bytes) +
                 ": it is truncated or was replaced");
   }
-  Checksum checksum;
-  if (bytes.size() < sizeof(kMagic) + sizeof(std::uint64_t)) {
-    throw Error("checkpoint file " + path + " is too short to be one");
-  }
-  const std::size_t body = bytes.size() - sizeof(std::uint64_t);
-  for (std::size_t at = 0; at < body; at += kIoPieceBytes) {
-    checksum.Add(bytes.data() + at, std::min(kIoPieceBytes, body - at));
-    if (progress) progress();
-  }
-  std::uint64_t stored = 0;
-  std::memcpy(&stored, bytes.data() + body, sizeof(stored));
-  if (checksum.value() != stored || stored != expected.checksum) {
+  if (CheckedChecksum(bytes, "checkpoint file " + path, progress) != expected.checksum) {
     throw Error("checkpoint file " + path + " is corrupt: its checksum does not match");
   }
   Reader in(bytes, path, progress);
@@ -471,16 +493,7 @@ std::vector<std::string> RemoveStaleResidualFiles(const std::string& dir, int wo
     }
     return name.starts_with(".worker-") && name.find(".psres.tmp.") != std::string::npos;
   };
-  std::vector<std::string> removed;
-  std::error_code error;
-  for (std::filesystem::directory_iterator it(dir, error), end; !error && it != end;
-       it.increment(error)) {
-    const std::string name = it->path().filename().string();
-    std::error_code ignored;
-    if (stale(name) && std::filesystem::remove(it->path(), ignored)) removed.push_back(name);
-    if (progress) progress();
-  }
-  return removed;
+  return RemoveFilesIf(dir, stale, progress);
 }
 
 std::uint64_t ResidualFileBytes(std::size_t compression_text,
@@ -533,17 +546,7 @@ std::optional<Residuals> ReadResidualFile(const std::string& dir, int rank,
     throw Error("push residual file " + path + " is larger than this job's residuals can be (" +
                 std::to_string(most_bytes) + " bytes)");
   }
-  if (bytes.size() < sizeof(kResidualMagic) + sizeof(std::uint64_t)) {
-    throw Error("push residual file " + path + " is too short to be one");
-  }
-  const std::size_t body = bytes.size() - sizeof(std::uint64_t);
-  Checksum checksum;
-  checksum.Add(bytes.data(), body);
-  std::uint64_t stored = 0;
-  std::memcpy(&stored, bytes.data() + body, sizeof(stored));
-  if (checksum.value() != stored) {
-    throw Error("push residual file " + path + " is corrupt: its checksum does not match");
-  }
+  CheckedChecksum(bytes, "push residual file " + path, progress);
   Reader in(bytes, path, progress);
   char magic[sizeof(kResidualMagic)];
   in.Read(magic, sizeof(magic));

@@ -5,7 +5,6 @@
 #include <glog/logging.h>
 
 #include <filesystem>
-
 #include <optional>
 #include <string>
 #include <vector>
