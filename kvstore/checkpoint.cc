@@ -17,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include "kvstore/fnv1a.h"
 #include "ps/error.h"
 #include "ps/src/internal.h"
 #include "ps/src/log_text.h"
@@ -40,19 +41,6 @@ std::string SystemError(const std::string& what, const std::string& path) {
 std::string TemporaryName(const std::string& name, pid_t pid) {
   return "." + name + ".tmp." + std::to_string(pid);
 }
-
-// FNV-1a, 64 bits: detects a flipped or lost byte; not a defence against a forger.
-class Checksum {
- public:
-  void Add(const void* data, std::size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < bytes; ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ull;
-  }
-  std::uint64_t value() const { return hash_; }
-
- private:
-  std::uint64_t hash_ = 14695981039346656037ull;
-};
 
 // A file that appears under its final name only when Commit() succeeds: written to a temporary
 // name in the same directory, flushed to disk, renamed over the final name, and the directory
@@ -139,7 +127,7 @@ class AtomicFile {
   bool committed_ = false;
   std::uint64_t size_ = 0;
   std::uint64_t unflushed_ = 0;  // bytes written since the last flush to disk
-  Checksum checksum_;
+  Fnv1a checksum_;
 };
 
 void MakeDirectory(const std::string& dir) {
@@ -184,7 +172,7 @@ std::uint64_t CheckedChecksum(const std::string& bytes, const std::string& file,
     throw Error(file + " is too short to be one");
   }
   const std::size_t body = bytes.size() - sizeof(std::uint64_t);
-  Checksum checksum;
+  Fnv1a checksum;
   for (std::size_t at = 0; at < body; at += kIoPieceBytes) {
     checksum.Add(bytes.data() + at, std::min(kIoPieceBytes, body - at));
     if (progress) progress();
@@ -509,7 +497,7 @@ std::uint64_t ResidualFileBytes(std::size_t compression_text,
 }
 
 std::uint64_t ManifestId(std::string_view manifest_text) {
-  Checksum checksum;
+  Fnv1a checksum;
   checksum.Add(manifest_text.data(), manifest_text.size());
   return checksum.value();
 }

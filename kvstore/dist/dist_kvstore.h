@@ -16,6 +16,11 @@
 //
 // Threads: Push/Pull/PushPull/WaitAll/Wait from any thread; Init/SetOptimizer/Barrier are
 // collective (one thread per worker). `keys_` is written only by Init.
+//
+// Its code: dist_kvstore.cc (Init and the data path: planning, sending, replies),
+// dist_kvstore_waits.cc (waits and their stall reports), dist_kvstore_collectives.cc (the
+// collective calls), dist_kvstore_reroute.cc (the ring after deaths and joins, re-sent
+// requests), dist_kvstore_residuals.cc (push residuals in checkpoints).
 #include <atomic>
 #include <chrono>
 #include <functional>
