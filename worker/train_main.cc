@@ -25,7 +25,8 @@
 #include "ps/src/stderr_log.h"
 #include "worker/dataset.h"
 #include "worker/errors.h"
-#include "worker/trainer.h"
+#include "worker/run_training.h"
+#include "worker/train_config.h"
 
 DEFINE_string(model, "mlp",
               "Model to train: mlp (784-256-128-10) or cnn (2x conv+pool, dense 128, dense 10).");

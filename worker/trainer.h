@@ -16,109 +16,19 @@
 // On the CPU backend the parameter buffers themselves are pushed and pulled, with no copy.
 #include <cstdint>
 #include <deque>
-#include <fstream>
-#include <functional>
 #include <memory>
-#include <ostream>
-#include <string>
-#include <string_view>
 #include <vector>
 
 #include "ps/kvstore.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
+#include "worker/metrics_log.h"
 #include "worker/model.h"
 #include "worker/sgd_trainer.h"
 #include "worker/sharding.h"
+#include "worker/train_config.h"
 
 namespace ps::worker {
-
-struct TrainConfig {
-  std::string model = "mlp";
-  std::string device = "auto";
-  std::string data_dir = kDefaultDataDir;
-  std::string kvstore = "dist_sync";
-  bool update_on_kvstore = true;
-  int batch_size = 64;
-  int epochs = 10;
-  float lr = 0.01f;
-  float momentum = 0.9f;
-  float weight_decay = 0.0f;
-  std::uint64_t seed = 1;
-  int log_interval = 100;
-  std::string metrics_out;  // JSON lines, written by rank 0; empty: none
-  // This worker's index among the job's workers on its machine (PS_LOCAL_RANK, which
-  // launch.py sets): the GPU that --device auto or cuda takes, modulo the GPU count.
-  // -1: the worker's rank, right when the ranks on each machine are consecutive.
-  int local_rank = -1;
-  // Checkpoints: every checkpoint_every epochs (and after the last) the store and the epoch
-  // count are saved under checkpoint_dir/epoch-N, and checkpoint_dir/LATEST names the newest;
-  // resume starts from the one LATEST names. Empty: no checkpoints.
-  std::string checkpoint_dir;
-  int checkpoint_every = 1;
-  bool resume = false;
-  // Train on the first num_examples samples of the training set only (0: all of it).
-  int num_examples = 0;
-  // The optimizer (where it runs: the servers with update_on_kvstore, else the worker, which
-  // runs sgd only) and its learning-rate schedule, in epochs; MakeOptimizerConfig turns epochs
-  // into updates.
-  std::string optimizer = "sgd";      // sgd, nag, adam, adagrad, rmsprop
-  std::string lr_scheduler = "none";  // none, factor, multifactor, cosine
-  float lr_factor = 0.1f;             // factor, multifactor: multiplier per drop
-  std::string lr_step_epochs;         // factor: "E" (every E epochs); multifactor: "E1,E2,..."
-  int warmup_epochs = 0;              // linear warm-up from warmup_begin_lr
-  float warmup_begin_lr = 0.0f;
-  float final_lr = 0.0f;  // cosine: the rate at the end of the last epoch
-  // Stop training, naming the step, when the loss is not finite (diverged).
-  bool stop_on_divergence = true;
-  // Gradient compression (KVStore::SetGradientCompression; dist stores only): the pushes'
-  // type ("none", "2bit", "1bit", "fp16"), 2bit's threshold, and the pulls' type. On a GPU a
-  // compressed gradient is pushed from device memory: it is encoded there, and only the codes
-  // cross to the host.
-  std::string gradient_compression = "none";
-  float compression_threshold = 0.5f;
-  std::string pull_compression = "none";
-};
-
-// The model's defaults (learning rate, schedule, momentum, weight decay; docs/training.md
-// says how they were chosen) for every such setting `given` says the user did not set.
-void ApplyModelDefaults(TrainConfig& config, const std::function<bool(std::string_view)>& given);
-
-// The optimizer config for the store: `updates_per_epoch` is how many updates one key sees
-// in an epoch where the optimizer runs, which turns the schedule's epochs into updates.
-OptimizerConfig MakeOptimizerConfig(const TrainConfig& config, std::uint64_t updates_per_epoch,
-                                    float rescale_grad);
-
-// Checks every field that can be checked without data or devices. Throws ConfigError naming
-// the flag to fix.
-void ValidateConfig(const TrainConfig& config);
-// Throws ConfigError for a flag the user gave (`given`, as for ApplyModelDefaults) that
-// nothing would read: --checkpoint-every without --checkpoint-dir, --compression-threshold
-// without 2bit or 1bit compression, --lr-factor without a stepped schedule.
-void ValidateGivenFlags(const TrainConfig& config,
-                        const std::function<bool(std::string_view)>& given);
-
-// Writes the training log: human lines to `log`, and, when a path is given, the same records
-// as JSON lines to a file.
-class MetricsLog {
- public:
-  // Throws ConfigError when metrics_path cannot be opened; each record that cannot be written
-  // later (a full disk) throws std::runtime_error naming the file: the metrics are not lost
-  // silently. `append`: add to the file (a resumed job, after the lines of the epochs before).
-  MetricsLog(std::ostream& log, const std::string& metrics_path, int rank, bool append = false);
-  void Batch(int epoch, int batch, double samples_per_sec, double loss, double accuracy);
-  void EpochEnd(int epoch, const EpochResult& train);
-  void TestAccuracy(int epoch, double accuracy);
-  void Final(double test_accuracy, double samples_per_sec);
-
- private:
-  void Json(const std::string& record);
-
-  std::ostream& log_;  // not owned
-  std::ofstream json_;
-  std::string json_path_;  // empty: no JSON lines from this worker
-  int rank_;
-};
 
 // Connects one worker's model to the KVStore. The model and the store must outlive it.
 class KVTrainer {
@@ -204,13 +114,5 @@ class KVTrainer {
   std::uint64_t local_updates_ = 0;                // updates it applied
   std::uint64_t updates_per_epoch_ = 0;
 };
-
-struct TrainSummary {
-  double test_accuracy = 0.0;    // rank 0's last evaluation; 0 on other ranks
-  double samples_per_sec = 0.0;  // all workers' samples over this worker's training time
-};
-
-// The whole ps-train run on one worker: backend, data, model, epochs, evaluation, log.
-TrainSummary RunTraining(const TrainConfig& config, KVStore& kv, std::ostream& log);
 
 }  // namespace ps::worker

@@ -17,6 +17,7 @@
 #include "tests/worker/test_util.h"
 #include "worker/cpu_backend.h"
 #include "worker/errors.h"
+#include "worker/run_training.h"
 #include "worker/sgd_trainer.h"
 #include "worker/trainer.h"
 
