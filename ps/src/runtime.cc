@@ -370,50 +370,24 @@ void Runtime::OnControl(Message&& msg) {
     case Control::kRegisterReply:
       OnRegisterReply(meta);
       break;
-    case Control::kBarrierRelease: {
-      MutexLock lock(mu_);
-      const auto waiting = barriers_.find(meta.barrier_group);
-      // Not the barrier waited in: the release of one this node left, sent again because its
-      // request came again after a reset.
-      if (waiting == barriers_.end() || waiting->second.request.meta.timestamp != meta.timestamp)
-        break;
-      waiting->second.released = true;
-      waiting->second.error = meta.error;
-      waiting->second.error_kind = meta.error_kind;
-      changed_.NotifyAll();
+    case Control::kBarrierRelease:
+      OnBarrierRelease(meta);
       break;
-    }
     case Control::kHeartbeat:
       break;                    // the contact time was recorded on arrival
     case Control::kNodeFailed:  // the acknowledgement of our own ReportFailure
       tracker_.OnResponse(std::move(msg));
       break;
     case Control::kWorkerDone:
-      if (meta.request) {  // the scheduler's notice that a worker finished
-        for (const NodeInfo& peer : meta.nodes) {
-          {
-            MutexLock lock(reset_mu_);  // its connection closes as it exits: no news
-            finished_peers_.insert(peer.id);
-          }
-          NotifyPeer(peer, PeerEvent::kFinished);
-        }
+      if (meta.request) {
+        OnWorkerDone(meta);
       } else {  // the acknowledgement of our own FinishWorker
         tracker_.OnResponse(std::move(msg));
       }
       break;
-    case Control::kTerminate: {
-      const std::string why = meta.error;
-      {
-        MutexLock lock(mu_);
-        terminated_ = true;
-        if (!why.empty() && failure_.empty()) failure_ = "the job failed: " + why;
-        changed_.NotifyAll();
-      }
-      if (config_.verbose >= 1)
-        PS_LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
-      tracker_.FailAll(why.empty() ? "the job has ended" : "the job failed: " + why);
+    case Control::kTerminate:
+      OnTerminate(meta);
       break;
-    }
     case Control::kNodeDead:
       for (const NodeInfo& dead : meta.nodes) OnNodeDead(dead);
       break;
@@ -421,41 +395,83 @@ void Runtime::OnControl(Message&& msg) {
       if (meta.request && meta.sender == kSchedulerId) OnWaitProbe(meta);
       break;
     case Control::kPeerUnreachable:
-      // The scheduler asks whether this node lives (another cannot reach it): answered here,
-      // so the answer also says that this receive thread reads.
-      if (meta.request && meta.sender == kSchedulerId) {
-        Message answer;
-        answer.meta.control = Control::kPeerUnreachable;
-        answer.meta.recipient = kSchedulerId;
-        answer.meta.timestamp = meta.timestamp;
-        SendToNode(answer);
-      }
+      if (meta.request && meta.sender == kSchedulerId) OnLivenessQuestion(meta);
       break;
     case Control::kNodeJoined:
       for (const NodeInfo& joined : meta.nodes) OnNodeJoined(joined);
       break;
     case Control::kConnectionReset:
-      if (meta.sender == kSchedulerId) {  // its connection to this node was reset
-        OnSchedulerReset("the scheduler's connection to this node was reset");
-        break;
-      }
-      if (!meta.request) {
-        MutexLock lock(reset_mu_);
-        announced_resets_.erase(meta.sender);
-      }
-      OnConnectionReset(meta.sender);
-      if (meta.request) {  // the peer saw the reset: it learns that this side acted too
-        Message answer;
-        answer.meta.control = Control::kConnectionReset;
-        answer.meta.recipient = meta.sender;
-        SendToNode(answer);
-      }
+      OnResetNotice(meta);
       break;
     default:
       if (const auto count = ++dropped_; LogOccurrence(count)) {
         PS_LOG(WARNING) << "dropped an unexpected message (#" << count
                         << "): " << msg.DebugString();
       }
+  }
+}
+
+void Runtime::OnBarrierRelease(const Meta& meta) {
+  MutexLock lock(mu_);
+  const auto waiting = barriers_.find(meta.barrier_group);
+  // Not the barrier waited in: the release of one this node left, sent again because its
+  // request came again after a reset.
+  if (waiting == barriers_.end() || waiting->second.request.meta.timestamp != meta.timestamp) {
+    return;
+  }
+  waiting->second.released = true;
+  waiting->second.error = meta.error;
+  waiting->second.error_kind = meta.error_kind;
+  changed_.NotifyAll();
+}
+
+void Runtime::OnWorkerDone(const Meta& meta) {
+  for (const NodeInfo& peer : meta.nodes) {
+    {
+      MutexLock lock(reset_mu_);  // its connection closes as it exits: no news
+      finished_peers_.insert(peer.id);
+    }
+    NotifyPeer(peer, PeerEvent::kFinished);
+  }
+}
+
+void Runtime::OnTerminate(const Meta& meta) {
+  const std::string why = meta.error;
+  {
+    MutexLock lock(mu_);
+    terminated_ = true;
+    if (!why.empty() && failure_.empty()) failure_ = "the job failed: " + why;
+    changed_.NotifyAll();
+  }
+  if (config_.verbose >= 1)
+    PS_LOG(INFO) << "the scheduler ended the job" << (why.empty() ? "" : ": " + why);
+  tracker_.FailAll(why.empty() ? "the job has ended" : "the job failed: " + why);
+}
+
+void Runtime::OnLivenessQuestion(const Meta& meta) {
+  // Answered here, so the answer also says that this receive thread reads.
+  Message answer;
+  answer.meta.control = Control::kPeerUnreachable;
+  answer.meta.recipient = kSchedulerId;
+  answer.meta.timestamp = meta.timestamp;
+  SendToNode(answer);
+}
+
+void Runtime::OnResetNotice(const Meta& meta) {
+  if (meta.sender == kSchedulerId) {  // its connection to this node was reset
+    OnSchedulerReset("the scheduler's connection to this node was reset");
+    return;
+  }
+  if (!meta.request) {
+    MutexLock lock(reset_mu_);
+    announced_resets_.erase(meta.sender);
+  }
+  OnConnectionReset(meta.sender);
+  if (meta.request) {  // the peer saw the reset: it learns that this side acted too
+    Message answer;
+    answer.meta.control = Control::kConnectionReset;
+    answer.meta.recipient = meta.sender;
+    SendToNode(answer);
   }
 }
 

@@ -224,46 +224,53 @@ void Scheduler::OnMessage(Message&& msg) {
     case Control::kPeerUnreachable:
       OnPeerUnreachable(msg);
       break;
-    case Control::kNodeFailed: {
-      Message reply;
-      reply.meta.control = Control::kNodeFailed;
-      reply.meta.recipient = meta.sender;
-      reply.meta.timestamp = meta.timestamp;
-      Send(std::move(reply));
-      Finish(1, nodes_[meta.sender].Describe() + " failed: " +
-                    (meta.error.empty() ? std::string("no reason given") : meta.error));
+    case Control::kNodeFailed:
+      OnNodeFailed(meta);
       break;
-    }
-    case Control::kWorkerDone: {
-      if (nodes_[meta.sender].role != Role::kWorker) break;
-      const bool again = !done_.insert(meta.sender).second;  // sent again after a reset
-      Message reply;
-      reply.meta.control = Control::kWorkerDone;
-      reply.meta.recipient = meta.sender;
-      reply.meta.timestamp = meta.timestamp;
-      Send(std::move(reply));
-      if (again) break;
-      if (!meta.error.empty()) {  // the worker failed: the job cannot succeed
-        Finish(1, nodes_[meta.sender].Describe() + " failed: " + meta.error);
-        break;
-      }
-      if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
-      deadlocks_->Forget(meta.sender, LiveServers(), Clock::now());
-      // Servers learn it too: a dist_sync round still waiting for this worker can never end.
-      for (const int id : LiveServers()) {
-        Send(Notice(Control::kWorkerDone, id, nodes_[meta.sender]));
-      }
-      // So can a vote of the other workers: it fails, naming this one.
-      ReleaseBarriersOf(meta.sender);
-      MaybeFinish();
+    case Control::kWorkerDone:
+      OnWorkerDone(meta);
       break;
-    }
     default:
       if (LogOccurrence(++dropped_)) {
         LOG(WARNING) << "dropped an unexpected message (#" << dropped_
                      << "): " << msg.DebugString();
       }
   }
+}
+
+// A node's ReportFailure: acknowledged, then the job ends naming it.
+void Scheduler::OnNodeFailed(const Meta& meta) {
+  Message reply;
+  reply.meta.control = Control::kNodeFailed;
+  reply.meta.recipient = meta.sender;
+  reply.meta.timestamp = meta.timestamp;
+  Send(std::move(reply));
+  Finish(1, nodes_[meta.sender].Describe() +
+                " failed: " + (meta.error.empty() ? std::string("no reason given") : meta.error));
+}
+
+void Scheduler::OnWorkerDone(const Meta& meta) {
+  if (nodes_[meta.sender].role != Role::kWorker) return;
+  const bool again = !done_.insert(meta.sender).second;  // sent again after a reset
+  Message reply;
+  reply.meta.control = Control::kWorkerDone;
+  reply.meta.recipient = meta.sender;
+  reply.meta.timestamp = meta.timestamp;
+  Send(std::move(reply));
+  if (again) return;
+  if (!meta.error.empty()) {  // the worker failed: the job cannot succeed
+    Finish(1, nodes_[meta.sender].Describe() + " failed: " + meta.error);
+    return;
+  }
+  if (config_.verbose >= 1) LOG(INFO) << nodes_[meta.sender].Describe() << " finished";
+  deadlocks_->Forget(meta.sender, LiveServers(), Clock::now());
+  // Servers learn it too: a dist_sync round still waiting for this worker can never end.
+  for (const int id : LiveServers()) {
+    Send(Notice(Control::kWorkerDone, id, nodes_[meta.sender]));
+  }
+  // So can a vote of the other workers: it fails, naming this one.
+  ReleaseBarriersOf(meta.sender);
+  MaybeFinish();
 }
 
 std::optional<Scheduler::Refusal> Scheduler::SettingsRefusal(const NodeInfo& node,

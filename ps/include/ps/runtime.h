@@ -282,9 +282,18 @@ class Runtime {
   // Register's wait for the node table: true once it came, the scheduler refused this node or
   // the job ended.
   bool RegistrationAnswered() const PS_REQUIRES(mu_);
-  void OnMessage(Message&& msg) PS_EXCLUDES(mu_);            // receive thread
-  void OnControl(Message&& msg) PS_EXCLUDES(mu_);            // receive thread
-  void OnWaitProbe(const Meta& meta);                        // receive thread
+  void OnMessage(Message&& msg) PS_EXCLUDES(mu_);  // receive thread
+  void OnControl(Message&& msg) PS_EXCLUDES(mu_);  // receive thread
+  void OnWaitProbe(const Meta& meta);              // receive thread
+  // The handlers of OnControl's commands, on the receive thread.
+  void OnBarrierRelease(const Meta& meta) PS_EXCLUDES(mu_);
+  // The scheduler's notice that workers finished.
+  void OnWorkerDone(const Meta& meta) PS_EXCLUDES(reset_mu_);
+  void OnTerminate(const Meta& meta) PS_EXCLUDES(mu_);
+  // The scheduler asks whether this node lives, because another cannot reach it.
+  void OnLivenessQuestion(const Meta& meta);
+  // A peer (or the scheduler) says a connection with this node was reset.
+  void OnResetNotice(const Meta& meta) PS_EXCLUDES(mu_, reset_mu_);
   void OnRegisterReply(const Meta& meta) PS_EXCLUDES(mu_);   // receive thread: Register's answer
   void OnNodeDead(const NodeInfo& dead) PS_EXCLUDES(mu_);    // receive thread
   void OnNodeJoined(const NodeInfo& node) PS_EXCLUDES(mu_);  // receive thread

@@ -109,6 +109,9 @@ class Scheduler {
   void FailRegistration(const std::string& why) PS_REQUIRES(mu_);
   void EndFailedRegistrationOnceAllTold() PS_REQUIRES(mu_);
   void OnBarrier(const Meta& meta) PS_REQUIRES(mu_);
+  // A node's ReportFailure, a worker's FinishWorker (with its failure, if any).
+  void OnNodeFailed(const Meta& meta) PS_REQUIRES(mu_);
+  void OnWorkerDone(const Meta& meta) PS_REQUIRES(mu_);
   void OnTick();  // timer thread
   // The transport's watcher (monitor thread): the connection to node `id` closed or is back.
   // OnTick applies it: a live node whose connection closed is suspected, and declared dead when
