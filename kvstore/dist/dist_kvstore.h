@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <memory_resource>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvstore/checkpoint.h"
 #include "kvstore/compression.h"
 #include "kvstore/dist/key_layout.h"
 #include "kvstore/dist/kv_protocol.h"
@@ -299,6 +301,15 @@ class DistKVStore final : public KVStore {
   // dist_kvstore_residuals.cc). Not collective: each worker writes or reads its own file.
   void SaveResiduals(const std::string& dir);
   void LoadResiduals(const std::string& dir);
+  // This worker's residual file in `dir` if this job can use it; else nullopt, and `why_not`
+  // says why (no file, another save's, other compression, unreadable).
+  std::optional<checkpoint::Residuals> ReadUsableResiduals(const std::string& dir,
+                                                           std::string& why_not);
+  // Sets every compressed slice's residual to its part of `from`'s saved key, or zero (a null
+  // `from`: all; keys it lacks or holds at another size, which it returns). With a saved one it
+  // may throw (std::bad_alloc) part-way: the caller then calls it with null, which allocates
+  // nothing, so that no slice keeps a mix.
+  std::vector<Key> ImportResiduals(const checkpoint::Residuals* from);
   // Gives a key's slices (`info`, an entry of keys_) their compression state when compression_
   // is on (Init, and SetGradientCompression for the keys already there).
   void AttachCompression(KeyInfo& info) PS_REQUIRES(keys_mu_);

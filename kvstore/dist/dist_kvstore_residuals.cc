@@ -64,9 +64,42 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
     }
     return;
   }
+  std::string why_not;  // why the saved residuals are not used; "" when they are
+  std::optional<checkpoint::Residuals> saved = ReadUsableResiduals(dir, why_not);
+  // Every compressed slice gets the saved residual, or zeros: what a job starting from the
+  // checkpoint's weights holds. Zeros need no memory, so a failure (out of memory for a saved
+  // one) leaves every slice at zero, not some restored and some as they were.
+  std::vector<Key> unsaved;
+  try {
+    unsaved = ImportResiduals(saved ? &*saved : nullptr);
+    residuals_loaded_ = saved.has_value();
+  } catch (const std::exception& e) {
+    why_not = e.what();
+    saved.reset();
+    unsaved.clear();
+    ImportResiduals(nullptr);
+  }
+  if (!why_not.empty()) {
+    PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: this worker's push residuals "
+                    << "start at zero: " << why_not
+                    << " (the job goes on close to, not bit-identical with, the saved one)";
+  } else if (!unsaved.empty()) {
+    PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: " << unsaved.size()
+                    << " key(s), key " << unsaved.front()
+                    << " the first, have no saved push residual of their size: they start "
+                       "at zero";
+  }
+  if (saved && saved->workers != NumWorkers() && Rank() == 0) {
+    PS_LOG(WARNING) << "worker 0: LoadCheckpoint: " << dir << "'s push residuals were saved by "
+                    << saved->workers << " worker(s), this job has " << NumWorkers()
+                    << ": each worker takes the residuals of its rank, if saved";
+  }
+}
+
+std::optional<checkpoint::Residuals> DistKVStore::ReadUsableResiduals(const std::string& dir,
+                                                                      std::string& why_not) {
   const std::string current = compression::DescribePush(compression_);
   std::optional<checkpoint::Residuals> saved;
-  std::string why_not;  // why the saved residuals are not used; "" when they are
   try {
     std::vector<std::size_t> sizes;  // the most a file of this job's model can hold
     {
@@ -97,50 +130,26 @@ void DistKVStore::LoadResiduals(const std::string& dir) {
     why_not = e.what();
   }
   if (!why_not.empty()) saved.reset();
-  // Every compressed slice gets the saved residual, or zeros: what a job starting from the
-  // checkpoint's weights holds. Zeros need no memory, so a failure (out of memory for a saved
-  // one) leaves every slice at zero, not some restored and some as they were.
+  return saved;
+}
+
+std::vector<Key> DistKVStore::ImportResiduals(const checkpoint::Residuals* from) {
   std::vector<Key> unsaved;
-  const auto import = [&](const checkpoint::Residuals* from) {
-    SharedLock lock(keys_mu_);
-    for (const auto& [key, info] : keys_) {
-      if (info.compression.empty()) continue;
-      const std::vector<float>* whole = nullptr;
-      if (from != nullptr) {
-        const auto it = from->keys.find(key);
-        if (it != from->keys.end() && it->second.size() == info.size) whole = &it->second;
-        if (whole == nullptr) unsaved.push_back(key);
-      }
-      for (std::size_t s = 0; s < info.slices.size(); ++s) {
-        info.compression[s]->ImportResidual(whole != nullptr ? whole->data() + info.slices[s].offset
-                                                             : nullptr);
-      }
+  SharedLock lock(keys_mu_);
+  for (const auto& [key, info] : keys_) {
+    if (info.compression.empty()) continue;
+    const std::vector<float>* whole = nullptr;
+    if (from != nullptr) {
+      const auto it = from->keys.find(key);
+      if (it != from->keys.end() && it->second.size() == info.size) whole = &it->second;
+      if (whole == nullptr) unsaved.push_back(key);
     }
-  };
-  try {
-    import(saved ? &*saved : nullptr);
-    residuals_loaded_ = saved.has_value();
-  } catch (const std::exception& e) {
-    why_not = e.what();
-    saved.reset();
-    unsaved.clear();
-    import(nullptr);
+    for (std::size_t s = 0; s < info.slices.size(); ++s) {
+      info.compression[s]->ImportResidual(whole != nullptr ? whole->data() + info.slices[s].offset
+                                                           : nullptr);
+    }
   }
-  if (!why_not.empty()) {
-    PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: this worker's push residuals "
-                    << "start at zero: " << why_not
-                    << " (the job goes on close to, not bit-identical with, the saved one)";
-  } else if (!unsaved.empty()) {
-    PS_LOG(WARNING) << "worker " << Rank() << ": LoadCheckpoint: " << unsaved.size()
-                    << " key(s), key " << unsaved.front()
-                    << " the first, have no saved push residual of their size: they start "
-                       "at zero";
-  }
-  if (saved && saved->workers != NumWorkers() && Rank() == 0) {
-    PS_LOG(WARNING) << "worker 0: LoadCheckpoint: " << dir << "'s push residuals were saved by "
-                    << saved->workers << " worker(s), this job has " << NumWorkers()
-                    << ": each worker takes the residuals of its rank, if saved";
-  }
+  return unsaved;
 }
 
 }  // namespace ps
