@@ -558,6 +558,23 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
         command = command[1:]
     if not command:
         raise UsageError("no worker command given (e.g. launch.py -n 2 build/bin/ps-train ...)")
+    parse_counts(a, c)
+    c.quiet = a.quiet
+    c.dry_run = a.dry_run
+    c.startup_timeout = a.startup_timeout
+    c.shutdown_timeout = a.shutdown_timeout
+    c.interface = a.interface
+    c.warnings = []
+    parse_ssh_opts(a, c)
+    parse_hosts(a, c)
+    parse_environment(a, c, environ)
+    parse_commands(a, c, command, environ,
+                   launcher_dir or os.path.dirname(os.path.abspath(__file__)))
+    return c
+
+
+def parse_counts(a, c):
+    """-n, -s and the launcher they go with."""
     note = ""
     if a.num_servers is None and a.server_hostfile is None:  # -s defaults to -n
         note = (f"; -s was not given and defaults to -n, so the job would have {a.num_workers} "
@@ -571,13 +588,9 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
                                 else "local")
     if c.launcher == "local":
         refuse_ssh_only(a)
-    c.quiet = a.quiet
-    c.dry_run = a.dry_run
-    c.startup_timeout = a.startup_timeout
-    c.shutdown_timeout = a.shutdown_timeout
-    c.interface = a.interface
-    c.warnings = []
 
+
+def parse_ssh_opts(a, c):
     try:
         c.ssh_opts = shlex.split(a.ssh_opts or "")
     except ValueError as e:
@@ -587,7 +600,9 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
             raise UsageError(f"--ssh-opts: {bad} cannot be used: the launcher needs ssh's stdin "
                              "and the remote command to stop remote processes")
 
-    # hosts
+
+def parse_hosts(a, c):
+    """-H, --server-hostfile and --scheduler-host (after parse_counts)."""
     c.hosts = None
     if c.launcher == "ssh":
         if not a.hostfile and a.server_hostfile:
@@ -618,7 +633,9 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
     if a.scheduler_host is not None:
         c.scheduler_host = parse_host(a.scheduler_host, "--scheduler-host")
 
-    # environment
+
+def parse_environment(a, c, environ):
+    """--env*, the job-wide variables the launcher reads, the job secret and replication."""
     c.env_all = parse_env_items(a.env, "--env", environ)
     c.env_role = {
         "server": parse_env_items(a.env_server, "--env-server", environ),
@@ -650,9 +667,10 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
                          "PS_REPLICATION unset or 1; without it a dead server ends the job")
     c.server_restarts = a.server_restarts
 
-    # commands
+
+def parse_commands(a, c, command, environ, launcher_dir):
+    """The workers', servers' and scheduler's commands."""
     c.worker_cmd = command
-    launcher_dir = launcher_dir or os.path.dirname(os.path.abspath(__file__))
     if a.same_cmd_for_all_roles:
         if a.server_cmd is not None or a.scheduler_cmd is not None:
             raise UsageError("--same-cmd-for-all-roles conflicts with --server-cmd/--scheduler-cmd")
@@ -669,7 +687,6 @@ def parse_args(argv, environ=None, cwd=None, launcher_dir=None):
             c.warnings.append(warning)
     # Our ps-scheduler binds port 0 and reports the port it got: no free-port race at all.
     c.scheduler_reports_port = os.path.basename(c.scheduler_cmd[0]) == "ps-scheduler"
-    return c
 
 
 def role_command(text, flag, default_name, c, launcher_dir, found):
