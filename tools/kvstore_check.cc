@@ -76,13 +76,8 @@ void RunCollectives(ps::KVStore& kv, const ps::OptimizerConfig& optimizer, int r
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const std::string usage =
-      "ps-kvstore-check: checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
-      "(cluster from the DMLC_* environment)";
-  if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "kvstore_check.cc")) return 0;
+// Refuses flags out of range, naming them.
+void CheckFlags() {
   for (const auto& [flag, value, least] :
        {std::tuple{"--rounds", FLAGS_rounds, 1}, std::tuple{"--keys", FLAGS_keys, 0},
         std::tuple{"--size", FLAGS_size, 1}, std::tuple{"--big-size", FLAGS_big_size, 0},
@@ -96,34 +91,85 @@ int main(int argc, char** argv) {
   if (FLAGS_keys == 0 && FLAGS_big_size == 0) {
     ps::cli::Die("ps-kvstore-check", "--keys 0 without --big-size checks nothing: give a key");
   }
+}
+
+// The checked keys and the buffers their calls use. The views point into the vectors beside
+// them, which are never resized.
+struct CheckedKeys {
+  std::vector<ps::Key> keys;
+  std::vector<std::vector<float>> weights, grads, outs;
+  std::vector<ps::Tensor> weight_views, grad_views, out_views;
+};
+
+// --keys keys of --size elements and the --big-size one; worker `rank` pushes (rank + 1) * (k + 1).
+CheckedKeys MakeKeys(int rank) {
+  CheckedKeys c;
+  std::vector<std::size_t> sizes;
+  for (int k = 0; k < FLAGS_keys; ++k) {
+    c.keys.push_back(static_cast<ps::Key>(k));
+    sizes.push_back(static_cast<std::size_t>(FLAGS_size));
+  }
+  if (FLAGS_big_size > 0) {
+    c.keys.push_back(static_cast<ps::Key>(FLAGS_keys));
+    sizes.push_back(static_cast<std::size_t>(FLAGS_big_size));
+  }
+  for (std::size_t k = 0; k < c.keys.size(); ++k) {
+    c.weights.emplace_back(sizes[k], 0.0f);
+    c.grads.emplace_back(sizes[k], static_cast<float>((rank + 1) * (k + 1)));
+    c.outs.emplace_back(sizes[k], 0.0f);
+  }
+  for (std::size_t k = 0; k < c.keys.size(); ++k) {
+    c.weight_views.emplace_back(c.weights[k].data(), sizes[k]);
+    c.grad_views.emplace_back(c.grads[k].data(), sizes[k]);
+    c.out_views.emplace_back(c.outs[k].data(), sizes[k]);
+  }
+  return c;
+}
+
+// Throws, naming `where` and the key, unless every pulled element of key k is
+// `per_key * (k + 1)`.
+void ExpectPulled(const CheckedKeys& c, float per_key, const std::string& where) {
+  for (std::size_t k = 0; k < c.keys.size(); ++k) {
+    const float expected = per_key * static_cast<float>(k + 1);
+    for (const float value : c.outs[k]) {
+      if (value != expected) {
+        throw ps::Error(where + " key " + std::to_string(k) + ": expected " +
+                        std::to_string(expected) + ", got " + std::to_string(value));
+      }
+    }
+  }
+}
+
+// One round's push and pull, waited for.
+void PushAndPull(ps::KVStore& kv, CheckedKeys& c, bool sync) {
+  if (FLAGS_separate_pull) {
+    kv.Push(c.keys, c.grad_views);
+    kv.Pull(c.keys, c.out_views);
+  } else {
+    kv.PushPull(c.keys, c.grad_views, c.out_views);
+  }
+  if (FLAGS_separate_pull && sync) {
+    kv.WaitPulls(c.keys);  // the pushed buffers never change: their answers may come later
+  } else {
+    kv.WaitAll();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string usage =
+      "ps-kvstore-check: checks a KVStore job's results exactly.\nUsage: ps-kvstore-check [flags] "
+      "(cluster from the DMLC_* environment)";
+  if (ps::cli::HelpOrParseFlags(&argc, &argv, usage, "kvstore_check.cc")) return 0;
+  CheckFlags();
   std::unique_ptr<ps::KVStore> kv;
   try {
     kv = ps::KVStore::Create(FLAGS_type);
     const int rank = kv->Rank();
     const int workers = kv->NumWorkers();
-    std::vector<ps::Key> keys;
-    std::vector<std::size_t> sizes;
-    for (int k = 0; k < FLAGS_keys; ++k) {
-      keys.push_back(static_cast<ps::Key>(k));
-      sizes.push_back(static_cast<std::size_t>(FLAGS_size));
-    }
-    if (FLAGS_big_size > 0) {
-      keys.push_back(static_cast<ps::Key>(FLAGS_keys));
-      sizes.push_back(static_cast<std::size_t>(FLAGS_big_size));
-    }
-    std::vector<std::vector<float>> weights, grads, outs;
-    std::vector<ps::Tensor> weight_views, grad_views, out_views;
-    for (std::size_t k = 0; k < keys.size(); ++k) {
-      weights.emplace_back(sizes[k], 0.0f);
-      grads.emplace_back(sizes[k], static_cast<float>((rank + 1) * (k + 1)));
-      outs.emplace_back(sizes[k], 0.0f);
-    }
-    for (std::size_t k = 0; k < keys.size(); ++k) {
-      weight_views.emplace_back(weights[k].data(), sizes[k]);
-      grad_views.emplace_back(grads[k].data(), sizes[k]);
-      out_views.emplace_back(outs[k].data(), sizes[k]);
-    }
-    kv->Init(keys, weight_views);
+    CheckedKeys c = MakeKeys(rank);
+    kv->Init(c.keys, c.weight_views);
     ps::OptimizerConfig sgd;
     sgd.name = "sgd";
     sgd.learning_rate = 1.0f;
@@ -137,29 +183,11 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // killed by the test
       }
-      if (FLAGS_separate_pull) {
-        kv->Push(keys, grad_views);
-        kv->Pull(keys, out_views);
-      } else {
-        kv->PushPull(keys, grad_views, out_views);
-      }
-      if (FLAGS_separate_pull && sync) {
-        kv->WaitPulls(keys);  // the pushed buffers never change: their answers may come later
-      } else {
-        kv->WaitAll();
-      }
+      PushAndPull(*kv, c, sync);
       if (sync || FLAGS_type == "local") {
-        for (std::size_t k = 0; k < keys.size(); ++k) {
-          const float expected = -static_cast<float>(round) * static_cast<float>(k + 1) *
-                                 (sync ? per_round : static_cast<float>(rank + 1));
-          for (float value : outs[k]) {
-            if (value != expected) {
-              throw ps::Error("rank " + std::to_string(rank) + " round " + std::to_string(round) +
-                              " key " + std::to_string(k) + ": expected " +
-                              std::to_string(expected) + ", got " + std::to_string(value));
-            }
-          }
-        }
+        ExpectPulled(c,
+                     -static_cast<float>(round) * (sync ? per_round : static_cast<float>(rank + 1)),
+                     "rank " + std::to_string(rank) + " round " + std::to_string(round));
       }
       if (FLAGS_collectives_every > 0 && round % FLAGS_collectives_every == 0) {
         RunCollectives(*kv, sgd, round);
@@ -171,21 +199,12 @@ int main(int argc, char** argv) {
     }
     kv->WaitAll();  // this worker's pushes are answered: applied (and replicated)
     kv->Barrier();  // every worker's pushes are in
-    kv->Pull(keys, out_views);
+    kv->Pull(c.keys, c.out_views);
     kv->WaitAll();
-    for (std::size_t k = 0; k < keys.size(); ++k) {
-      const float expected = -static_cast<float>(FLAGS_rounds) * static_cast<float>(k + 1) *
-                             (FLAGS_type == "local" ? 1.0f : per_round);
-      for (float value : outs[k]) {
-        if (value != expected) {
-          throw ps::Error("rank " + std::to_string(rank) + " final key " + std::to_string(k) +
-                          ": expected " + std::to_string(expected) + ", got " +
-                          std::to_string(value));
-        }
-      }
-    }
+    ExpectPulled(c, -static_cast<float>(FLAGS_rounds) * (FLAGS_type == "local" ? 1.0f : per_round),
+                 "rank " + std::to_string(rank) + " final");
     std::printf("kvstore-check: ok rank=%d workers=%d keys=%zu rounds=%d\n", rank, workers,
-                keys.size(), FLAGS_rounds);
+                c.keys.size(), FLAGS_rounds);
     return 0;
   } catch (const ps::Error& e) {
     Fail(std::move(kv), e.what());

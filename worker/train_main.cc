@@ -175,29 +175,8 @@ void RefuseLocalInAJob(const std::string& kvstore) {
       "dist_async (or run it outside the job's environment)");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::vector<std::string> args = NormalizeArgs(argc, argv);
-  if (std::any_of(args.begin(), args.end(), ps::cli::IsHelpFlag)) {
-    // This program's flags only (not those of the linked libraries), as it spells them.
-    ps::cli::PrintFlagHelp(std::cout, kUsage, "train_main.cc", ps::cli::FlagSpelling::kDashes);
-    return 0;
-  }
-  std::vector<char*> arg_ptrs;
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  arg_ptrs.push_back(nullptr);
-  int n = argc;
-  char** ptr = arg_ptrs.data();
-  gflags::SetUsageMessage(kUsage);
-  gflags::SetVersionString(ps::cli::Version());
-  ps::cli::ParseFlags(&n, &ptr);
-  ps::internal::SetUpLogging(argv[0]);
-  if (n > 1) {
-    std::fprintf(stderr, "ps-train: error: unexpected argument '%s' (see --help)\n", ptr[1]);
-    return 1;
-  }
-
+// The config the flags give, before the model's defaults and the checks.
+ps::worker::TrainConfig ConfigFromFlags() {
   ps::worker::TrainConfig config;
   config.model = FLAGS_model;
   config.device = FLAGS_device;
@@ -226,6 +205,33 @@ int main(int argc, char** argv) {
   config.gradient_compression = FLAGS_gradient_compression;
   config.compression_threshold = static_cast<float>(FLAGS_compression_threshold);
   config.pull_compression = FLAGS_pull_compression;
+  return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args = NormalizeArgs(argc, argv);
+  if (std::any_of(args.begin(), args.end(), ps::cli::IsHelpFlag)) {
+    // This program's flags only (not those of the linked libraries), as it spells them.
+    ps::cli::PrintFlagHelp(std::cout, kUsage, "train_main.cc", ps::cli::FlagSpelling::kDashes);
+    return 0;
+  }
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  arg_ptrs.push_back(nullptr);
+  int n = argc;
+  char** ptr = arg_ptrs.data();
+  gflags::SetUsageMessage(kUsage);
+  gflags::SetVersionString(ps::cli::Version());
+  ps::cli::ParseFlags(&n, &ptr);
+  ps::internal::SetUpLogging(argv[0]);
+  if (n > 1) {
+    std::fprintf(stderr, "ps-train: error: unexpected argument '%s' (see --help)\n", ptr[1]);
+    return 1;
+  }
+
+  ps::worker::TrainConfig config = ConfigFromFlags();
 
   std::string error;  // the caught failure's words
   try {
