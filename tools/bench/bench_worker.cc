@@ -72,6 +72,46 @@ void CheckAsync(const CaseState& c, const std::vector<float>& out, const std::st
   }
 }
 
+// The timed loop's length, the same on every worker: dist_sync needs every worker to push a
+// key equally often. Each worker pushes its `proposal` to the `control` key; SGD at rate 1
+// leaves minus their sum there. A compressed push would not carry the number: then rank 0's
+// proposal is the count, stored by Init (which keeps rank 0's value) and pulled in full (a
+// key's first pull is never a change).
+long AgreeOnIterations(KVStore& kv, Key control, int proposal, bool compressed) {
+  float proposal_value = static_cast<float>(proposal);
+  if (compressed) {
+    kv.Init(control, Tensor(&proposal_value, 1));
+    float agreed = 0.0f;
+    kv.Pull(control, Tensor(&agreed, 1));
+    kv.WaitAll();
+    return std::max<long>(1, static_cast<long>(agreed));
+  }
+  kv.Push(control, Tensor(&proposal_value, 1));
+  kv.WaitAll();
+  kv.Barrier();
+  float agreed = 0.0f;
+  kv.Pull(control, Tensor(&agreed, 1));
+  kv.WaitAll();
+  return std::max<long>(
+      1, static_cast<long>(std::ceil(-static_cast<double>(agreed) / kv.NumWorkers() - 1e-9)));
+}
+
+// One case's per-iteration times, as the driver reads them.
+void PrintSamples(const std::string& id, const std::vector<std::int64_t>& samples_ns) {
+  // Samples first, in lines short enough to be written atomically into the pipe the driver
+  // reads (a log line of another thread cannot land inside one), then the result line.
+  for (std::size_t first = 0; first < samples_ns.size(); first += kSamplesPerLine) {
+    std::string line = std::string(kSamplesPrefix) + id + " ns=";
+    const std::size_t last = std::min(samples_ns.size(), first + kSamplesPerLine);
+    for (std::size_t i = first; i < last; ++i) {
+      if (i > first) line += ',';
+      line += std::to_string(samples_ns[i]);
+    }
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+}
+
 void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, std::size_t size,
              Key key, std::vector<float>& grad, std::vector<float>& out) {
   const std::size_t n = size / sizeof(float);
@@ -138,28 +178,7 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
   const double per_iteration = warm_seconds / std::max(1, warmup - 1);
   const int proposal = CalibratedIterations(options.calibration, per_iteration);
 
-  // Agree on one count: dist_sync needs every worker to push a key equally often. Each worker
-  // pushes its proposal to the control key; SGD at rate 1 leaves minus their sum there. A
-  // compressed push would not carry the number: then rank 0's proposal is the count, stored by
-  // Init (which keeps rank 0's value) and pulled in full (a key's first pull is never a change).
-  float proposal_value = static_cast<float>(proposal);
-  long iterations = 1;
-  if (compressed) {
-    kv.Init(control, Tensor(&proposal_value, 1));
-    float agreed = 0.0f;
-    kv.Pull(control, Tensor(&agreed, 1));
-    kv.WaitAll();
-    iterations = std::max<long>(1, static_cast<long>(agreed));
-  } else {
-    kv.Push(control, Tensor(&proposal_value, 1));
-    kv.WaitAll();
-    kv.Barrier();
-    float agreed = 0.0f;
-    kv.Pull(control, Tensor(&agreed, 1));
-    kv.WaitAll();
-    iterations = std::max<long>(
-        1, static_cast<long>(std::ceil(-static_cast<double>(agreed) / c.workers - 1e-9)));
-  }
+  const long iterations = AgreeOnIterations(kv, control, proposal, compressed);
 
   std::vector<std::int64_t> samples_ns;
   samples_ns.reserve(static_cast<std::size_t>(iterations));
@@ -186,20 +205,9 @@ void RunCase(KVStore& kv, const WorkerOptions& options, const std::string& op, s
     CheckExact(c, out, c.rounds, "final value after " + std::to_string(c.rounds) + " rounds");
   }
 
-  // Samples first, in lines short enough to be written atomically into the pipe the driver
-  // reads (a log line of another thread cannot land inside one), then the result line.
   const std::string id =
       "op=" + op + " size=" + std::to_string(size) + " rank=" + std::to_string(c.rank);
-  for (std::size_t first = 0; first < samples_ns.size(); first += kSamplesPerLine) {
-    std::string line = std::string(kSamplesPrefix) + id + " ns=";
-    const std::size_t last = std::min(samples_ns.size(), first + kSamplesPerLine);
-    for (std::size_t i = first; i < last; ++i) {
-      if (i > first) line += ',';
-      line += std::to_string(samples_ns[i]);
-    }
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
-  }
+  PrintSamples(id, samples_ns);
   const double per = static_cast<double>(iterations);
   std::printf(
       "%s%s workers=%d iterations=%ld warmup=%d start_unix_us=%lld end_unix_us=%lld "
