@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "kvstore/fnv1a.h"
 #include "worker/device.h"
 #include "worker/errors.h"
 #include "worker/format.h"
@@ -114,19 +115,8 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
         std::string(e.what()));
   }
   if (!config_.update_on_kvstore) {
-    try {
-      // The collective the others' SetOptimizer pairs with: a worker started with the other
-      // --update-on-kvstore fails here, on every worker, instead of in its first round. Only
-      // the mode is compared: each worker's own SGD settings stay its own.
-      kv_.Barrier();
-    } catch (const ps::DisagreementError& e) {
-      throw ps::DisagreementError(
-          "this worker updates the weights itself (--no-update-on-kvstore), another worker "
-          "set an optimizer on the servers (--update-on-kvstore): start every worker with the "
-          "same of the two; " +
-          std::string(e.what()));
-    }
     local_schedule_ = MakeOptimizerConfig(config_, updates_per_epoch_, 1.0f);
+    AgreeOnLocalUpdates();
   }
   if (config_.gradient_compression != "none" || config_.pull_compression != "none") {
     kv_.SetGradientCompression({.type = config_.gradient_compression,
@@ -134,6 +124,32 @@ void KVTrainer::Start(std::uint64_t batches_per_epoch) {
                                 .pull_type = config_.pull_compression});
   }
   PullWeights();  // everyone starts from the stored (rank 0's) weights
+}
+
+void KVTrainer::AgreeOnLocalUpdates() {
+  // What sets each worker's SGD step: its flags, and the updates per epoch its schedule counts.
+  const std::string settings =
+      UpdateFlags(config_) + " (" + std::to_string(updates_per_epoch_) + " updates per epoch)";
+  Fnv1a fingerprint;
+  fingerprint.Add(settings.data(), settings.size());
+  float unused = 0.0f;
+  try {
+    kv_.Init(kLocalSettingsKeys | (fingerprint.value() >> 1), Tensor(&unused, 1));
+  } catch (const ps::DisagreementError& e) {
+    const std::string what = e.what();
+    if (what.find("SetOptimizer") != std::string::npos) {
+      throw ps::DisagreementError(
+          "this worker updates the weights itself (--no-update-on-kvstore), another worker "
+          "set an optimizer on the servers (--update-on-kvstore): start every worker with the "
+          "same of the two; " +
+          what);
+    }
+    throw ps::DisagreementError(
+        "the workers update the weights themselves (--no-update-on-kvstore), with other SGD "
+        "settings: start every worker with the same --lr, --momentum, --wd, --lr-scheduler "
+        "flags, --epochs, --batch-size and --num-examples (this worker's: " +
+        settings + "); " + what);
+  }
 }
 
 void KVTrainer::PullWeights() {

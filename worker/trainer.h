@@ -30,6 +30,10 @@
 
 namespace ps::worker {
 
+// The keys KVTrainer::AgreeOnLocalUpdates Inits have this bit set: far above the model's keys
+// (key i is parameter i).
+inline constexpr Key kLocalSettingsKeys = Key{1} << 63;
+
 // Connects one worker's model to the KVStore. The model and the store must outlive it.
 class KVTrainer {
  public:
@@ -38,7 +42,8 @@ class KVTrainer {
   KVTrainer(const KVTrainer&) = delete;
   KVTrainer& operator=(const KVTrainer&) = delete;
 
-  // Init, SetOptimizer (update on kvstore) and the initial pull of every key. Collective.
+  // Init, SetOptimizer (update on kvstore) or AgreeOnLocalUpdates (update on the worker), and
+  // the initial pull of every key. Collective.
   // `batches_per_epoch` (this worker's) turns the schedule's epochs into updates.
   void Start(std::uint64_t batches_per_epoch = 1);
   // Updates of a key per epoch where the optimizer runs (set by Start): the unit of the
@@ -54,6 +59,12 @@ class KVTrainer {
                          MetricsLog& log);
 
  private:
+  // Updating on the worker: the collective the others' SetOptimizer pairs with, and the check
+  // that every worker runs the same SGD (a worker given another --lr would drift apart from the
+  // others unseen). Each worker Inits one key of one element whose number holds a fingerprint
+  // of its settings, so workers that differ Init different keys and the Init fails on every
+  // worker (ps::DisagreementError, naming the flags). The key is never pushed or pulled.
+  void AgreeOnLocalUpdates();
   // A parametric layer whose gradients were issued on the backend but not yet pushed.
   struct PendingLayer {
     int layer_index;

@@ -146,5 +146,25 @@ TEST_CASE("workers started with another --update-on-kvstore fail at the start, n
   CHECK(itself == 1);
 }
 
+TEST_CASE("workers that update the weights themselves with another --lr fail at the start",
+          "[trainer][dist]") {
+  ps::test::KVCluster cluster(1, 2);
+  const std::vector<Outcome> outcomes = RunTwoWorkers(cluster, [](KVStore& kv, Model& model) {
+    TrainConfig config = EquivalenceConfig(false);
+    if (kv.Rank() == 1) config.lr = 0.1f;  // rank 0 has 0.05
+    KVTrainer trainer(config, kv, model);
+    trainer.Start();
+  });
+  for (const Outcome& outcome : outcomes) {
+    INFO(outcome.error);
+    CHECK(outcome.disagreement);
+    CHECK_THAT(outcome.error,
+               Catch::StartsWith("the workers update the weights themselves "
+                                 "(--no-update-on-kvstore), with other SGD settings: start every "
+                                 "worker with the same --lr, --momentum"));
+    CHECK_THAT(outcome.error, Catch::Contains("(this worker's: --lr 0."));
+  }
+}
+
 }  // namespace
 }  // namespace ps::worker
