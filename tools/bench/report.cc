@@ -50,93 +50,123 @@ const Result* RunResults::Find(const std::string& op, std::size_t size, int work
   return nullptr;
 }
 
-std::vector<Ratio> ComputeRatios(const RunResults& results, const Selection& selection) {
-  std::vector<Ratio> ratios;
-  const auto gbps = [](const Result* r) {
-    return r ? std::optional<double>(r->gbps) : std::nullopt;
-  };
-  const auto p50 = [](const Result* r) {
-    return r ? std::optional<double>(r->latency.p50_us) : std::nullopt;
-  };
-  const std::vector<std::string> modes = {"dist_sync", "dist_async"};
+namespace {
+
+const std::vector<std::string> kModes = {"dist_sync", "dist_async"};
+
+std::optional<double> Gbps(const Result* r) {
+  return r ? std::optional<double>(r->gbps) : std::nullopt;
+}
+std::optional<double> P50(const Result* r) {
+  return r ? std::optional<double>(r->latency.p50_us) : std::nullopt;
+}
+
+// The store over each transport against the raw ZeroMQ echo over it.
+void AddTransportRatios(const RunResults& results, const Selection& selection,
+                        std::vector<Ratio>& ratios) {
   // pushpull_16MB_vs_echo and latency_4B_vs_echo: ps over a transport against the raw ZeroMQ
   // echo over the same socket transport (shm's control travels over ipc).
   const auto echo = [](const std::string& t) { return "zmq_echo_" + (t == "tcp" ? t : "ipc"); };
   for (const std::string& t : selection.transports) {
     const Result* echo16 = results.Find(echo(t), k16MB, 0, 0, "raw");
-    for (const std::string& mode : modes) {
+    for (const std::string& mode : kModes) {
       ratios.push_back({"pushpull_16MB_vs_echo",
                         "16 MB push+pull, 1 worker 1 server, " + mode + " over " + t +
                             ": throughput vs ZeroMQ " + echo(t).substr(9) + " echo of 16 MB",
                         "16MB pushpull 1w1s " + mode + " " + t + " / echo",
-                        gbps(results.Find("pushpull", k16MB, 1, 1, mode, t)), gbps(echo16), "GB/s",
+                        Gbps(results.Find("pushpull", k16MB, 1, 1, mode, t)), Gbps(echo16), "GB/s",
                         ">= 0.9", 0.9, true});
     }
   }
   for (const std::string& t : selection.transports) {
     const Result* echo4 = results.Find(echo(t), k4B, 0, 0, "raw");
-    for (const std::string& mode : modes) {
+    for (const std::string& mode : kModes) {
       for (const std::string op : {"push", "pull"}) {
         ratios.push_back({"latency_4B_vs_echo",
                           "4 B " + op + ", 1 worker 1 server, " + mode + " over " + t +
                               ": p50 latency vs ZeroMQ " + echo(t).substr(9) + " echo round trip",
                           "4B " + op + " 1w1s " + mode + " " + t + " / echo",
-                          p50(results.Find(op, k4B, 1, 1, mode, t)), p50(echo4), "us", "<= 1.15",
+                          P50(results.Find(op, k4B, 1, 1, mode, t)), P50(echo4), "us", "<= 1.15",
                           1.15, false});
       }
     }
   }
+}
+
+// 2 workers and 2 servers against 1 and 1.
+void AddScalingRatios(const RunResults& results, const Selection& selection,
+                      std::vector<Ratio>& ratios) {
   // scaling_2x2_vs_1x1 on the first transport, the one the full matrix ran on.
   const std::string t = selection.transports.front();
   ratios.push_back({"scaling_2x2_vs_1x1",
                     "16 MB push+pull dist_async over " + t +
                         ": 2 workers 2 servers vs 1+1, aggregate throughput",
                     "16MB pushpull dist_async " + t + " 2w2s / 1w1s",
-                    gbps(results.Find("pushpull", k16MB, 2, 2, "dist_async", t)),
-                    gbps(results.Find("pushpull", k16MB, 1, 1, "dist_async", t)), "GB/s", ">= 1.5",
+                    Gbps(results.Find("pushpull", k16MB, 2, 2, "dist_async", t)),
+                    Gbps(results.Find("pushpull", k16MB, 1, 1, "dist_async", t)), "GB/s", ">= 1.5",
                     1.5, true});
   ratios.push_back({"scaling_2x2_vs_1x1_sync", "the same in dist_sync",
                     "16MB pushpull dist_sync " + t + " 2w2s / 1w1s",
-                    gbps(results.Find("pushpull", k16MB, 2, 2, "dist_sync", t)),
-                    gbps(results.Find("pushpull", k16MB, 1, 1, "dist_sync", t)), "GB/s", "", 0,
+                    Gbps(results.Find("pushpull", k16MB, 2, 2, "dist_sync", t)),
+                    Gbps(results.Find("pushpull", k16MB, 1, 1, "dist_sync", t)), "GB/s", "", 0,
                     true});
+}
+
+// The server's merge and update against memcpy.
+void AddServerRatios(const RunResults& results, const Selection& /*selection*/,
+                     std::vector<Ratio>& ratios) {
   const Result* memcpy16 = results.Find("memcpy", k16MB, 0, 0, "raw");
   ratios.push_back({"server_merge_vs_memcpy",
                     "server merge of 4 x 16 MB pushes + SGD momentum (the server's "
                     "default threads) vs 1-thread memcpy",
                     "merge 4x16MB + SGD momentum / memcpy",
-                    gbps(results.Find("server_agg_sgd", k16MB, 4, 0, "raw")), gbps(memcpy16),
+                    Gbps(results.Find("server_agg_sgd", k16MB, 4, 0, "raw")), Gbps(memcpy16),
                     "GB/s", ">= 0.5", 0.5, true});
   ratios.push_back({"server_merge_1thread_vs_memcpy", "the same on 1 thread vs 1-thread memcpy",
                     "merge + SGD, 1 thread / memcpy",
-                    gbps(results.Find("server_agg_sgd_1thread", k16MB, 4, 0, "raw")),
-                    gbps(memcpy16), "GB/s", "", 0, true});
+                    Gbps(results.Find("server_agg_sgd_1thread", k16MB, 4, 0, "raw")),
+                    Gbps(memcpy16), "GB/s", "", 0, true});
+}
+
+// An iteration against MPI_Allreduce of the same size.
+void AddAllreduceRatios(const RunResults& results, const Selection& /*selection*/,
+                        std::vector<Ratio>& ratios) {
   // pushpull_2x2_vs_allreduce: the 2x2 iteration against MPI_Allreduce, each over its kind of
   // path.
   ratios.push_back({"pushpull_2x2_vs_allreduce",
                     "16 MB push+pull iteration, 2 workers 2 servers dist_sync over tcp, p50, "
                     "vs MPI_Allreduce of 16 MB, 2 ranks over TCP loopback",
                     "16MB pushpull 2w2s tcp / MPI_Allreduce tcp",
-                    p50(results.Find("pushpull", k16MB, 2, 2, "dist_sync", "tcp")),
-                    p50(results.Find("mpi_allreduce_tcp", k16MB, 2, 0, "raw")), "us", "<= 1.0", 1.0,
+                    P50(results.Find("pushpull", k16MB, 2, 2, "dist_sync", "tcp")),
+                    P50(results.Find("mpi_allreduce_tcp", k16MB, 2, 0, "raw")), "us", "<= 1.0", 1.0,
                     false});
   ratios.push_back({"pushpull_2x2_vs_allreduce",
                     "the same over the same-host path (shm) vs MPI_Allreduce 2 ranks over "
                     "shared memory (vader)",
                     "16MB pushpull 2w2s shm / MPI_Allreduce shm",
-                    p50(results.Find("pushpull", k16MB, 2, 2, "dist_sync", "shm")),
-                    p50(results.Find("mpi_allreduce_shm", k16MB, 2, 0, "raw")), "us", "<= 1.5", 1.5,
+                    P50(results.Find("pushpull", k16MB, 2, 2, "dist_sync", "shm")),
+                    P50(results.Find("mpi_allreduce_shm", k16MB, 2, 0, "raw")), "us", "<= 1.5", 1.5,
                     false});
+}
+
+// The same-host path against TCP loopback.
+void AddShmRatios(const RunResults& results, const Selection& /*selection*/,
+                  std::vector<Ratio>& ratios) {
   // shm_vs_tcp: the same-host path against TCP loopback.
-  for (const std::string& mode : modes) {
+  for (const std::string& mode : kModes) {
     ratios.push_back({"shm_vs_tcp",
                       "16 MB push+pull, 1 worker 1 server, " + mode +
                           ": same-host path (shm) vs TCP loopback, throughput",
                       "16MB pushpull 1w1s " + mode + " shm / tcp",
-                      gbps(results.Find("pushpull", k16MB, 1, 1, mode, "shm")),
-                      gbps(results.Find("pushpull", k16MB, 1, 1, mode, "tcp")), "GB/s", ">= 2", 2.0,
+                      Gbps(results.Find("pushpull", k16MB, 1, 1, mode, "shm")),
+                      Gbps(results.Find("pushpull", k16MB, 1, 1, mode, "tcp")), "GB/s", ">= 2", 2.0,
                       true});
   }
+}
+
+// Bytes on the wire of compressed pushes against plain ones.
+void AddCompressionRatios(const RunResults& results, const Selection& selection,
+                          std::vector<Ratio>& ratios) {
   // compressed_push_bytes: bytes on the wire of a compressed push against an uncompressed one,
   // at the largest size both ran (2bit: at most 1/15).
   for (const std::string& compression : selection.compressions) {
@@ -173,6 +203,16 @@ std::vector<Ratio> ComputeRatios(const RunResults& results, const Selection& sel
                           sent(plain), "bytes", two_bit ? "<= 0.0667" : "", 1.0 / 15.0, false});
       }
     }
+  }
+}
+
+}  // namespace
+
+std::vector<Ratio> ComputeRatios(const RunResults& results, const Selection& selection) {
+  std::vector<Ratio> ratios;
+  for (const auto add : {AddTransportRatios, AddScalingRatios, AddServerRatios, AddAllreduceRatios,
+                         AddShmRatios, AddCompressionRatios}) {
+    add(results, selection, ratios);
   }
   return ratios;
 }
