@@ -686,6 +686,44 @@ def check_logins(bed, from_host):
 
 
 def cmd_up(args):
+    rate, delay, per_host, subnet, method = check_up_args(args)
+    state_dir = state_dir_from(args)
+    bed, subnet = record_bed(args, state_dir, rate, delay, per_host, subnet, method)
+    bed_id = bed.id
+
+    def interrupted(signum, frame):
+        raise Interrupted(signum)
+    old = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM,
+                                                       signal.SIGHUP)}
+    t0 = time.monotonic()
+    try:
+        build_bed(bed, subnet, method, not args.no_sshd)
+    except (BedError, Interrupted, OSError) as e:
+        what = (f"interrupted by {signal.Signals(e.args[0]).name}"
+                if isinstance(e, Interrupted) else str(e))
+        say(f"up failed: {what}; removing bed {bed_id}")
+        bed.state["status"] = "failed"
+        bed.save()
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
+        teardown(state_dir, bed_id, quiet=True)
+        remove_empty_state_dir(state_dir)
+        return 128 + e.args[0] if isinstance(e, Interrupted) else 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    say(f"bed {bed_id} up in {time.monotonic() - t0:.1f} s: {args.hosts} host(s) on {subnet}")
+    describe(bed, sys.stderr)
+    if args.json:
+        print(json.dumps(bed.state, indent=1))
+    else:
+        print(bed_id)
+    return 0
+
+
+def check_up_args(args):
+    """`up`'s flags, checked, and what this machine must offer for them: returns the rate, the
+    delay, the per-host links, the subnet (None: pick one) and the delay method."""
     if not 1 <= args.hosts <= MAX_HOSTS:
         raise UsageError(f"-n {args.hosts}: want 1 to {MAX_HOSTS} hosts")
     rate = parse_rate(args.rate)
@@ -724,7 +762,12 @@ def cmd_up(args):
     if any(delays) and method is None:
         raise BedError(NO_DELAY)
 
-    state_dir = state_dir_from(args)
+    return rate, delay, per_host, subnet, method
+
+
+def record_bed(args, state_dir, rate, delay, per_host, subnet, method):
+    """Picks the bed's id and subnet and writes its state file, under the state directory's
+    lock, before anything is made: `down` works after any crash. Returns the bed and subnet."""
     fd = lock_state_dir(state_dir)
     try:
         taken = set(bed_ids(state_dir))
@@ -773,34 +816,7 @@ def cmd_up(args):
     finally:
         os.close(fd)
 
-    def interrupted(signum, frame):
-        raise Interrupted(signum)
-    old = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM,
-                                                       signal.SIGHUP)}
-    t0 = time.monotonic()
-    try:
-        build_bed(bed, subnet, method, not args.no_sshd)
-    except (BedError, Interrupted, OSError) as e:
-        what = (f"interrupted by {signal.Signals(e.args[0]).name}"
-                if isinstance(e, Interrupted) else str(e))
-        say(f"up failed: {what}; removing bed {bed_id}")
-        bed.state["status"] = "failed"
-        bed.save()
-        for s in old:
-            signal.signal(s, signal.SIG_IGN)
-        teardown(state_dir, bed_id, quiet=True)
-        remove_empty_state_dir(state_dir)
-        return 128 + e.args[0] if isinstance(e, Interrupted) else 1
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    say(f"bed {bed_id} up in {time.monotonic() - t0:.1f} s: {args.hosts} host(s) on {subnet}")
-    describe(bed, sys.stderr)
-    if args.json:
-        print(json.dumps(bed.state, indent=1))
-    else:
-        print(bed_id)
-    return 0
+    return bed, subnet
 
 
 def build_bed(bed, subnet, method, with_sshd):
