@@ -32,9 +32,11 @@ import os
 import queue
 import re
 import secrets
+import select
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -123,14 +125,49 @@ class UsageError(Exception):
 # Hostfile and placement
 
 
+USER_FILE_MAX_BYTES = 1 << 20  # a hostfile or a secret file; more is refused
+USER_FILE_PIPE_S = 10.0  # a pipe (`<(echo ...)`) must reach its end within this
+
+
 def read_text_file(path, what, encoding="utf-8-sig"):
     """The text of a file the user named (`what` names it in errors): UTF-8, by default with a
-    byte-order mark dropped, as editors on Windows write one."""
+    byte-order mark dropped, as editors on Windows write one. Bounded: a device that never
+    ends (/dev/zero), a FIFO nobody writes to or a huge file fails instead of filling memory or
+    blocking; a pipe is read within USER_FILE_PIPE_S."""
     try:
-        with open(path, encoding=encoding) as f:
-            return f.read()
+        # Non-blocking: opening a FIFO without a writer returns at once.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise UsageError(f"{what}: {e.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{what}: Is a directory")
+        pipe = stat.S_ISFIFO(mode)
+        if not (stat.S_ISREG(mode) or pipe):
+            raise UsageError(f"{what}: not a regular file (a device or a socket)")
+        data = bytearray()
+        deadline = time.monotonic() + USER_FILE_PIPE_S
+        while len(data) <= USER_FILE_MAX_BYTES:
+            try:
+                chunk = os.read(fd, min(1 << 16, USER_FILE_MAX_BYTES + 1 - len(data)))
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise UsageError(f"{what}: a pipe that sent no end within "
+                                     f"{USER_FILE_PIPE_S:g} s") from None
+                continue
+            except OSError as e:
+                raise UsageError(f"{what}: {e.strerror}") from None
+            if not chunk:
+                break
+            data += chunk
+        if len(data) > USER_FILE_MAX_BYTES:
+            raise UsageError(f"{what}: larger than {USER_FILE_MAX_BYTES} bytes")
+    finally:
+        os.close(fd)
+    try:
+        return data.decode(encoding)
     except UnicodeDecodeError as e:
         raise UsageError(f"{what}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") \
             from None

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "ps/error.h"
+#include "ps/src/small_file.h"
 #include "ps/src/stderr_log.h"
 
 // The cluster flags. Their gflags defaults (-1, "") only mean "not given": then the variable
@@ -331,37 +333,20 @@ class FlagChecker {
     }
   }
 
+  // Bounded, and a regular file only: gflags reads it again after this check, so a pipe's
+  // flags would be gone by then; a device (/dev/zero) or a FIFO must not fill memory or block.
   std::string ReadFlagfile(const std::string& path) const {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    const int open_error = errno;
-    if (fd < 0) {
-      Die(program_, "cannot read --flagfile " + path + ": " + std::strerror(open_error) +
-                        ": give a file of --name=value lines, one per line");
-    }
-    std::string bytes;
-    struct stat info {};
-    bool directory = ::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode);
-    char buffer[4096];
-    ssize_t got = 0;
-    while (!directory && (got = ::read(fd, buffer, sizeof(buffer))) != 0) {
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) {
-        directory = errno == EISDIR;
-        if (!directory) {
-          const int read_error = errno;
-          ::close(fd);
-          Die(program_, "cannot read --flagfile " + path + ": " + std::strerror(read_error));
-        }
-        break;
-      }
-      bytes.append(buffer, static_cast<std::size_t>(got));
-    }
-    ::close(fd);
-    if (directory) {
+    constexpr std::size_t kMostFlagfileBytes = 1 << 20;
+    if (std::error_code error; std::filesystem::is_directory(path, error)) {
       Die(program_, "--flagfile " + path +
                         " is a directory: give a file of --name=value lines, one per line");
     }
-    return bytes;
+    try {
+      return ReadSmallFile(path, {.max_bytes = kMostFlagfileBytes});
+    } catch (const Error& e) {
+      Die(program_, "cannot read --flagfile " + path + ": " + e.what() +
+                        ": give a file of --name=value lines, one per line");
+    }
   }
 
   // Whether a program-names line (globs separated by spaces) names this program, by the path

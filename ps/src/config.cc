@@ -1,16 +1,14 @@
 #include "ps/config.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "ps/error.h"
+#include "ps/src/small_file.h"
 
 namespace ps {
 namespace {
@@ -123,15 +121,18 @@ std::string ReadJobSecret(const SettingLookup& lookup) {
     if (std::filesystem::is_directory(*file, error)) {
       throw Error("PS_JOB_SECRET_FILE='" + *file + "' is a directory" + fix);
     }
-    errno = 0;  // so that only open(2)'s own errno is named below
-    std::ifstream in(*file);
-    if (!in) {
-      const int open_errno = errno;  // what open(2) said, when it said anything
-      throw Error("PS_JOB_SECRET_FILE='" + *file + "' cannot be read" +
-                  (open_errno != 0 ? " (" + std::string(std::strerror(open_errno)) + ")" : "") +
-                  fix);
+    // Bounded: /dev/zero or a huge file fails instead of filling memory; a FIFO nobody writes
+    // to fails instead of blocking; a pipe (`<(echo ...)`) is read within the time.
+    constexpr std::size_t kMostSecretFileBytes = 64 * 1024;
+    std::string bytes;
+    try {
+      bytes = ReadSmallFile(
+          *file, {.max_bytes = kMostSecretFileBytes, .pipe_timeout = std::chrono::seconds(10)});
+    } catch (const Error& e) {
+      throw Error("PS_JOB_SECRET_FILE='" + *file + "' cannot be read (" + e.what() + ")" + fix);
     }
-    if (!std::getline(in, text)) Invalid("PS_JOB_SECRET_FILE", *file, "the file is empty");
+    if (bytes.empty()) Invalid("PS_JOB_SECRET_FILE", *file, "the file is empty");
+    text = bytes.substr(0, bytes.find('\n'));
     if (text.empty()) Invalid("PS_JOB_SECRET_FILE", *file, "its first line is empty");
   } else if (secret) {
     text = *secret;

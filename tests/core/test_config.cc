@@ -262,6 +262,11 @@ TEST_CASE("config: the job secret comes from PS_JOB_SECRET or the first line of 
   Settings directory = Valid();
   directory["PS_JOB_SECRET_FILE"] = "/tmp";
   CHECK_THAT(ErrorOf(directory), Catch::Contains("PS_JOB_SECRET_FILE='/tmp' is a directory"));
+  Settings endless = Valid();  // read with a bound (ReadSmallFile): no memory filled
+  endless["PS_JOB_SECRET_FILE"] = "/dev/zero";
+  CHECK_THAT(ErrorOf(endless),
+             Catch::Contains("PS_JOB_SECRET_FILE='/dev/zero' cannot be read (it is not a regular "
+                             "file (a device or a socket)): point it to a readable file"));
   Settings empty = Valid();
   empty["PS_JOB_SECRET"] = "";
   CHECK_THAT(ErrorOf(empty), Catch::Contains("PS_JOB_SECRET='' is invalid"));

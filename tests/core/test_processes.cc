@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -196,6 +197,8 @@ TEST_CASE("processes: a flag file's lines are checked as the command line is", "
   const std::string stray = file("stray", "verbose=1\n");
   const std::string spaced = file("spaced", "  --verbose=1 \n");
   const std::string loop = file("loop", "--flagfile=" + dir.path() + "/loop\n");
+  const std::string fifo = dir.path() + "/fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check", "ps-bench"}) {
     const auto error = [&](std::vector<std::string> args) {
       auto process = Start(binary, JobEnv(1, 1, 0), std::move(args));
@@ -230,6 +233,15 @@ TEST_CASE("processes: a flag file's lines are checked as the command line is", "
     CHECK(error({"--flagfile=" + dir.path()}) ==
           prefix + "--flagfile " + dir.path() +
               " is a directory: give a file of --name=value lines, one per line\n");
+    // Bounded: a device that never ends, or a FIFO nobody writes to, fails at once.
+    CHECK(error({"--flagfile=/dev/zero"}) ==
+          prefix +
+              "cannot read --flagfile /dev/zero: it is not a regular file (a device or a socket): "
+              "give a file of --name=value lines, one per line\n");
+    CHECK(error({"--flagfile=" + fifo}) ==
+          prefix + "cannot read --flagfile " + fifo +
+              ": it is a pipe, not a regular file: give a file of --name=value lines, one per "
+              "line\n");
   }
   // A good one is read as gflags reads it, sections of program names included: the flags
   // after a line of names apply only to the programs it names.

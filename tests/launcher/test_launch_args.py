@@ -155,11 +155,16 @@ class Args(LauncherTest):
         path = os.path.join(self.tmp, "secret")
         with open(path, "w") as f:
             f.write("from a file\nsecond line\n")
+        fifo = os.path.join(self.tmp, "fifo")  # nobody writes to it
+        os.mkfifo(fifo)
         self.assertEqual(self.parse(["-n", "1", "prog"], PS_JOB_SECRET_FILE=path).job_secret,
                          "from a file")
         for environ, want in [({"PS_JOB_SECRET": "a", "PS_JOB_SECRET_FILE": path}, "set one"),
                               ({"PS_JOB_SECRET_FILE": path + ".missing"}, "No such file"),
-                              ({"PS_JOB_SECRET": ""}, "1 to 255 bytes")]:
+                              ({"PS_JOB_SECRET": ""}, "1 to 255 bytes"),
+                              # Bounded: neither fills memory nor blocks.
+                              ({"PS_JOB_SECRET_FILE": "/dev/zero"}, "not a regular file"),
+                              ({"PS_JOB_SECRET_FILE": fifo}, "its first line is empty")]:
             with self.subTest(environ=environ):
                 with self.assertRaises(launch.UsageError) as cm:
                     self.parse(["-n", "1", "prog"], **environ)
