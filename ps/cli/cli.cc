@@ -5,6 +5,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -390,6 +391,10 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
     PrintClusterFlagHelp(std::cout, ProgramName((*argv)[0]) + ": " + usage, role);
     std::exit(0);
   }
+  // A role owns its process: a reader of its output that goes away (`| grep -m1 listening`)
+  // must not kill it with SIGPIPE. Its writes then fail (EPIPE) and are dropped; ZeroMQ's
+  // sockets never raise the signal.
+  ::signal(SIGPIPE, SIG_IGN);
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   ParseFlags(argc, argv);

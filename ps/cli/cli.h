@@ -14,7 +14,8 @@ namespace ps::cli {
 
 // Parses the command line (gflags: --help, --version), sets up glog on stderr. --help lists
 // the cluster flags `role` reads, each with its variable and its real default. An argument that
-// is not a flag is a one-line error (exit 1).
+// is not a flag is a one-line error (exit 1). Ignores SIGPIPE: a role whose output reader went
+// away goes on, its output dropped.
 void Init(int* argc, char*** argv, const std::string& usage, Role role);
 
 // The project's version ("0.1.0"), as --version prints it.

@@ -378,6 +378,26 @@ TEST_CASE("processes: a descriptor limit too low for ZeroMQ is a one-line error 
   }
 }
 
+TEST_CASE("processes: a role whose output reader went away goes on, not killed by SIGPIPE",
+          "[processes][fault]") {
+  // `ps-scheduler 2>&1 | grep -m1 listening` picks up the port, and grep exits: the
+  // scheduler's next line used to kill it (status 141), silently. It now drops its output and
+  // goes on: here to its registration timeout, ending 1.
+  Env env = JobEnv(1, 1, 0);
+  env["PS_REGISTER_TIMEOUT"] = "1";
+  for (const std::string binary : {"ps-scheduler", "ps-server"}) {
+    INFO(binary);
+    if (binary == "ps-server") env["DMLC_PS_ROOT_PORT"] = std::to_string(ps::test::FindFreePort());
+    ChildProcess piped(
+        {"/bin/bash", "-c", "\"$0\" 2>&1 | head -c 1 >/dev/null; exit ${PIPESTATUS[0]}",
+         ps::test::BinPath(binary)},
+        env);
+    const std::optional<int> status = piped.Wait(30s);
+    REQUIRE(status);
+    CHECK(*status == 1);
+  }
+}
+
 TEST_CASE("processes: a port in use is a one-line error naming the port", "[processes][fault]") {
   auto [first, port] = StartScheduler(1, 1);
   auto second = Start("ps-scheduler", JobEnv(1, 1, port));
