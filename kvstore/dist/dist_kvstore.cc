@@ -32,8 +32,11 @@ std::string PulledValueError(const Error& e) {
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
 
-// In key order: workers that declare the same keys in another order make the same call.
+// In key order: workers that declare the same keys in another order make the same call. Longer
+// than other calls: the scheduler names the first key that differs, which should be in the text
+// for a model's usual number of parameters (about 2000 keys fit).
 std::string DescribeInit(std::span<const Key> keys, std::span<const Tensor> values) {
+  constexpr std::size_t kMaxInitCallChars = 64 * 1024;
   std::vector<std::size_t> order(keys.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [keys](auto a, auto b) { return keys[a] < keys[b]; });
@@ -42,7 +45,7 @@ std::string DescribeInit(std::span<const Key> keys, std::span<const Tensor> valu
     call += (call.size() == 4 ? " key " : ", key ") + std::to_string(keys[i]) + " (" +
             std::to_string(values[i].size()) + " x " + DTypeName(values[i].dtype()) + ")";
   }
-  return Bounded(std::move(call));
+  return Bounded(std::move(call), kMaxInitCallChars);
 }
 
 }  // namespace

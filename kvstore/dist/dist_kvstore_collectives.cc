@@ -164,7 +164,7 @@ std::string DistKVStore::AnnounceCollective(const std::string& call) {
   } answers;
   kv::Request request;
   request.command = kv::kCollective;
-  request.call = call;
+  request.call = Bounded(call);  // for the servers' messages: its start is enough
   // A server that knows of a death or join this worker has not heard of yet may get pushes of
   // this worker sent again after the announcement: it does not check this collective.
   request.membership = runtime_->server_events_applied();

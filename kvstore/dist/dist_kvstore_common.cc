@@ -26,15 +26,14 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
   ThrowError(kind, error);
 }
 
-std::string Bounded(std::string call) {
-  constexpr std::size_t kMaxCallChars = 400;
-  if (call.size() <= kMaxCallChars) return call;
+std::string Bounded(std::string call, std::size_t max_chars) {
+  if (call.size() <= max_chars) return call;
   // FNV-1a over the whole text: calls that differ past the cut still differ.
   Fnv1a hash;
   hash.Add(call.data(), call.size());
   char digest[17];
   std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(hash.value()));
-  call.resize(kMaxCallChars);
+  call.resize(max_chars);
   return call + "... (fingerprint " + digest + ")";
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // What DistKVStore's source files share: the store's name in messages, the failures a
 // collective runs again after (RunOverLiveServers), and the bounded text of a collective call.
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -30,8 +31,10 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
 // else as the one of `kind`.
 [[noreturn]] void ThrowFailure(DistKVStore::Failure failure, const std::string& error,
                                ErrorKind kind = ErrorKind::kOther);
-// A collective call as every worker states it (Runtime::Agree compares the texts): short enough
-// for a barrier message, and naming the first keys so that a disagreement reads plainly.
-std::string Bounded(std::string call);
+// A collective call as every worker states it (Runtime::Agree compares the texts): at most
+// `max_chars` (then cut, with a fingerprint of the whole), so that a barrier message stays
+// small, naming the first keys so that a disagreement reads plainly.
+inline constexpr std::size_t kMaxCallChars = 400;
+std::string Bounded(std::string call, std::size_t max_chars = kMaxCallChars);
 
 }  // namespace ps::dist_detail

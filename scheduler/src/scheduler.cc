@@ -57,28 +57,50 @@ std::string ShownCall(const std::string& vote) {
   return vote.size() <= kCallChars ? vote : vote.substr(0, kCallChars) + "...";
 }
 
-// Where two votes of the same call with the same number of words part, when that is a
-// setting (a vote is the call's name and its arguments as words: "SetOptimizer sgd lr=0.1 ...
-// max_update=10 ..."), for the reader of a long vote: " (first difference: worker 1's
-// max_update=10, worker 0's max_update=20)"; else "". `second` names a vote's members.
+// A vote's items: its ", "-separated parts where it has them (Init's keys: "Init key 0 (10 x
+// float32), key 1 (4 x float32)"), else its words ("SetOptimizer sgd lr=0.1 max_update=10").
+std::vector<std::string_view> VoteItems(std::string_view vote, bool listed) {
+  const std::string_view separator = listed ? ", " : " ";
+  std::vector<std::string_view> items;
+  for (std::size_t at = 0; at <= vote.size();) {
+    const std::size_t end = std::min(vote.find(separator, at), vote.size());
+    if (end > at) items.push_back(vote.substr(at, end - at));
+    at = end + separator.size();
+  }
+  return items;
+}
+
+// Where two votes of the same call part, for the reader of a long vote: the first key of two
+// Inits that differs (" (first difference: worker 1's key 49 (2 x float32), worker 0's key 49
+// (1 x float32))"), or the first setting of two calls with as many words (" (first
+// difference: worker 1's max_update=10, worker 0's max_update=20)"); else "". `second` names
+// a vote's members.
 std::string FirstDifference(const std::pair<const std::string*, std::string>& one,
                             const std::pair<const std::string*, std::string>& other) {
-  const auto words = [](const std::string& text) {
-    std::vector<std::string_view> out;
-    for (std::size_t at = 0; at < text.size();) {
-      const std::size_t end = std::min(text.find(' ', at), text.size());
-      if (end > at) out.emplace_back(text.data() + at, end - at);
-      at = end + 1;
-    }
-    return out;
+  const std::string& a_text = *one.first;
+  const std::string& b_text = *other.first;
+  const bool listed =
+      a_text.find(", ") != std::string::npos || b_text.find(", ") != std::string::npos;
+  const std::vector<std::string_view> a = VoteItems(a_text, listed);
+  const std::vector<std::string_view> b = VoteItems(b_text, listed);
+  const auto call = [](std::string_view vote) { return vote.substr(0, vote.find(' ')); };
+  if (a.empty() || b.empty() || call(a_text) != call(b_text)) return "";
+  const auto named = [](const std::string& members, std::string_view item) {
+    return members + (item.empty() ? " has no more" : "'s " + std::string(item));
   };
-  const std::vector<std::string_view> a = words(*one.first);
-  const std::vector<std::string_view> b = words(*other.first);
-  if (a.size() != b.size() || a.size() < 2 || a.front() != b.front()) return "";
+  if (listed) {
+    const std::size_t common = std::min(a.size(), b.size());
+    std::size_t i = 0;
+    while (i < common && a[i] == b[i]) ++i;
+    if (i == a.size() && i == b.size()) return "";
+    return " (first difference: " + named(one.second, i < a.size() ? a[i] : "") + ", " +
+           named(other.second, i < b.size() ? b[i] : "") + ")";
+  }
+  if (a.size() != b.size() || a.size() < 2) return "";
   const auto differ = std::mismatch(a.begin(), a.end(), b.begin());
   if (differ.first == a.end() || differ.first->find('=') == std::string_view::npos) return "";
-  return " (first difference: " + one.second + "'s " + std::string(*differ.first) + ", " +
-         other.second + "'s " + std::string(*differ.second) + ")";
+  return " (first difference: " + named(one.second, *differ.first) + ", " +
+         named(other.second, *differ.second) + ")";
 }
 
 }  // namespace

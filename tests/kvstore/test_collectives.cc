@@ -50,6 +50,36 @@ TEST_CASE("dist kvstore: an Init whose sizes differ across ranks fails on every 
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist kvstore: an Init of many keys names the first key whose size differs",
+          "[dist][errors][collective]") {
+  // 1000 keys (a call of about 22 KB: longer than the servers' announcement takes, which gets
+  // its start): the calls' shown starts read alike, so the key that differs must lead.
+  KVCluster cluster(1, 2);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<std::vector<float>> values;
+    std::vector<ps::Key> keys;
+    std::vector<ps::Tensor> tensors;
+    for (ps::Key k = 0; k < 1000; ++k) {
+      values.emplace_back(k == 999 && kv.Rank() == 1 ? 2 : 1, 1.0f);
+      keys.push_back(k);
+    }
+    for (auto& value : values) tensors.emplace_back(value.data(), value.size());
+    const std::string error = ErrorOf([&] { kv.Init(keys, tensors); });
+    Expect(Has(error, "Init failed on every worker: the members disagree (first difference: ") &&
+               (Has(error, "worker 0's key 999 (1 x float32), worker 1's key 999 (2 x float32))") ||
+                Has(error, "worker 1's key 999 (2 x float32), worker 0's key 999 (1 x float32))")),
+           "message: " + error);
+    // One worker with a key more: the other has no more.
+    keys.resize(kv.Rank() == 0 ? 3 : 4);
+    tensors.resize(keys.size());
+    const std::string more = ErrorOf([&] { kv.Init(keys, tensors); });
+    Expect(Has(more, "worker 0 has no more") && Has(more, "worker 1's key 3 (1 x float32)"),
+           "message: " + more);
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("dist kvstore: an Init of the same keys in another order agrees, rank 0's values",
           "[dist][collective]") {
   // Worker 0 declares keys 7 and 3, worker 1 keys 3 and 7: the same call. Rank 0's values are
