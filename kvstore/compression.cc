@@ -224,8 +224,10 @@ Settings Parse(const GradientCompression& config) {
   Settings settings;
   settings.push = ParseCodec("type", config.type);
   settings.pull = ParseCodec("pull_type", config.pull_type);
-  // Written so that NaN fails too.
-  if (!(config.threshold > 0.0f) || std::isinf(config.threshold)) {
+  // Only 2bit reads it (1bit's step is a mean magnitude; fp16 has none). Written so that NaN
+  // fails too.
+  const bool two_bit = settings.push == Codec::k2Bit || settings.pull == Codec::k2Bit;
+  if (two_bit && (!(config.threshold > 0.0f) || std::isinf(config.threshold))) {
     char text[64];
     std::snprintf(text, sizeof(text), "%g", static_cast<double>(config.threshold));
     throw Error(std::string("SetGradientCompression: threshold must be a finite number greater "

@@ -832,9 +832,8 @@ void Runtime::OnConnectionReset(int node_id) {
   if (peer == nullptr || peer->role == Role::kScheduler) return;
   if (const auto count = ++connection_resets_; LogOccurrence(count)) {
     PS_LOG(WARNING) << "the connection between " << self_.Describe() << " and " << peer->Describe()
-                    << " was reset (#" << count
-                    << "): the requests in flight between them failed; a replicated store "
-                       "sends them again";
+                    << " was reset (#" << count << "): the requests in flight between them failed"
+                    << (config_.replicated() ? "; the store sends them again (replication)" : "");
   }
   tracker_.FailReset(node_id, "the connection between " + self_.Describe() + " and " +
                                   peer->Describe() +
@@ -850,6 +849,17 @@ void Runtime::OnTick() {
     PS_LOG(WARNING) << self_.Describe() << " did not run for "
                     << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause))
                     << " (stopped, or starved of CPU): it sent no heartbeat meanwhile";
+    if (config_.heartbeat_interval.count() > 0 && !Stopped() &&
+        now - last_beat_sent_ > config_.heartbeat_timeout + kSchedulerJudgesWithin) {
+      // Silent past the timeout: a scheduler that ran meanwhile has declared this node dead.
+      FailAfterPause(pause, "silent for longer than the scheduler waits (PS_HEARTBEAT_TIMEOUT " +
+                                FormatSeconds(config_.heartbeat_timeout) +
+                                "), so it has declared this node dead if it ran meanwhile");
+      return;
+    }
+    // Maybe still alive there: the scheduler counts this node's silence from its last
+    // heartbeat, and answers the next one. Its silence counts from now.
+    resumed_at_ = now;
   }
   tracker_.ExpireOverdue(now);
   AnnounceResets();
@@ -881,16 +891,15 @@ void Runtime::OnTick() {
     MutexLock lock(mu_);
     if (terminated_ || !failure_.empty()) return;
     // Answers that came while the receive thread was held by a SlowWork wait unread.
-    lost = now - std::max(last_scheduler_contact_, reading_since) > config_.heartbeat_timeout;
+    lost = now - std::max({last_scheduler_contact_, reading_since, resumed_at_}) >
+           config_.heartbeat_timeout;
   }
   const auto pause = pause_watch_.last_pause();
   if (lost && pause > pause.zero() &&
       now - pause_watch_.last_pause_ended() < 2 * config_.heartbeat_timeout) {
-    Fail("lost contact with the scheduler at " + config_.SchedulerAddress() + " for over " +
-         FormatSeconds(config_.heartbeat_timeout) + ": this process itself did not run for " +
-         FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause)) +
-         " (stopped, e.g. by SIGSTOP, or its machine frozen), so the scheduler has likely "
-         "declared it dead and the job went on or ended without it");
+    FailAfterPause(pause, "and the scheduler has not answered it in the PS_HEARTBEAT_TIMEOUT (" +
+                              FormatSeconds(config_.heartbeat_timeout) +
+                              ") since: it has likely declared this node dead");
     return;
   }
   if (lost) {
@@ -907,11 +916,27 @@ void Runtime::OnTick() {
     return;
   }
   ReportUnreachablePeers(now);
+  // Every interval; ticks may come more often (TickPeriod), and half a tick early counts.
+  if (now - last_beat_sent_ + TickPeriod(config_) / 2 < config_.heartbeat_interval) return;
+  last_beat_sent_ = now;
   Message beat;
   beat.meta.control = Control::kHeartbeat;
   beat.meta.request = true;
   beat.meta.recipient = kSchedulerId;
   SendToNode(beat);
+}
+
+bool Runtime::Stopped() {
+  MutexLock lock(mu_);
+  return terminated_ || !failure_.empty();
+}
+
+void Runtime::FailAfterPause(std::chrono::steady_clock::duration pause, const std::string& so) {
+  Fail("lost contact with the scheduler at " + config_.SchedulerAddress() +
+       ": this process itself did not run for " +
+       FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause)) +
+       " (stopped, e.g. by SIGSTOP, or its machine frozen), " + so +
+       ", and the job went on or ended without it");
 }
 
 void Runtime::Fail(const std::string& why) {

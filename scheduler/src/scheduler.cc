@@ -648,6 +648,15 @@ void Scheduler::CompleteRegistration() {
                   PS_REQUIRES(mu_) { return key(a) < key(b); });
     for (std::size_t rank = 0; rank < group.size(); ++rank)
       group[rank]->rank = static_cast<int>(rank);
+    // Two nodes that asked for one rank (two pods with the same index): one gets another.
+    for (const NodeInfo* node : group) {
+      const int requested = requested_rank_[static_cast<std::size_t>(node->id)];
+      if (requested >= 0 && requested != node->rank) {
+        LOG(WARNING) << RegistrantName(*node) << " asked for rank " << requested
+                     << " (PS_RANK) and got rank " << node->rank << ": another " << RoleName(role)
+                     << " asked for the same one; give each node a PS_RANK of its own";
+      }
+    }
   }
   complete_ = true;
   const auto now = Clock::now();
@@ -1160,8 +1169,24 @@ void Scheduler::MaybeFinish() {
   Finish(0, "");
 }
 
-void Scheduler::Finish(int status, const std::string& why) {
+void Scheduler::Finish(int status, const std::string& given) {
   if (finished_) return;
+  // The nodes give up on a scheduler that did not run for longer than their timeout, and say
+  // so on their way out: its pause, not what they reported, is the cause. The pause may still
+  // be untold (the receive thread read their reports before the next tick).
+  const auto now = Clock::now();
+  auto pause = pause_watch_.SinceTick(now);
+  if (now - pause_watch_.last_pause_ended() < 2 * config_.heartbeat_timeout) {
+    pause = std::max(pause, pause_watch_.last_pause());
+  }
+  const std::string why =
+      status != 0 && config_.heartbeat_interval.count() > 0 && pause > config_.heartbeat_timeout
+          ? "the scheduler itself did not run for " +
+                FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause)) +
+                " (stopped, e.g. by SIGSTOP, or its machine frozen), longer than the nodes wait "
+                "for it (PS_HEARTBEAT_TIMEOUT " +
+                FormatSeconds(config_.heartbeat_timeout) + "), so they gave up; then " + given
+          : given;
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (!IsLive(static_cast<int>(id))) continue;
     Message terminate;

@@ -81,6 +81,22 @@ TEST_CASE("processes: a job of the real binaries runs 100 barriers and everyone 
   CHECK_THAT(scheduler->Output(), Catch::Contains("every worker finished"));
 }
 
+TEST_CASE("processes: two workers that ask for one PS_RANK are told apart with a warning",
+          "[processes]") {
+  auto [scheduler, port] = StartScheduler(1, 2);
+  Env env = JobEnv(1, 2, port);
+  auto server = Start("ps-server", env);
+  env["PS_RANK"] = "1";  // both: two pods with the same index
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  for (int i = 0; i < 2; ++i) workers.push_back(Start("ps-test-node", env, {"--barriers", "1"}));
+  for (auto& worker : workers) CHECK(worker->Wait(60s) == 0);
+  CHECK(server->Wait(20s) == 0);
+  CHECK(scheduler->Wait(20s) == 0);
+  CHECK_THAT(scheduler->Output(),
+             Catch::Contains("asked for rank 1 (PS_RANK) and got rank 0: another worker asked "
+                             "for the same one; give each node a PS_RANK of its own"));
+}
+
 TEST_CASE("processes: heartbeats turned off are a warning, and a job still runs", "[processes]") {
   Env scheduler_env = JobEnv(1, 1, 0);
   scheduler_env["PS_HEARTBEAT_INTERVAL"] = "0";
@@ -502,26 +518,60 @@ TEST_CASE("processes: a scheduler paused for a while judges no node on its own s
   CHECK_THAT(server->Output(), !Catch::Contains("lost contact"));
 }
 
+TEST_CASE("processes: a scheduler stopped past the timeout names its own pause as the cause",
+          "[processes][fault]") {
+  // The nodes give up on it and report their failure on their way out; the resumed scheduler
+  // used to end naming that report ("worker 0 failed: ...") instead of its own pause.
+  Env env = JobEnv(1, 1, 0);
+  auto [scheduler, port] = StartSchedulerFor(env);
+  auto server = Start("ps-server", env);
+  auto worker = Start("ps-test-node", env, {"--block"});
+  REQUIRE(worker->WaitForOutput("registered as worker", 20s));
+  scheduler->Kill(SIGSTOP);
+  const std::optional<int> worker_status = worker->Wait(20s);  // gave up on the scheduler
+  CHECK(worker_status.value_or(0) != 0);
+  const std::optional<int> server_status = server->Wait(20s);
+  CHECK(server_status.value_or(0) != 0);
+  scheduler->Kill(SIGCONT);
+  CHECK(scheduler->Wait(20s) == 1);
+  INFO(scheduler->Output());
+  CHECK_THAT(scheduler->Output(),
+             Catch::Contains("ps-scheduler: error: the scheduler itself did not run for") &&
+                 Catch::Contains("longer than the nodes wait for it (PS_HEARTBEAT_TIMEOUT 2.5 s), "
+                                 "so they gave up; then "));
+}
+
 TEST_CASE("processes: a server resumed after the job went on without it says it was stopped",
           "[processes][fault]") {
   // SIGSTOP past PS_HEARTBEAT_TIMEOUT: declared dead, the job goes on (replication). On
-  // SIGCONT the server finds no scheduler contact; the cause is its own pause, not the network.
-  auto [scheduler, port] = StartScheduler(2, 1);
-  Env env = JobEnv(2, 1, port);
-  Env verbose = env;
-  verbose["PS_VERBOSE"] = "1";  // "registered as server R": its heartbeats run from then
-  auto stopped = Start("ps-server", verbose);
-  auto other = Start("ps-server", env);
-  auto worker = Start("ps-test-node", env, {"--block"});
-  REQUIRE(stopped->WaitForOutput("registered as server", 20s));
-  stopped->Kill(SIGSTOP);
-  REQUIRE(scheduler->WaitForOutput("the job goes on without server", 20s));
-  stopped->Kill(SIGCONT);
-  CHECK(stopped->Wait(20s) == 1);
-  INFO(stopped->Output() << "\nscheduler:\n" << scheduler->Tail(6));
-  CHECK_THAT(stopped->Output(), Catch::Contains("lost contact with the scheduler") &&
-                                    Catch::Contains("this process itself did not run for") &&
-                                    Catch::Contains("SIGSTOP"));
+  // SIGCONT the server finds no scheduler contact; the cause is its own pause, not the network
+  // nor a scheduler "stopped ... or hung". With PS_HEARTBEAT_INTERVAL=2 and
+  // PS_HEARTBEAT_TIMEOUT=5 the scheduler declares it dead 3 to 5 s into the stop; the server
+  // used to check for a pause of its own only every 6 s (three intervals), and blamed the
+  // scheduler.
+  for (const auto& [interval, timeout] : {std::pair<std::string, std::string>{"0.2", "2.5"},
+                                          std::pair<std::string, std::string>{"2", "5"}}) {
+    INFO("PS_HEARTBEAT_INTERVAL=" << interval << " PS_HEARTBEAT_TIMEOUT=" << timeout);
+    Env env = JobEnv(2, 1, 0);
+    env["PS_HEARTBEAT_INTERVAL"] = interval;
+    env["PS_HEARTBEAT_TIMEOUT"] = timeout;
+    auto [scheduler, port] = StartSchedulerFor(env);
+    Env verbose = env;
+    verbose["PS_VERBOSE"] = "1";  // "registered as server R": its heartbeats run from then
+    auto stopped = Start("ps-server", verbose);
+    auto other = Start("ps-server", env);
+    auto worker = Start("ps-test-node", env, {"--block"});
+    REQUIRE(stopped->WaitForOutput("registered as server", 20s));
+    stopped->Kill(SIGSTOP);
+    REQUIRE(scheduler->WaitForOutput("the job goes on without server", 20s));
+    stopped->Kill(SIGCONT);  // at once
+    CHECK(stopped->Wait(20s) == 1);
+    INFO(stopped->Output() << "\nscheduler:\n" << scheduler->Tail(6));
+    CHECK_THAT(stopped->Output(), Catch::Contains("lost contact with the scheduler") &&
+                                      Catch::Contains("this process itself did not run for") &&
+                                      Catch::Contains("SIGSTOP") &&
+                                      !Catch::Contains("it is stopped (e.g. by SIGSTOP) or hung"));
+  }
 }
 
 // A Kubernetes pod may start before its scheduler has a DNS record or listens: the node waits

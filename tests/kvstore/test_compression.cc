@@ -219,6 +219,11 @@ TEST_CASE("compression: settings are checked with clear errors", "[compression][
   CHECK_THAT(error({.type = "2bit", .threshold = -0.5f}), Catch::Contains("given -0.5"));
   CHECK_THAT(error({.type = "2bit", .threshold = std::numeric_limits<float>::quiet_NaN()}),
              Catch::Contains("threshold must be"));
+  // Only 2bit reads the threshold: 1bit and fp16 ignore it, whatever it is.
+  CHECK(error({.type = "1bit", .threshold = std::numeric_limits<float>::quiet_NaN()}).empty());
+  CHECK(error({.type = "fp16", .threshold = -1.0f, .pull_type = "1bit"}).empty());
+  CHECK_THAT(error({.type = "fp16", .threshold = 0.0f, .pull_type = "2bit"}),
+             Catch::Contains("threshold must be"));
   CHECK_THAT(error({.type = "2bit", .threshold = 0.5f, .pull_type = "4bit"}),
              Catch::Contains("unknown pull_type '4bit'"));
   CHECK(error({.type = "2bit", .threshold = 0.5f}).empty());

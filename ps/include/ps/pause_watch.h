@@ -28,6 +28,10 @@ class PauseWatch {
     return gap;
   }
 
+  // The gap since the last tick: a pause in progress as seen from another thread, before the
+  // next tick reports it (the caller must order its reads with Tick, e.g. under one mutex).
+  Clock::duration SinceTick(Clock::time_point now) const { return now - last_tick_; }
+
   // The latest pause, and when it ended (zero and the clock's epoch: none yet).
   Clock::duration last_pause() const { return last_pause_; }
   Clock::time_point last_pause_ended() const { return last_pause_ended_; }

@@ -315,11 +315,15 @@ class Runtime {
                                         RequestTracker::Clock::time_point deadline);
   // The transport's news of a send socket's connection (monitor thread: records only).
   void OnPeerConnection(int node_id, bool connected) PS_EXCLUDES(reset_mu_);
-  // The timer's period: the heartbeat interval, or with heartbeats off (0) often enough for
-  // request deadlines to expire on time.
+  // The timer's period: the heartbeat interval (or with heartbeats off, 0, often enough for
+  // request deadlines to expire on time), but at most a sixth of the heartbeat timeout, so
+  // that a pause of this process of half the timeout is seen (pause_watch_) whatever the
+  // interval. Heartbeats still go every interval (OnTick).
   static std::chrono::milliseconds TickPeriod(const ClusterConfig& config) {
-    return config.heartbeat_interval.count() > 0 ? config.heartbeat_interval
+    const std::chrono::milliseconds period = config.heartbeat_interval.count() > 0
+                                                 ? config.heartbeat_interval
                                                  : std::chrono::milliseconds(500);
+    return std::min(period, config.heartbeat_timeout / 6);
   }
   // How long the connection to the scheduler has been closed (it was open before), or nullopt
   // while it is open.
@@ -394,6 +398,18 @@ class Runtime {
   // tick reaches would make every tick a pause.
   PauseWatch pause_watch_{std::max<PauseWatch::Clock::duration>(config_.heartbeat_timeout / 2,
                                                                 3 * TickPeriod(config_))};
+  // Timer thread only. When OnTick last sent a heartbeat; and when this process resumed from
+  // its last pause, if the scheduler may not have declared it dead meanwhile: its silence is
+  // judged from then (the scheduler had nothing to answer while this process sent nothing).
+  RequestTracker::Clock::time_point last_beat_sent_{};
+  RequestTracker::Clock::time_point resumed_at_{};
+  // The scheduler declares a node dead within this of its timeout (it checks every 200 ms).
+  static constexpr auto kSchedulerJudgesWithin = std::chrono::milliseconds(500);
+  // Whether the job ended or this node failed.
+  bool Stopped() PS_EXCLUDES(mu_);
+  // Fails this node after its own pause of `pause`, saying `so` of the scheduler's view.
+  void FailAfterPause(std::chrono::steady_clock::duration pause, const std::string& so)
+      PS_EXCLUDES(mu_);
 
   std::atomic<std::size_t> dead_count_{0};           // dead_.size(), readable without mu_
   std::atomic<std::size_t> dropped_{0};              // from unknown senders, or unexpected controls
