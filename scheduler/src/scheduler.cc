@@ -936,6 +936,24 @@ void Scheduler::OnTick() {
     return;
   }
   if (EndJobOverUnreachablePeers(now)) return;
+  // Every live node silent at once, their connections open: the scheduler's own host or link
+  // is the likelier cause than as many nodes failing together.
+  std::size_t live_nodes = 0;
+  std::size_t silent_nodes = 0;
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    if (!IsLive(static_cast<int>(id))) continue;
+    ++live_nodes;
+    silent_nodes += now - last_seen_[id] > config_.heartbeat_timeout ? 1 : 0;
+  }
+  if (live_nodes >= 2 && silent_nodes == live_nodes) {
+    Finish(1, "no node of the job has been heard from for over " +
+                  FormatSeconds(config_.heartbeat_timeout) + " (PS_HEARTBEAT_TIMEOUT): all " +
+                  std::to_string(live_nodes) +
+                  " went silent together, their connections still open, so the scheduler's "
+                  "own host or network is the likely cause (a link down, a firewall), or every "
+                  "node was stopped (a launcher stopped with its processes)");
+    return;
+  }
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
       const NodeInfo& node = nodes_[id];

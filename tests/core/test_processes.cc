@@ -528,17 +528,39 @@ TEST_CASE("processes: a scheduler stopped past the timeout names its own pause a
   auto worker = Start("ps-test-node", env, {"--block"});
   REQUIRE(worker->WaitForOutput("registered as worker", 20s));
   scheduler->Kill(SIGSTOP);
-  const std::optional<int> worker_status = worker->Wait(20s);  // gave up on the scheduler
-  CHECK(worker_status.value_or(0) != 0);
-  const std::optional<int> server_status = server->Wait(20s);
-  CHECK(server_status.value_or(0) != 0);
+  // The worker gives up on it (a last word to the stopped scheduler may hold its exit a while).
+  CHECK(worker->WaitForOutput("lost contact with the scheduler", 20s));
   scheduler->Kill(SIGCONT);
-  CHECK(scheduler->Wait(20s) == 1);
-  INFO(scheduler->Output());
+  CHECK(scheduler->Wait(30s) == 1);
+  CHECK(worker->Wait(30s).value_or(0) != 0);
+  CHECK(server->Wait(30s).value_or(0) != 0);
+  INFO("server:\n" << server->Output());
+  INFO("scheduler:\n" << scheduler->Output());
   CHECK_THAT(scheduler->Output(),
              Catch::Contains("ps-scheduler: error: the scheduler itself did not run for") &&
                  Catch::Contains("longer than the nodes wait for it (PS_HEARTBEAT_TIMEOUT 2.5 s), "
                                  "so they gave up; then "));
+}
+
+TEST_CASE("processes: every node silent at once points at the scheduler's own network",
+          "[processes][fault]") {
+  // All nodes stopped together (as the scheduler sees a link of its own go down): naming the
+  // first one "dead" would blame a node for the scheduler's own trouble.
+  auto [scheduler, port] = StartScheduler(1, 1);
+  const Env env = JobEnv(1, 1, port);
+  auto server = Start("ps-server", env);
+  auto worker = Start("ps-test-node", env, {"--block"});
+  REQUIRE(worker->WaitForOutput("registered as worker", 20s));
+  server->Kill(SIGSTOP);
+  worker->Kill(SIGSTOP);
+  CHECK(scheduler->Wait(20s) == 1);
+  server->Kill(SIGCONT);
+  worker->Kill(SIGCONT);
+  INFO(scheduler->Output());
+  CHECK_THAT(scheduler->Output(),
+             Catch::Contains("no node of the job has been heard from for over 2.5 s "
+                             "(PS_HEARTBEAT_TIMEOUT): all 2 went silent together") &&
+                 !Catch::Contains("is dead"));
 }
 
 TEST_CASE("processes: a server resumed after the job went on without it says it was stopped",
