@@ -201,8 +201,10 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
-  // The pause check's reference from the same moment: a stop right after this counts.
+  // The pause check's reference from the same moment: a stop right after this counts. The
+  // scheduler counts this node's silence from its registration too, as from a heartbeat.
   pause_watch_.Start(last_scheduler_contact_);
+  last_beat_sent_ = last_scheduler_contact_;
 }
 
 void Runtime::ConnectTo(const NodeInfo& node) {
