@@ -866,10 +866,7 @@ void Runtime::OnTick() {
   tracker_.ExpireOverdue(now);
   AnnounceResets();
   if (config_.heartbeat_interval.count() == 0) {
-    {
-      MutexLock lock(mu_);
-      if (terminated_ || !failure_.empty()) return;  // ended: the scheduler may well be gone
-    }
+    if (Stopped()) return;  // ended: the scheduler may well be gone
     // No heartbeats to miss, but a scheduler that exited or was killed closes its connection:
     // without this, every node would wait for it for ever.
     if (const auto closed = SchedulerClosedFor(now);
