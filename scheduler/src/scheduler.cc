@@ -890,32 +890,7 @@ void Scheduler::OnTick() {
   const auto pause = pause_watch_.Tick(now);
   if (!complete_) {
     VacateClosedRegistrants(now);
-    if (now - started_ > config_.register_timeout) {
-      int servers = 0;
-      int workers = 0;
-      for (const NodeInfo& node : nodes_) {
-        if (vacated_.contains(node.id)) continue;
-        servers += node.role == Role::kServer;
-        workers += node.role == Role::kWorker;
-      }
-      const std::string why =
-          "only " + std::to_string(servers) + " of " + std::to_string(config_.num_servers) +
-          " server(s) and " + std::to_string(workers) + " of " +
-          std::to_string(config_.num_workers) + " worker(s) registered within " +
-          FormatSeconds(config_.register_timeout) +
-          ": start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER "
-          "(PS_REGISTER_TIMEOUT sets this wait)";
-      // Nodes that tried but could not authenticate are the likelier cause then.
-      const std::uint64_t refused = transport_->refused_connections();
-      const std::string refusals =
-          refused == 0 ? ""
-                       : "; " + std::to_string(refused) +
-                             " connection(s) were refused meanwhile for a wrong or missing "
-                             "PS_JOB_SECRET or another PS_ENCRYPT (logged above): start every "
-                             "node with the job's secret and settings";
-      FailRegistration(why + refusals);
-      Finish(1, registration_failure_);
-    }
+    if (now - started_ > config_.register_timeout) EndUnfilledRegistration();
     return;
   }
   if (DeclareClosedConnectionsDead(now)) return;  // one death per tick
@@ -936,6 +911,36 @@ void Scheduler::OnTick() {
     return;
   }
   if (EndJobOverUnreachablePeers(now)) return;
+  JudgeSilentNodes(now);
+}
+
+void Scheduler::EndUnfilledRegistration() {
+  int servers = 0;
+  int workers = 0;
+  for (const NodeInfo& node : nodes_) {
+    if (vacated_.contains(node.id)) continue;
+    servers += node.role == Role::kServer;
+    workers += node.role == Role::kWorker;
+  }
+  const std::string why =
+      "only " + std::to_string(servers) + " of " + std::to_string(config_.num_servers) +
+      " server(s) and " + std::to_string(workers) + " of " + std::to_string(config_.num_workers) +
+      " worker(s) registered within " + FormatSeconds(config_.register_timeout) +
+      ": start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER "
+      "(PS_REGISTER_TIMEOUT sets this wait)";
+  // Nodes that tried but could not authenticate are the likelier cause then.
+  const std::uint64_t refused = transport_->refused_connections();
+  const std::string refusals =
+      refused == 0 ? ""
+                   : "; " + std::to_string(refused) +
+                         " connection(s) were refused meanwhile for a wrong or missing "
+                         "PS_JOB_SECRET or another PS_ENCRYPT (logged above): start every "
+                         "node with the job's secret and settings";
+  FailRegistration(why + refusals);
+  Finish(1, registration_failure_);
+}
+
+void Scheduler::JudgeSilentNodes(Clock::time_point now) {
   // Every live node silent at once, their connections open: the scheduler's own host or link
   // is the likelier cause than as many nodes failing together.
   std::size_t live_nodes = 0;

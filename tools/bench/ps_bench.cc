@@ -704,10 +704,9 @@ std::vector<std::string> CheckedList(const std::string& flag, const std::string&
   return items;
 }
 
-// Reads and validates every flag once, here at the edge.
-Settings ReadSettings() {
-  Settings s;
-  s.quick = FLAGS_quick;
+// Which jobs run: sizes, node counts, modes, ops and transports (--quick's smaller set where
+// a flag was left at its default).
+void ReadJobMatrix(Settings& s) {
   const auto pick = [&](const char* flag, const std::string& value, const std::string& quick) {
     return s.quick && IsDefault(flag) ? quick : value;
   };
@@ -728,31 +727,25 @@ Settings ReadSettings() {
   s.modes = CheckedList("modes", FLAGS_modes, {"dist_sync", "dist_async"});
   s.ops = CheckedList("ops", FLAGS_ops, {"push", "pull", "pushpull"});
   s.transports = CheckedList("transports", FLAGS_transports, {"shm", "ipc", "tcp"});
-  s.full = FLAGS_full || s.quick;
-  s.verify = FLAGS_verify;
-  s.json = FLAGS_json;
-  if (!s.json.empty()) {
-    // Checked before the run, not found out after it: the results would be lost.
-    const std::filesystem::path json(s.json);
-    const std::filesystem::path dir = json.has_parent_path() ? json.parent_path() : ".";
-    std::error_code error;
-    if (std::filesystem::is_directory(json, error)) {
-      throw std::invalid_argument("--json " + s.json + ": is a directory; give a file's path");
-    }
-    if (access(dir.c_str(), W_OK) != 0) {
-      throw std::invalid_argument("--json " + s.json + ": cannot write into " + dir.string() +
-                                  ": " + std::strerror(errno));
-    }
+}
+
+// Checks --json's file before the run, not after it: the results would be lost.
+void CheckJsonPath(const std::string& path) {
+  if (path.empty()) return;
+  const std::filesystem::path json(path);
+  const std::filesystem::path dir = json.has_parent_path() ? json.parent_path() : ".";
+  std::error_code error;
+  if (std::filesystem::is_directory(json, error)) {
+    throw std::invalid_argument("--json " + path + ": is a directory; give a file's path");
   }
-  s.run_ps = FLAGS_ps;
-  s.run_raw = FLAGS_raw;
-  if (!s.run_ps && !s.run_raw) {
-    throw std::invalid_argument("--ps=false with --raw=false leaves nothing to measure: keep one");
+  if (access(dir.c_str(), W_OK) != 0) {
+    throw std::invalid_argument("--json " + path + ": cannot write into " + dir.string() + ": " +
+                                std::strerror(errno));
   }
-  s.mpi = pick("mpi", FLAGS_mpi, "off");
-  if (s.mpi != "auto" && s.mpi != "on" && s.mpi != "off") {
-    throw std::invalid_argument("--mpi: expected auto, on or off, got '" + s.mpi + "'");
-  }
+}
+
+// How long each case runs.
+void ReadCalibration(Settings& s) {
   s.calibration.target_seconds =
       s.quick && IsDefault("target_seconds") ? 0.02 : FLAGS_target_seconds;
   s.calibration.min_iterations = FLAGS_min_iterations;
@@ -784,20 +777,42 @@ Settings ReadSettings() {
     throw std::invalid_argument("--case-timeout: expected 1..86400 seconds");
   }
   s.case_timeout = std::chrono::milliseconds(static_cast<long long>(FLAGS_case_timeout * 1000));
-  const auto prefix = [](const char* flag, const std::string& text) {
-    std::vector<std::string> words = ParseWords(text);
-    if (!words.empty() && words[0].find('/') == std::string::npos) {
-      const std::string found = FindInPath(words[0]);
-      if (found.empty()) {
-        throw std::invalid_argument(std::string("--") + flag + ": '" + words[0] +
-                                    "' is not in PATH");
-      }
-      words[0] = found;
+}
+
+// The commands the nodes run under (--server-prefix, --worker-prefix), found in PATH.
+std::vector<std::string> ReadPrefix(const char* flag, const std::string& text) {
+  std::vector<std::string> words = ParseWords(text);
+  if (!words.empty() && words[0].find('/') == std::string::npos) {
+    const std::string found = FindInPath(words[0]);
+    if (found.empty()) {
+      throw std::invalid_argument(std::string("--") + flag + ": '" + words[0] + "' is not in PATH");
     }
-    return words;
-  };
-  s.server_prefix = prefix("server_prefix", FLAGS_server_prefix);
-  s.worker_prefix = prefix("worker_prefix", FLAGS_worker_prefix);
+    words[0] = found;
+  }
+  return words;
+}
+
+// Reads and validates every flag once, here at the edge.
+Settings ReadSettings() {
+  Settings s;
+  s.quick = FLAGS_quick;
+  ReadJobMatrix(s);
+  s.full = FLAGS_full || s.quick;
+  s.verify = FLAGS_verify;
+  s.json = FLAGS_json;
+  CheckJsonPath(s.json);
+  s.run_ps = FLAGS_ps;
+  s.run_raw = FLAGS_raw;
+  if (!s.run_ps && !s.run_raw) {
+    throw std::invalid_argument("--ps=false with --raw=false leaves nothing to measure: keep one");
+  }
+  s.mpi = s.quick && IsDefault("mpi") ? "off" : FLAGS_mpi;
+  if (s.mpi != "auto" && s.mpi != "on" && s.mpi != "off") {
+    throw std::invalid_argument("--mpi: expected auto, on or off, got '" + s.mpi + "'");
+  }
+  ReadCalibration(s);
+  s.server_prefix = ReadPrefix("server_prefix", FLAGS_server_prefix);
+  s.worker_prefix = ReadPrefix("worker_prefix", FLAGS_worker_prefix);
   s.bin_dir = SelfDirectory();
   s.compressions = CheckedList("compression", FLAGS_compression, {"none", "2bit", "1bit", "fp16"});
   s.pull_compression = FLAGS_pull_compression;

@@ -113,6 +113,12 @@ class Scheduler {
   void OnNodeFailed(const Meta& meta) PS_REQUIRES(mu_);
   void OnWorkerDone(const Meta& meta) PS_REQUIRES(mu_);
   void OnTick();  // timer thread
+  // OnTick's steps. Ends a job that did not fill up within PS_REGISTER_TIMEOUT, naming the
+  // missing nodes.
+  void EndUnfilledRegistration() PS_REQUIRES(mu_);
+  // Declares dead the first live node silent past PS_HEARTBEAT_TIMEOUT, or ends the job when
+  // every live node is silent at once (the scheduler's own network is the likelier cause).
+  void JudgeSilentNodes(Clock::time_point now) PS_REQUIRES(mu_);
   // The transport's watcher (monitor thread): the connection to node `id` closed or is back.
   // OnTick applies it: a live node whose connection closed is suspected, and declared dead when
   // it is not back within kReconnectGrace (scheduler.cc), long before a heartbeat timeout.
