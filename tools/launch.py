@@ -31,6 +31,7 @@ import math
 import os
 import queue
 import re
+import resource
 import secrets
 import select
 import shlex
@@ -69,6 +70,7 @@ SECRET_VARS = ("PS_JOB_SECRET", "PS_JOB_SECRET_FILE")
 FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "PS_TCP_RCVBUF", "PS_SERVER_WEIGHTS",
              "DMLC_INTERFACE", "OMP_NUM_THREADS", "LD_LIBRARY_PATH")
 
+DESCRIPTORS_OF_ITS_OWN = 32  # stdio, rsync, a start's pipes in progress, Python's own
 STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
 LAST_LINES = 20  # lines kept per process for failure reports
 # After processes exit, their output is shown to its end (EOF): while lines keep coming (a
@@ -1220,6 +1222,7 @@ class Launch:
 
     def _run(self):
         c = self.c
+        ensure_descriptors(1 + c.num_servers + c.num_workers + c.server_restarts)
         root_uri = self.root_uri()
         if c.sync_dst_dir:
             if not self.run_sync():
@@ -1553,6 +1556,26 @@ class Launch:
         self.drain(running, quiet=0.5)
 
 
+def ensure_descriptors(processes):
+    """Raises the launcher's soft descriptor limit to its hard one, as the nodes do, and checks
+    that it holds two pipes per process started (its stdin and output), besides the launcher's
+    own files and the pipes of a start in progress: a launcher out of them would fail halfway,
+    with a job half started."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    need = 2 * processes + DESCRIPTORS_OF_ITS_OWN
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise UsageError(f"the launcher needs about {need} file descriptors for the job's "
+                         f"{processes} processes (two pipes each, besides its own), and its limit "
+                         f"(ulimit -n) is {soft}: raise it (ulimit -n {need}), or start fewer "
+                         "processes")
+
+
 def pick_free_port(addr):
     """A port that is free now (another process may take it before the scheduler binds it:
     the launcher then retries, see start_scheduler)."""
@@ -1651,6 +1674,13 @@ class Proc:
             return None
         return 128 - rc if rc < 0 else rc
 
+    def kill_hint(self, sig):
+        """Who sends a SIGKILL that the launcher did not: the kernel, when memory runs out."""
+        if sig != signal.SIGKILL or self.stop_requested:
+            return ""
+        return (": by a user or a tool, or by the kernel's OOM killer when the host or the "
+                "process's cgroup ran out of memory (see dmesg)")
+
     def status_text(self):
         rc = self.returncode
         if rc is None:
@@ -1660,10 +1690,10 @@ class Proc:
                     f"{signal.Signals(-rc).name}; the command, process group "
                     f"{self.child_pgid}, still ran: the launcher stops it)")
         if rc < 0:
-            return f"{128 - rc} (killed by {signal.Signals(-rc).name})"
+            return f"{128 - rc} (killed by {signal.Signals(-rc).name}{self.kill_hint(-rc)})"
         if rc > 128 and rc - 128 < signal.NSIG:
             try:
-                return f"{rc} (killed by {signal.Signals(rc - 128).name})"
+                return f"{rc} (killed by {signal.Signals(rc - 128).name}{self.kill_hint(rc - 128)})"
             except ValueError:
                 pass
         if rc == 255 and self.spec.host is not None:

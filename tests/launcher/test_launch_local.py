@@ -299,6 +299,37 @@ class WrapperKilled(LauncherTest):
                                 r"stops it\)")
         self.assert_nothing_left()
 
+    def test_a_command_killed_by_sigkill_names_the_oom_killer_among_the_causes(self):
+        # Nobody the launcher can see sent it: a user, a tool, or the kernel out of memory.
+        proc = self.start_launcher(["-n", "2", "-s", "1", "--same-cmd-for-all-roles"]
+                                   + self.fake_cmd("--sleep", "60"))
+        self.wait_records({"scheduler": 1, "server": 1, "worker": 2})
+        worker = next(r for r in self.records("worker") if r["env"].get("PS_RANK") == "1")
+        os.kill(worker["pid"], signal.SIGKILL)
+        r = self.finish_launcher(proc, timeout=30)
+        self.assertNotEqual(r.rc, 0, r)
+        self.assertIn("worker 1 on localhost exited with status 137 (killed by SIGKILL: by a "
+                      "user or a tool, or by the kernel's OOM killer when the host or the "
+                      "process's cgroup ran out of memory (see dmesg))", r.err)
+        self.assert_nothing_left()
+
+
+class DescriptorLimit(LauncherTest):
+
+    def test_a_limit_below_the_jobs_pipes_is_refused_before_any_process_starts(self):
+        # Hard limit 40: 33 processes need two pipes each, so it would fail halfway.
+        argv = (["sh", "-c", 'ulimit -n 40 && exec "$@"', "sh"]
+                + self.launch_argv(["-n", "24", "-s", "8", "--same-cmd-for-all-roles"]
+                                   + self.fake_cmd("--sleep", "60")))
+        r = subprocess.run(argv, env=self.env(), cwd=self.tmp, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r)
+        self.assertIn("launch.py: error: the launcher needs about 98 file descriptors for the "
+                      "job's 33 processes (two pipes each, besides its own), and its limit "
+                      "(ulimit -n) is 40: raise it", r.stderr)
+        self.assertEqual(self.records("scheduler"), [])
+        self.assert_nothing_left()
+
 
 class LocalSignals(LauncherTest):
 
