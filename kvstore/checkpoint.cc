@@ -17,6 +17,7 @@
 #include <system_error>
 #include <vector>
 
+#include "kvstore/file_size_limit.h"
 #include "kvstore/fnv1a.h"
 #include "ps/error.h"
 #include "ps/src/internal.h"
@@ -68,6 +69,7 @@ class AtomicFile {
     const auto* p = static_cast<const char*>(data);
     while (bytes > 0) {
       const std::size_t piece = std::min(bytes, kIoPieceBytes);
+      CheckFileSizeLimit(size_ + piece, "checkpoint file " + final_);
       checksum_.Add(p, piece);
       for (std::size_t done = 0; done < piece;) {
         const ssize_t written = ::write(fd_, p + done, piece - done);

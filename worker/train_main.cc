@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -226,6 +227,9 @@ int main(int argc, char** argv) {
   gflags::SetVersionString(ps::cli::Version());
   ps::cli::ParseFlags(&n, &ptr);
   ps::internal::SetUpLogging(argv[0]);
+  // A file grown past RLIMIT_FSIZE (ulimit -f) fails its write (EFBIG), reported like a full
+  // disk, instead of SIGXFSZ ending the process.
+  ::signal(SIGXFSZ, SIG_IGN);
   if (n > 1) {
     std::fprintf(stderr, "ps-train: error: unexpected argument '%s' (see --help)\n", ptr[1]);
     return 1;

@@ -219,10 +219,13 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
     std::vector<std::size_t> sizes;
     for (const Wanted& w : slices) sizes.push_back(w.bytes);
     const int node = runtime_->ServerId(server);
-    std::string error;
+    // Past its most segments the worker makes no more: they would also count against the
+    // server's (SharedSegment::Budget).
+    std::string error = SharedSegment::Budget(shm_.mapped(), runtime_->config().shm_max_segments,
+                                              "worker " + std::to_string(Rank()));
     ShmSlots::NewSegment segment;
     try {
-      segment = shm_.Create(sizes);
+      if (error.empty()) segment = shm_.Create(sizes);
     } catch (const Error& e) {
       error = e.what();
     }

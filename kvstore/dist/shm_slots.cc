@@ -35,6 +35,7 @@ ShmSlots::NewSegment ShmSlots::Create(const std::vector<std::size_t>& sizes) {
     offset += AlignUp(bytes);
   }
   segments_.push_back(std::move(segment));
+  ++mapped_;
   return created;
 }
 
@@ -42,6 +43,7 @@ void ShmSlots::Attached(const NewSegment& segment) { segments_[segment.id]->Clos
 
 void ShmSlots::Abandon(const NewSegment& segment) {
   for (ShmSlot* slot : segment.slots) slot->Retire();
+  if (segments_[segment.id]) --mapped_;
   segments_[segment.id].reset();
 }
 

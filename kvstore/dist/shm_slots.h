@@ -71,10 +71,13 @@ class ShmSlots {
   // `segment.slots` must not be used).
   void Attached(const NewSegment& segment);
   void Abandon(const NewSegment& segment);
+  // Segments mapped now (created and not abandoned).
+  std::size_t mapped() const { return mapped_; }
 
  private:
   std::deque<std::unique_ptr<SharedSegment>> segments_;  // index = segment id; null: dropped
   std::deque<ShmSlot> slots_;                            // stable addresses
+  std::size_t mapped_ = 0;
 };
 
 }  // namespace ps

@@ -180,8 +180,23 @@ std::string KVServerStore::ResolveShm(int sender, const kv::Request& request,
   return "";
 }
 
+std::size_t KVServerStore::MappedSegments() const {
+  std::size_t mapped = segments_.size();
+  for (const auto& [node, slots] : replica_shm_) mapped += slots.mapped();
+  return mapped;
+}
+
 void KVServerStore::HandleShmAttach(const Meta& meta, const kv::Request& request) {
   const std::string server = "server " + std::to_string(runtime_.rank());
+  if (const std::string full =
+          SharedSegment::Budget(MappedSegments(), runtime_.config().shm_max_segments, server);
+      !full.empty()) {
+    const std::string refusal =
+        "will not map the shared memory of " + runtime_.Describe(meta.sender) + ": " + full;
+    if (LogOccurrence(++refused_segments_)) LOG(WARNING) << server << ": " << refusal;
+    runtime_.ReplyError(meta, server + ": " + refusal);
+    return;
+  }
   try {
     segments_[{meta.sender, request.segment_id}] = SharedSegment::Attach(request.segment);
   } catch (const Error& e) {
@@ -983,7 +998,7 @@ int RunServer(const ClusterConfig& config) {
     try {
       store->OnPeer(peer, event);
     } catch (const std::exception& e) {
-      runtime->Fail("server " + std::to_string(rank) + " failed: " + e.what());
+      runtime->Fail("server " + std::to_string(rank) + " failed: " + ExceptionText(e));
     }
   });
   // A request the store cannot handle for a reason of its own (not the requester's mistake,
@@ -997,7 +1012,7 @@ int RunServer(const ClusterConfig& config) {
     try {
       store->OnRequest(std::move(msg));
     } catch (const std::exception& e) {
-      const std::string why = "server " + std::to_string(rank) + " failed: " + e.what();
+      const std::string why = "server " + std::to_string(rank) + " failed: " + ExceptionText(e);
       {
         MutexLock lock(failed.mu);
         if (!failed.why.empty()) return;

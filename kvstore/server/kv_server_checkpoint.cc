@@ -2,6 +2,7 @@
 // it serves to a file of its own; a load reads every slice from the files and changes the
 // slices of every server or of none (kv::LoadStep).
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "kvstore/checkpoint.h"
@@ -31,31 +32,44 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
                                                   name + " (copying the slices)");
   checkpoint::Contents contents;
   if (optimizer_) contents.optimizer = optimizer_->config();
-  for (const auto& [id, slice] : slices_) {
-    if (!Serves(slice)) continue;  // a replica's copy: its primary writes it
-    work.Progress();
-    checkpoint::Record record;
-    record.key = id.first;
-    record.offset = id.second;
-    record.total = slice.total;
-    record.dtype = slice.dtype;
-    record.value.assign(slice.value.data(), slice.value.data() + slice.value.bytes());
-    if (optimizer_) {
-      if (auto state = optimizer_->ExportState(slice.state_id)) {
-        record.count = state->count;
-        record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
-        record.state = std::move(state->buffers);
-      }
-    }
-    contents.records.push_back(std::move(record));
-  }
+  std::size_t copied = 0;  // bytes of the copies so far
   checkpoint::FileSummary written;
   try {
+    for (const auto& [id, slice] : slices_) {
+      if (!Serves(slice)) continue;  // a replica's copy: its primary writes it
+      work.Progress();
+      checkpoint::Record record;
+      record.key = id.first;
+      record.offset = id.second;
+      record.total = slice.total;
+      record.dtype = slice.dtype;
+      record.value.assign(slice.value.data(), slice.value.data() + slice.value.bytes());
+      if (optimizer_) {
+        if (auto state = optimizer_->ExportState(slice.state_id)) {
+          record.count = state->count;
+          record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
+          record.state = std::move(state->buffers);
+        }
+      }
+      copied += record.value.size() + record.state.size() * sizeof(float);
+      contents.records.push_back(std::move(record));
+    }
     work.Doing("writing checkpoint file " + request.path + "/" + name);
     written = checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(),
                                         contents, [&work] { work.Progress(); });
   } catch (const Error& e) {
     runtime_.ReplyError(meta, server + ": " + e.what());
+    return;
+  } catch (const std::bad_alloc&) {
+    // The save fails, as with a full disk; the server, its values and the job go on.
+    contents = checkpoint::Contents();  // the copies go before the answer is made
+    runtime_.ReplyError(
+        meta, server + ": out of memory while saving checkpoint file " + request.path + "/" + name +
+                  ": a save copies the values and optimizer state this server serves " +
+                  "before writing them, and after " + std::to_string(copied) +
+                  " bytes of copies it could not allocate more; nothing was written (give "
+                  "the server as much memory again as it holds, or spread the keys over more "
+                  "servers)");
     return;
   }
   // The reply tells worker 0 what the MANIFEST must say of this file, and how many slices it
@@ -137,6 +151,14 @@ void KVServerStore::StageLoad(const Meta& meta, const kv::Request& request) {
     }
   } catch (const Error& e) {
     runtime_.ReplyError(meta, server + ": " + e.what(), e.kind());
+    return;
+  } catch (const std::bad_alloc&) {
+    // The load fails on every worker and changes nothing, as with a corrupt file.
+    runtime_.ReplyError(meta, server + ": out of memory while loading checkpoint " + request.path +
+                                  ": a load reads the files and assembles the slices this "
+                                  "server holds before changing any; nothing was changed (give "
+                                  "the server as much memory again as it holds, or spread the "
+                                  "keys over more servers)");
     return;
   }
   staged_load_ = std::move(staged);

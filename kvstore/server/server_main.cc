@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   try {
     const ps::ClusterConfig config = ps::cli::ReadClusterConfig(ps::Role::kServer);
     return ps::RunServer(config);
-  } catch (const ps::Error& e) {
-    ps::cli::Die("ps-server", e.what());
+  } catch (const std::exception& e) {  // ps::Error, or out of memory or threads at start
+    ps::cli::DieOf("ps-server", e);
   }
 }

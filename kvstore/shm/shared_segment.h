@@ -37,6 +37,13 @@ class SharedSegment {
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
 
+  // The most segments a process maps: `configured` (PS_SHM_MAX_SEGMENTS), or when 0 a quarter
+  // of the kernel's limit on a process's memory mappings (vm.max_map_count), the rest left for
+  // the process's own memory.
+  static std::size_t MaxSegments(int configured);
+  // Why a process that maps `mapped` segments may map no more ("" when it may), for `who`.
+  static std::string Budget(std::size_t mapped, int configured, const std::string& who);
+
   // Closes the creator's file descriptor once every peer has attached; the mapping stays.
   void CloseFd();
 

@@ -24,7 +24,9 @@
 #include <vector>
 
 #include "ps/error.h"
+#include "ps/src/log_text.h"
 #include "ps/src/small_file.h"
+#include "ps/src/start_thread.h"
 #include "ps/src/stderr_log.h"
 
 // The cluster flags. Their gflags defaults (-1, "") only mean "not given": then the variable
@@ -395,6 +397,9 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
   // must not kill it with SIGPIPE. Its writes then fail (EPIPE) and are dropped; ZeroMQ's
   // sockets never raise the signal.
   ::signal(SIGPIPE, SIG_IGN);
+  // Nor may a file grown past RLIMIT_FSIZE (ulimit -f) kill it with SIGXFSZ: the write fails
+  // (EFBIG) and is reported like a full disk.
+  ::signal(SIGXFSZ, SIG_IGN);
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   ParseFlags(argc, argv);
@@ -449,6 +454,8 @@ void Die(const std::string& program, const std::string& message) {
   std::exit(1);
 }
 
+void DieOf(const std::string& program, const std::exception& e) { Die(program, ExceptionText(e)); }
+
 SignalWatcher::SignalWatcher(std::function<void(int)> on_signal) {
   sigset_t set;
   sigemptyset(&set);
@@ -456,13 +463,14 @@ SignalWatcher::SignalWatcher(std::function<void(int)> on_signal) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGUSR1);  // our own wake-up at destruction
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  thread_ = std::thread([set, on_signal = std::move(on_signal)] {
-    while (true) {
-      int signal = 0;
-      if (sigwait(&set, &signal) != 0 || signal == SIGUSR1) return;
-      on_signal(signal);
-    }
-  });
+  thread_ =
+      internal::StartThread<std::thread>("the signal", [set, on_signal = std::move(on_signal)] {
+        while (true) {
+          int signal = 0;
+          if (sigwait(&set, &signal) != 0 || signal == SIGUSR1) return;
+          on_signal(signal);
+        }
+      });
 }
 
 SignalWatcher::~SignalWatcher() {

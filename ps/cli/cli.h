@@ -2,6 +2,7 @@
 // What the ps-scheduler and ps-server mains share: the cluster flags, reading flags over the
 // DMLC_* environment into a ClusterConfig, logging set-up, one-line fatal errors, and signals.
 #include <csignal>
+#include <exception>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -52,6 +53,10 @@ ClusterConfig ReadClusterConfig(Role role);
 
 // Prints "PROGRAM: error: MESSAGE" on stderr and exits with status 1.
 [[noreturn]] void Die(const std::string& program, const std::string& message);
+
+// Die for an exception that ended a role's main: ps::Error's text, or what a standard one
+// means for the user (std::bad_alloc: out of memory, and which limits to look at).
+[[noreturn]] void DieOf(const std::string& program, const std::exception& e);
 
 // Calls `on_signal` (on its own thread, never in a signal handler) when SIGINT or SIGTERM
 // arrives. Construct it before any other thread starts, so every thread inherits the mask.

@@ -221,6 +221,7 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
   }
   config.use_ipc = ReadBool(lookup, "PS_USE_IPC", true);
   config.use_shm = ReadBool(lookup, "PS_USE_SHM", true);
+  config.shm_max_segments = ReadInt(lookup, "PS_SHM_MAX_SEGMENTS", 0, 1 << 30, 0);
   config.replication = ReadBool(lookup, "PS_REPLICATION", true);
   config.io_threads = ReadInt(lookup, "PS_IO_THREADS", 1, 16, config.io_threads);
   config.wait_spin = std::chrono::microseconds(

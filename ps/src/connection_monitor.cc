@@ -18,6 +18,7 @@
 #include "ps/error.h"
 #include "ps/src/glog_or_stderr.h"
 #include "ps/src/log_text.h"
+#include "ps/src/start_thread.h"
 
 namespace ps {
 namespace {
@@ -38,6 +39,9 @@ constexpr auto kIdleGrace = std::chrono::milliseconds(500);
 // Events handled per wake-up from one socket, so a flood on the receive socket cannot keep the
 // send sockets' events waiting.
 constexpr int kMaxEventsPerPass = 1024;
+// How often a refused accept is logged past the first ten (ConnectionMonitor's
+// accept_failure_logged_).
+constexpr auto kAcceptFailureLogEvery = std::chrono::seconds(10);
 
 // "1.2.3.4:5678" for a TCP peer, "a local (ipc) peer" for a Unix-domain one.
 std::string PeerName(int fd) {
@@ -129,7 +133,8 @@ ino_t SocketInode(int fd) {
 ConnectionMonitor::ConnectionMonitor(zmq::context_t& context, int verbose,
                                      const ConnectionLimits& limits)
     : context_(context), verbose_(verbose), limits_(limits), wake_("the connection monitor") {
-  thread_ = std::jthread([this](std::stop_token stop) { RunOnMonitorThread(stop); });
+  thread_ = internal::StartThread("the connection monitor",
+                                  [this](std::stop_token stop) { RunOnMonitorThread(stop); });
 }
 
 ConnectionMonitor::~ConnectionMonitor() {
@@ -325,7 +330,9 @@ void ConnectionMonitor::OnReceiverEventOnMonitorThread(const Event& event) {
       ++handshakes_ended_;
       break;
     case ZMQ_EVENT_ACCEPT_FAILED:
-      if (LogOccurrence(++accept_failures_)) {
+      if (const auto now = std::chrono::steady_clock::now();
+          ++accept_failures_ <= 10 || now - accept_failure_logged_ >= kAcceptFailureLogEvery) {
+        accept_failure_logged_ = now;
         PS_LOG(WARNING) << "could not accept a connection (#" << accept_failures_
                         << "): " << std::strerror(static_cast<int>(event.value))
                         << (event.value == EMFILE ? " (this process is out of descriptors: "

@@ -167,6 +167,10 @@ class ConnectionMonitor {
   std::uint64_t accepted_count_ = 0;            // ACCEPTED events so far
   std::uint64_t handshakes_ended_ = 0;          // HANDSHAKE_SUCCEEDED and _FAILED_* so far
   std::uint64_t accept_failures_ = 0;
+  // When the last "could not accept" line was logged: ZeroMQ retries a refused accept at once
+  // and for as long as the connection waits (millions a second), so past the first ten the
+  // line goes out at most every kAcceptFailureLogEvery (connection_monitor.cc), with the count.
+  std::chrono::steady_clock::time_point accept_failure_logged_{};
 
   // Declared last: started once everything above exists, joined before it goes.
   std::jthread thread_;

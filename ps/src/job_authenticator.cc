@@ -10,6 +10,7 @@
 #include "ps/src/curve_keys.h"
 #include "ps/src/glog_or_stderr.h"
 #include "ps/src/log_text.h"
+#include "ps/src/start_thread.h"
 
 namespace ps {
 namespace {
@@ -52,7 +53,8 @@ JobAuthenticator::JobAuthenticator(zmq::context_t& context, Mechanism mechanism,
   } catch (const zmq::error_t& e) {
     throw Error(std::string("cannot start the connection authenticator: ") + e.what());
   }
-  thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
+  thread_ = internal::StartThread("the connection authenticator",
+                                  [this](std::stop_token stop) { Run(stop); });
 }
 
 JobAuthenticator::~JobAuthenticator() {

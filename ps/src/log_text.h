@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -37,6 +39,17 @@ inline std::string PrintableText(std::string_view text, std::size_t max_chars = 
   }
   if (text.size() > max_chars) out += "...";
   return out;
+}
+
+// What an exception that ends a process or a node says: its own text, but for one whose text
+// names no cause a user can act on (std::bad_alloc's "std::bad_alloc").
+inline std::string ExceptionText(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return "out of memory (" + std::string(e.what()) +
+           "): give the process more memory (ulimit -v, its cgroup's memory.max, the "
+           "machine's own), or spread the job's keys over more servers";
+  }
+  return e.what();
 }
 
 }  // namespace ps

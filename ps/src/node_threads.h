@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ps/message.h"
+#include "ps/src/start_thread.h"
 #include "ps/src/zmq_transport.h"
 
 namespace ps {
@@ -18,16 +19,17 @@ namespace ps {
 class PeriodicTask {
  public:
   PeriodicTask(std::chrono::milliseconds period, std::function<void()> task)
-      : thread_([period, task = std::move(task)](std::stop_token stop) {
-          std::mutex mu;
-          std::condition_variable_any wake;
-          std::unique_lock lock(mu);
-          while (true) {
-            wake.wait_for(lock, stop, period, [] { return false; });
-            if (stop.stop_requested()) return;
-            task();
-          }
-        }) {}
+      : thread_(internal::StartThread("the timer",
+                                      [period, task = std::move(task)](std::stop_token stop) {
+                                        std::mutex mu;
+                                        std::condition_variable_any wake;
+                                        std::unique_lock lock(mu);
+                                        while (true) {
+                                          wake.wait_for(lock, stop, period, [] { return false; });
+                                          if (stop.stop_requested()) return;
+                                          task();
+                                        }
+                                      })) {}
 
  private:
   std::jthread thread_;
@@ -40,10 +42,10 @@ class PeriodicTask {
 class ReceiveLoop {
  public:
   ReceiveLoop(ZmqTransport& transport, std::function<void(Message&&)> handler)
-      : thread_([&transport, handler = std::move(handler)] {
+      : thread_(internal::StartThread("the receive", [&transport, handler = std::move(handler)] {
           Message msg;
           while (transport.Recv(msg)) handler(std::move(msg));
-        }) {}
+        })) {}
 
  private:
   std::jthread thread_;

@@ -240,7 +240,8 @@ std::string Runtime::SchedulerProbe(bool* accepted) const {
            "PS_JOB_SECRET and PS_ENCRYPT (the scheduler logs each connection it refuses), and "
            "can the scheduler connect to this node's address " +
            self_.host + ":" + std::to_string(self_.port) +
-           " (DMLC_NODE_HOST or DMLC_INTERFACE choose it)?";
+           " (DMLC_NODE_HOST or DMLC_INTERFACE choose it)? Or is this process starved of CPU "
+           "(a cgroup's quota, an overloaded host), so that the reply waits unread?";
   }
   if (probe.refused) {
     return "connection refused, nothing listens on port " + std::to_string(config_.root_port) +

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <climits>
 #include <cstdlib>
 #include <memory>
+#include <system_error>
 #include <utility>
 
 namespace ps::internal {
@@ -36,18 +39,40 @@ int NonBlockingPipe(int fd) {
 }  // namespace
 
 LogWriter::LogWriter(int fd, std::size_t max_queued_bytes)
-    : fd_(fd),
-      nonblocking_(NonBlockingPipe(fd)),
-      max_queued_bytes_(max_queued_bytes),
-      thread_([this] { Run(); }) {}
+    : fd_(fd), nonblocking_(NonBlockingPipe(fd)), max_queued_bytes_(max_queued_bytes) {
+  MutexLock lock(mu_);
+  StartThread();
+}
 
 LogWriter::~LogWriter() {
+  std::thread thread;
   {
     MutexLock lock(mu_);
     stopping_ = true;
+    thread = std::move(thread_);
   }
   changed_.NotifyAll();
-  thread_.join();  // Run writes what is queued first
+  if (thread.joinable()) thread.join();  // Run writes what is queued first
+}
+
+bool LogWriter::StartThread() {
+  if (thread_.joinable()) return true;
+  // The thread takes no signal, whenever it starts: a program that handles SIGTERM on a thread
+  // of its own blocks it in the threads it starts later, and this one may start first.
+  sigset_t all;
+  sigset_t before;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &before);
+  bool started = true;
+  try {
+    thread_ = std::thread([this] { Run(); });
+  } catch (const std::system_error&) {
+    // Out of threads or of memory for a stack: logging must not throw where the program
+    // reports exactly that trouble. Lines are written by their callers then (Write).
+    started = false;
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  return started;
 }
 
 bool LogWriter::TryWriteNow(std::string_view line) const {
@@ -81,6 +106,12 @@ void LogWriter::Write(std::string_view line, bool important) {
   MutexLock lock(mu_);
   // Written here only when nothing is ahead of it, so the order stays the order of the calls.
   if (queue_.empty() && !writing_ && TryWriteNow(line)) return;
+  if (!StartThread()) {
+    // No thread to hand the line to (none could be started): written here, waiting for the
+    // reader if need be, rather than lost. Nothing is queued without a thread.
+    WriteFully(line);
+    return;
+  }
   const std::size_t bound = important ? kImportantFactor * max_queued_bytes_ : max_queued_bytes_;
   if (queued_bytes_ + line.size() > bound) {
     ++dropped_;
@@ -197,6 +228,9 @@ void SetUpLogging(const char* program) {
     google::SetLogDestination(severity, "");
   }
   google::AddLogSink(ProcessStderrSink());
+  // Its thread starts now, not at the first line, which may be a report of the process
+  // running out of threads or memory.
+  static_cast<void>(ProcessStderrWriter());
 }
 
 }  // namespace ps::internal

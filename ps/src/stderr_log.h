@@ -12,7 +12,8 @@
 // pipe), else when poll says there is room. Otherwise a thread of its own writes it, from a
 // queue of at most kMaxQueuedBytes, beyond which informational lines are dropped and counted
 // (warnings and errors are kept), and a line says how many once the output moves again.
-// Order is kept.
+// Order is kept. Logging never throws: a process that cannot start that thread (out of
+// threads or memory, which is what it may be logging) has its lines written by their callers.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,10 @@ class LogWriter {
 
  private:
   void Run();
+  // Starts Run's thread unless it runs; false when it cannot be started (out of threads, or
+  // of memory for its stack), and then Write writes each line itself. Tried again by each
+  // line that must wait, so a process short of threads for a moment gets its writer later.
+  bool StartThread() PS_REQUIRES(mu_);
   // Writes `line` now if that cannot block; whether it did (or the output is broken).
   bool TryWriteNow(std::string_view line) const;
   void WriteFully(std::string_view text) const;
@@ -71,7 +76,7 @@ class LogWriter {
   std::uint64_t dropped_ PS_GUARDED_BY(mu_) = 0;
   std::uint64_t dropped_unreported_ PS_GUARDED_BY(mu_) = 0;
   bool stopping_ PS_GUARDED_BY(mu_) = false;
-  std::thread thread_;  // Run; started last
+  std::thread thread_ PS_GUARDED_BY(mu_);  // Run; started by the constructor or a later Write
 };
 
 // The process's glog sink: formats lines as glog writes them to stderr and hands them to the

@@ -252,6 +252,13 @@ int ZmqTransport::Bind(const std::string& ip, int port) {
   try {
     receiver_.bind(endpoint);
   } catch (const zmq::error_t& e) {
+    if (e.num() == EADDRINUSE && port == 0) {
+      // Any free port would do: the kernel found none in its ephemeral range.
+      throw Error("no free port on " + ip +
+                  " to listen on: every port of the kernel's ephemeral range "
+                  "(net.ipv4.ip_local_port_range) is taken; end the processes that hold them, or "
+                  "widen the range");
+    }
     if (e.num() == EADDRINUSE) {
       throw Error("port " + std::to_string(port) + " on " + ip +
                   " is already in use: stop the process holding it or choose another port");

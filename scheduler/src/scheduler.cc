@@ -3,6 +3,9 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <string_view>
 #include <tuple>
@@ -135,9 +138,33 @@ Scheduler::Scheduler(const ClusterConfig& config)
   last_seen_.push_back(started_);
   pause_watch_.Start(started_);
   requested_rank_.push_back(0);
-  receiver_ = std::make_unique<ReceiveLoop>(*transport_,
-                                            [this](Message&& msg) { OnMessage(std::move(msg)); });
-  timer_ = std::make_unique<PeriodicTask>(kTickPeriod, [this] { OnTick(); });
+  receiver_ = std::make_unique<ReceiveLoop>(*transport_, [this](Message&& msg) {
+    try {
+      OnMessage(std::move(msg));
+    } catch (const std::exception& e) {
+      FailOn("handling a message", e);
+    }
+  });
+  timer_ = std::make_unique<PeriodicTask>(kTickPeriod, [this] {
+    try {
+      OnTick();
+    } catch (const std::exception& e) {
+      FailOn("checking on the nodes", e);
+    }
+  });
+}
+
+void Scheduler::FailOn(const std::string& doing, const std::exception& e) {
+  const std::string why = "the scheduler failed while " + doing + ": " + ExceptionText(e);
+  try {
+    Stop(why);
+  } catch (const std::exception&) {
+    // Out of memory even for ending the job: the process goes, its connections close, and
+    // every node sees the scheduler gone.
+    std::fprintf(stderr, "ps-scheduler: error: %s\n", why.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
 }
 
 Scheduler::~Scheduler() {

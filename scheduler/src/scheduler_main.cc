@@ -23,18 +23,18 @@ int main(int argc, char** argv) {
     ps::Scheduler* running PS_GUARDED_BY(mu) = nullptr;
     bool ended PS_GUARDED_BY(mu) = false;
   } target;
-  // Started before any other thread so that all of them inherit the blocked signals.
-  ps::cli::SignalWatcher signals([&](int signal) {
-    const std::string why = std::string("the scheduler was stopped by signal ") +
-                            (signal == SIGINT ? "SIGINT" : "SIGTERM");
-    ps::MutexLock lock(target.mu);
-    if (target.running != nullptr) {
-      target.running->Stop(why);
-    } else if (!target.ended) {
-      ps::cli::Die("ps-scheduler", why);
-    }
-  });
   try {
+    // Started before any other thread so that all of them inherit the blocked signals.
+    ps::cli::SignalWatcher signals([&](int signal) {
+      const std::string why = std::string("the scheduler was stopped by signal ") +
+                              (signal == SIGINT ? "SIGINT" : "SIGTERM");
+      ps::MutexLock lock(target.mu);
+      if (target.running != nullptr) {
+        target.running->Stop(why);
+      } else if (!target.ended) {
+        ps::cli::Die("ps-scheduler", why);
+      }
+    });
     const ps::ClusterConfig config = ps::cli::ReadClusterConfig(ps::Role::kScheduler);
     ps::Scheduler scheduler(config);
     {
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ps-scheduler: error: %s\n", scheduler.failure().c_str());
     }
     return status;
-  } catch (const ps::Error& e) {
-    ps::cli::Die("ps-scheduler", e.what());
+  } catch (const std::exception& e) {  // ps::Error, or out of memory or threads at start
+    ps::cli::DieOf("ps-scheduler", e);
   }
 }

@@ -46,6 +46,7 @@
 #include "tests/util/child_process.h"
 #include "tests/util/sanitizer.h"
 #include "tests/util/settings_config.h"
+#include "tests/util/temp_dir.h"
 
 namespace {
 
@@ -147,6 +148,17 @@ std::string ErrorOf(ps::test::KVCluster& cluster, const std::string& what,
   std::vector<ChildProcess*> servers;
   for (auto& server : cluster.servers()) servers.push_back(server.get());
   return ErrorOf(servers, what, std::move(call));
+}
+
+// The error of an Init of `elements` float32 as `key`, which the capped server cannot store
+// ("" when it could); the test's copy of the value is freed before it returns.
+std::string ErrorOfBigInit(ps::test::KVCluster& cluster, ps::KVStore& kv, ps::Key key,
+                           std::size_t elements) {
+  std::vector<float> big(elements, 2.0f);
+  return ErrorOf(cluster, "the big Init", [&] {
+    kv.Init(key, ps::Tensor(big.data(), big.size()));
+    kv.WaitAll();
+  });
 }
 
 // A socket the test holds open until it goes.
@@ -498,12 +510,7 @@ TEST_CASE("faults: a server out of memory answers the request with an error nami
   kv->Init(1, ps::Tensor(small.data(), small.size()));  // the server is serving: its size is set
   CapAddressSpace(cluster.servers()[0]->pid(), kHeadroomKb);
 
-  std::vector<float> big(kBigElements, 2.0f);
-  const std::string error = ErrorOf(cluster, "the big Init", [&] {
-    kv->Init(7, ps::Tensor(big.data(), big.size()));
-    kv->WaitAll();
-  });
-  big = std::vector<float>();
+  const std::string error = ErrorOfBigInit(cluster, *kv, 7, kBigElements);
   CHECK_THAT(error, Catch::Contains("key 7") && Catch::Contains("out of memory") &&
                         Catch::Contains(std::to_string(kBigElements * sizeof(float)) + " bytes"));
   // An update out of memory: a 256 MiB key fits with its Init frame, but not its push's frame
@@ -537,6 +544,65 @@ TEST_CASE("faults: a server out of memory answers the request with an error nami
   kv->Pull(1, ps::Tensor(out.data(), out.size()));
   kv->WaitAll();
   CHECK(out[0] < 1.0f);  // Adam moved it down from 1
+  kv.reset();
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("faults: a server out of memory for anything more still logs and answers", "[faults]") {
+  if (!CanCapAddressSpace()) return;
+  // The server may map the 256 MiB frame of the Init and 3 MiB more: neither the value it
+  // would copy the frame into, nor a thread's 8 MiB stack. Its warning is its first line
+  // (PS_VERBOSE=0), so the thread that writes its log lines must already run: one started for
+  // that line cannot be, and used to end the server (std::system_error from the log call).
+  constexpr std::size_t kBigElements = std::size_t{64} << 20;  // 256 MiB of float32
+  constexpr long kHeadroomKb = (256 + 3) << 10;
+  ps::test::KVCluster cluster(1, 1,
+                              {{"MXNET_KVSTORE_BIGARRAY_BOUND", "300000000"}, {"PS_USE_SHM", "0"}});
+  auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig());
+  std::vector<float> small(1000, 1.0f);
+  kv->Init(1, ps::Tensor(small.data(), small.size()));
+  CapAddressSpace(cluster.servers()[0]->pid(), kHeadroomKb);
+
+  const std::string error = ErrorOfBigInit(cluster, *kv, 7, kBigElements);
+  CHECK_THAT(error, Catch::Contains("key 7") && Catch::Contains("out of memory"));
+  std::vector<float> out(small.size(), 0.0f);
+  kv->Pull(1, ps::Tensor(out.data(), out.size()));
+  kv->WaitAll();
+  CHECK(out[0] == 1.0f);  // still serving
+  kv.reset();
+  CHECK(cluster.EndedCleanly());
+  CHECK_THAT(cluster.servers()[0]->Output(),
+             Catch::Contains("key 7: out of memory") && !Catch::Contains("terminate called"));
+}
+
+TEST_CASE("faults: a checkpoint a server has no memory for fails, the job goes on", "[faults]") {
+  if (!CanCapAddressSpace()) return;
+  // A save copies the 128 MiB value before writing it, a load reads the file whole: with
+  // 64 MiB to spare the server can do neither. Each fails on the worker naming the memory,
+  // nothing changes, and the server serves on (it used to end the job: std::bad_alloc).
+  constexpr std::size_t kElements = std::size_t{32} << 20;  // 128 MiB of float32
+  ps::test::TempDir dir;
+  ps::test::KVCluster cluster(1, 1,
+                              {{"MXNET_KVSTORE_BIGARRAY_BOUND", "300000000"}, {"PS_USE_SHM", "0"}});
+  auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig());
+  std::vector<float> value(kElements, 2.0f);
+  kv->Init(3, ps::Tensor(value.data(), value.size()));
+  kv->SaveCheckpoint(dir.file("before"));
+  CapAddressSpace(cluster.servers()[0]->pid(), 64 << 10);
+
+  const std::string save_error =
+      ErrorOf(cluster, "the save", [&] { kv->SaveCheckpoint(dir.file("after")); });
+  CHECK_THAT(save_error, Catch::Contains("out of memory while saving checkpoint file") &&
+                             Catch::Contains("nothing was written"));
+  const std::string load_error =
+      ErrorOf(cluster, "the load", [&] { kv->LoadCheckpoint(dir.file("before")); });
+  CHECK_THAT(load_error, Catch::Contains("out of memory while loading checkpoint") &&
+                             Catch::Contains("nothing was changed"));
+  std::fill(value.begin(), value.end(), 0.0f);
+  kv->Pull(3, ps::Tensor(value.data(), value.size()));
+  kv->WaitAll();
+  CHECK(value.front() == 2.0f);
+  CHECK(value.back() == 2.0f);
   kv.reset();
   CHECK(cluster.EndedCleanly());
 }

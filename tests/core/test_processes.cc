@@ -427,6 +427,92 @@ TEST_CASE("processes: a port in use is a one-line error naming the port", "[proc
   CHECK_THAT(first->Output(), Catch::Contains("stopped by signal SIGTERM"));
 }
 
+// RLIMIT_FSIZE (ulimit -f) counts the shared-memory segments and the checkpoint files: a file
+// grown past it used to kill the process with SIGXFSZ. Now a worker's 12 MB key travels over
+// the socket, and a checkpoint past the server's limit fails naming it, leaving no file.
+TEST_CASE("processes: a file-size limit is an error naming it, never SIGXFSZ",
+          "[processes][fault]") {
+  const std::string limited = "ulimit -f 1024 && exec \"$0\" \"$@\"";  // 1 MiB
+  const std::vector<std::string> check_args = {"--rounds", "4", "--big-size", "3000000"};
+  SECTION("a worker's shared memory") {
+    auto [scheduler, port] = StartScheduler(1, 1);
+    const Env env = JobEnv(1, 1, port);
+    auto server = Start("ps-server", env);
+    std::vector<std::string> args = {"/bin/bash", "-c", limited,
+                                     ps::test::BinPath("ps-kvstore-check")};
+    args.insert(args.end(), check_args.begin(), check_args.end());
+    ChildProcess worker(args, env);
+    CHECK(worker.Wait(60s) == 0);
+    CHECK_THAT(worker.Output(),
+               Catch::Contains("travel over the socket, not shared memory") &&
+                   Catch::Contains("past this process's file-size limit (ulimit -f: 1048576 "
+                                   "bytes)") &&
+                   Catch::Contains("kvstore-check: ok rank=0"));
+    CHECK(server->Wait(30s) == 0);
+    CHECK(scheduler->Wait(30s) == 0);
+  }
+  SECTION("a server's checkpoint") {
+    char pattern[] = "/tmp/ps-fsize-XXXXXX";
+    REQUIRE(::mkdtemp(pattern) != nullptr);
+    const std::string dir = pattern;
+    auto [scheduler, port] = StartScheduler(1, 1);
+    const Env env = JobEnv(1, 1, port);
+    ChildProcess server({"/bin/bash", "-c", limited, ps::test::BinPath("ps-server")}, env);
+    std::vector<std::string> args = check_args;
+    args.insert(args.end(), {"--collectives-every", "2", "--checkpoint-dir", dir + "/ck"});
+    auto worker = Start("ps-kvstore-check", env, args);
+    CHECK(worker->Wait(60s) == 1);
+    CHECK_THAT(worker->Output(),
+               Catch::Contains("SaveCheckpoint failed on every worker") &&
+                   Catch::Contains("server 0: checkpoint file " + dir + "/ck") &&
+                   Catch::Contains("past this process's file-size limit (ulimit -f"));
+    CHECK_THAT(server.Output(), !Catch::Contains("File size limit exceeded"));
+    // Nothing of the failed save is left: its temporary file went with it.
+    std::vector<std::string> left;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+      if (entry.is_regular_file()) left.push_back(entry.path().string());
+    }
+    CHECK(left.empty());
+    std::filesystem::remove_all(dir);
+    server.Kill(SIGTERM);
+    scheduler->Kill(SIGTERM);
+  }
+}
+
+// A node listens on a port the kernel picks from its ephemeral range; with every one of them
+// taken, "port 0 is already in use" would send the user after a process that does not exist.
+// The range is made small and held in a network namespace of the test's own (root, unshare).
+TEST_CASE("processes: no free ephemeral port is named as such, not as port 0 in use",
+          "[processes][fault]") {
+  if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/unshare")) {
+    WARN("skipped: needs root and unshare(1) for a network namespace of its own");
+    return;
+  }
+  const std::string hold_range_then_run = R"(
+import os, socket, subprocess, sys
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+with open("/proc/sys/net/ipv4/ip_local_port_range", "w") as f:
+    f.write("40000 40009")
+held = []
+for port in range(40000, 40010):
+    s = socket.socket()
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    held.append(s)
+sys.exit(subprocess.run([sys.argv[1]]).returncode)
+)";
+  Env env = JobEnv(1, 1, 9);  // never reached: the node fails at its own listener
+  env["DMLC_ROLE"] = "server";
+  env["PS_USE_IPC"] = "0";
+  ChildProcess server({"/usr/bin/unshare", "--net", "python3", "-c", hold_range_then_run,
+                       ps::test::BinPath("ps-server")},
+                      env);
+  CHECK(server.Wait(30s) == 1);
+  CHECK_THAT(server.Output(),
+             Catch::Contains("ps-server: error: no free port on 127.0.0.1 to listen on") &&
+                 Catch::Contains("net.ipv4.ip_local_port_range") && !Catch::Contains("port 0 on"));
+}
+
 TEST_CASE("processes: an unreachable scheduler fails registration within the timeout",
           "[processes][fault]") {
   const int port = ps::test::FindFreePort();

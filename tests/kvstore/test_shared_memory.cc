@@ -173,6 +173,52 @@ TEST_CASE("shared memory: a server that cannot map the worker's memory gets fram
   CHECK_FALSE(AnyServerAttached(cluster));
 }
 
+// A worker makes one segment per server at each Init call, and the server maps each: past
+// vm.max_map_count every mmap of the process fails, its allocations included. Each node maps at
+// most PS_SHM_MAX_SEGMENTS (default: a quarter of vm.max_map_count); past it, values travel as
+// frames and stay exact.
+TEST_CASE("shared memory: a node past its most segments sends the rest as frames, exact",
+          "[dist][shm]") {
+  constexpr int kKeys = 6;
+  constexpr std::size_t kElements = 20000;  // 80 KB: a slot each
+  // Which node's limit is 3, the other's 1000.
+  const bool server_limited = GENERATE(true, false);
+  Env env = ShmEnv("1");
+  env["PS_SHM_MAX_SEGMENTS"] = server_limited ? "3" : "1000";
+  KVCluster cluster(1, 1, env);
+  ps::ClusterConfig config = cluster.WorkerConfig();
+  config.shm_max_segments = server_limited ? 1000 : 3;
+  {
+    auto kv = ps::KVStore::Create("dist_sync", config);
+    std::vector<std::vector<float>> values(kKeys, std::vector<float>(kElements, 1.0f));
+    for (int k = 0; k < kKeys; ++k) {  // one Init call per key: one segment each
+      kv->Init(static_cast<ps::Key>(k), ps::Tensor(values[k].data(), kElements));
+    }
+    std::vector<float> grad(kElements, 2.0f);
+    for (int k = 0; k < kKeys; ++k) {
+      kv->PushPull(static_cast<ps::Key>(k), ps::Tensor(grad.data(), kElements),
+                   ps::Tensor(values[k].data(), kElements));
+    }
+    kv->WaitAll();
+    for (int k = 0; k < kKeys; ++k) {
+      INFO("key " << k);
+      CHECK(values[k] == std::vector<float>(kElements, 2.0f));  // the round's sum: one push
+    }
+  }
+  CHECK(cluster.EndedCleanly());
+  const std::string log = cluster.servers()[0]->Output();
+  std::size_t attached = 0;
+  for (std::size_t at = log.find(kAttached); at != std::string::npos;
+       at = log.find(kAttached, at + 1)) {
+    ++attached;
+  }
+  CHECK(attached == 3);
+  if (server_limited) {
+    CHECK_THAT(log, Catch::Contains("server 0 maps 3 shared-memory segments, its most "
+                                    "(PS_SHM_MAX_SEGMENTS)"));
+  }
+}
+
 TEST_CASE("shared memory: a segment attaches only to the memfd and token announced", "[shm]") {
   const auto created = ps::SharedSegment::Create(1 << 16);
   const ps::SharedSegment::Descriptor where = created->descriptor();

@@ -68,6 +68,11 @@ struct ClusterConfig {
   // PS_USE_SHM: same-host workers and servers exchange KVStore values of at least
   // kShmMinBytes through shared memory, with only the control messages on the socket.
   bool use_shm = true;
+  // PS_SHM_MAX_SEGMENTS: the most shared-memory segments a node maps (0: a quarter of the
+  // kernel's vm.max_map_count). A worker makes one per server at each Init call, and a server
+  // maps each worker's: past the kernel's limit on a process's mappings every mmap fails, its
+  // memory allocations included. Past this one, further values travel over the socket.
+  int shm_max_segments = 0;
   // PS_TCP_RCVBUF: SO_RCVBUF of every TCP connection this node receives on, in bytes, which caps
   // each sender's window into it (0: the kernel's autotuning). Many flows into one link (every
   // worker pushing to one server) overflow a shallow switch queue, and a flow that loses a

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -113,6 +114,9 @@ class Scheduler {
   void OnNodeFailed(const Meta& meta) PS_REQUIRES(mu_);
   void OnWorkerDone(const Meta& meta) PS_REQUIRES(mu_);
   void OnTick();  // timer thread
+  // A handler that threw (out of memory): the job ends naming it, where the exception would
+  // end the process through std::terminate and leave the nodes to find out one timeout later.
+  void FailOn(const std::string& doing, const std::exception& e);
   // OnTick's steps. Ends a job that did not fill up within PS_REGISTER_TIMEOUT, naming the
   // missing nodes.
   void EndUnfilledRegistration() PS_REQUIRES(mu_);
