@@ -1176,7 +1176,10 @@ bool Scheduler::EndJobOverUnreachablePeers(Clock::time_point now) {
                        : "its connection to it closed and has stayed closed for " + closed) +
                   ", while " + to.Describe() + " still answers the scheduler: " + path +
                   (report.never_connected
-                       ? " does not let them connect (a firewall rule or a route)"
+                       ? " does not let them connect (a firewall rule or a route), or " +
+                             to.Describe() +
+                             " accepts no connection (out of descriptors: its log says "
+                             "'could not accept a connection')"
                        : " drops their traffic (a firewall rule, a route or a link down)") +
                   "; let every host of the job reach every other on the ports its nodes listen "
                   "on");
