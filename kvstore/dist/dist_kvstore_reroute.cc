@@ -209,7 +209,8 @@ void DistKVStore::OnReroutedReply(const std::shared_ptr<Rerouted>& state, const 
     }
     if (served) {
       error += "; sent " + std::to_string(again.resets) +
-               " times, its connection reset every time (a server that cannot take the "
+               " times, its connection reset every time (a network that loses big packets, "
+               "such as a link of a smaller MTU on the way, or a server that cannot take the "
                "request, without the memory for its frames, drops the connection)";
     }
   }

@@ -428,8 +428,10 @@ void KVServerStore::OnServerReset(const NodeInfo& peer) {
     runtime_.Fail("server " + std::to_string(runtime_.rank()) + ": the connection to its replica " +
                   peer.Describe() + " was reset " + std::to_string(kMaxReplicaResets + 1) +
                   " times while an update of key " + std::to_string(id.first) +
-                  " was on its way (a replica without the memory for its frames drops the "
-                  "connection; give the servers more memory, or set PS_REPLICATION=0)");
+                  " was on its way (a network that loses big packets, such as a link of a "
+                  "smaller MTU on the way, or a replica without the memory for its frames drops "
+                  "the connection; check the path between the two hosts and the servers' memory, "
+                  "or set PS_REPLICATION=0)");
     return;
   }
   const std::size_t copied = CopySlicesTo(peer.id, updates_on_their_way);
