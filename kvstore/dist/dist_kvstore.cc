@@ -56,6 +56,7 @@ DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
       replicated_(runtime_->config().replicated()),
       layout_(runtime_->num_servers(), runtime_->config().big_array_bound,
               runtime_->config().chunk_bytes, runtime_->config().server_weights),
+      segment_limit_(runtime_->config().shm_max_segments),
       ring_(runtime_->num_servers(), replicated_, runtime_->config().server_weights) {
   for (int s = 0; s < runtime_->num_servers(); ++s) {
     shm_servers_.push_back(runtime_->config().use_shm && runtime_->SameHost(runtime_->ServerId(s)));
@@ -220,9 +221,8 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
     for (const Wanted& w : slices) sizes.push_back(w.bytes);
     const int node = runtime_->ServerId(server);
     // Past its most segments the worker makes no more: they would also count against the
-    // server's (SharedSegment::Budget).
-    std::string error = SharedSegment::Budget(shm_.mapped(), runtime_->config().shm_max_segments,
-                                              "worker " + std::to_string(Rank()));
+    // server's.
+    std::string error = segment_limit_.Exceeded(shm_.mapped(), "worker " + std::to_string(Rank()));
     ShmSlots::NewSegment segment;
     try {
       if (error.empty()) segment = shm_.Create(sizes);

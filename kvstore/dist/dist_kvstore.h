@@ -437,6 +437,7 @@ class DistKVStore final : public KVStore {
   const bool sync_;
   const bool replicated_;  // ClusterConfig::replicated()
   const KeyLayout layout_;
+  const SegmentLimit segment_limit_;  // PS_SHM_MAX_SEGMENTS: the most segments shm_ maps
   // Held while push numbers are given out and their messages sent, so that a slice's pushes
   // leave in the order of their numbers.
   Mutex seq_mu_;

@@ -70,7 +70,8 @@ std::string OutOfMemory(Key key, std::size_t bytes, const std::string& what) {
 KVServerStore::KVServerStore(Runtime& runtime)
     : runtime_(runtime),
       num_workers_(runtime.num_workers()),
-      ring_(runtime.num_servers(), runtime.config().replicated(), runtime.config().server_weights) {
+      ring_(runtime.num_servers(), runtime.config().replicated(), runtime.config().server_weights),
+      segment_limit_(runtime.config().shm_max_segments) {
   const int replica = ring_.ReplicaOf(runtime.rank());
   if (replica >= 0) replica_node_ = runtime.ServerId(replica);
 }
@@ -180,17 +181,15 @@ std::string KVServerStore::ResolveShm(int sender, const kv::Request& request,
   return "";
 }
 
-std::size_t KVServerStore::MappedSegments() const {
+std::string KVServerStore::SegmentsFull() const {
   std::size_t mapped = segments_.size();
   for (const auto& [node, slots] : replica_shm_) mapped += slots.mapped();
-  return mapped;
+  return segment_limit_.Exceeded(mapped, "server " + std::to_string(runtime_.rank()));
 }
 
 void KVServerStore::HandleShmAttach(const Meta& meta, const kv::Request& request) {
   const std::string server = "server " + std::to_string(runtime_.rank());
-  if (const std::string full =
-          SharedSegment::Budget(MappedSegments(), runtime_.config().shm_max_segments, server);
-      !full.empty()) {
+  if (const std::string full = SegmentsFull(); !full.empty()) {
     const std::string refusal =
         "will not map the shared memory of " + runtime_.Describe(meta.sender) + ": " + full;
     if (LogOccurrence(++refused_segments_)) LOG(WARNING) << server << ": " << refusal;

@@ -271,9 +271,9 @@ class KVServerStore {
   // progress, else which one does.
   std::string RoundInProgress() const;
   void HandleShmAttach(const Meta& meta, const kv::Request& request);
-  // Shared-memory segments this server maps: the peers' it attached, and its own for its
-  // replicas (SharedSegment::Budget bounds them).
-  std::size_t MappedSegments() const;
+  // Why this server maps no more shared-memory segments ("" when it may): the peers' it
+  // attached and its own for its replicas count against its SegmentLimit.
+  std::string SegmentsFull() const;
   // Points the shared-memory slices of a request into the sender's segment: their frames
   // become views of it and `shm` (one entry per slice) says where replies go. "" or why not.
   std::string ResolveShm(int sender, const kv::Request& request, std::vector<Blob>& data,
@@ -512,6 +512,7 @@ class KVServerStore {
   // (worker node id, segment id) -> the worker's attached shared memory.
   std::map<std::pair<int, std::uint32_t>, std::shared_ptr<SharedSegment>> segments_;
   std::uint64_t refused_segments_ = 0;  // attaches refused past the most segments (logged)
+  const SegmentLimit segment_limit_;    // PS_SHM_MAX_SEGMENTS
   // (primary, worker) node ids whose forwarded updates this replica read from the worker's
   // slots: logged once each (PS_VERBOSE 1).
   std::set<std::pair<int, int>> slot_forwards_seen_;

@@ -103,12 +103,7 @@ void KVServerStore::AttachReplicaSlots(const std::vector<SliceId>& ids, int to) 
   if (wanted.empty()) return;
   ShmSlots::NewSegment segment;
   try {
-    const std::string server = "server " + std::to_string(runtime_.rank());
-    if (std::string full =
-            SharedSegment::Budget(MappedSegments(), runtime_.config().shm_max_segments, server);
-        !full.empty()) {
-      throw Error(full);
-    }
+    if (std::string full = SegmentsFull(); !full.empty()) throw Error(full);
     segment = replica_shm_[to].Create(sizes);
   } catch (const Error& e) {
     LOG(WARNING) << "server " << runtime_.rank() << ": updates for " << runtime_.Describe(to)

@@ -60,22 +60,24 @@ void SharedSegment::CloseFd() {
   fd_ = -1;
 }
 
-std::size_t SharedSegment::MaxSegments(int configured) {
-  if (configured > 0) return static_cast<std::size_t>(configured);
+SegmentLimit::SegmentLimit(int configured) : configured_(configured > 0) {
+  if (configured_) {
+    most_ = static_cast<std::size_t>(configured);
+    return;
+  }
   std::size_t max_map_count = 65530;  // Linux's default
   if (std::FILE* file = std::fopen("/proc/sys/vm/max_map_count", "r")) {
     unsigned long long value = 0;
     if (std::fscanf(file, "%llu", &value) == 1 && value > 0) max_map_count = value;
     std::fclose(file);
   }
-  return std::max<std::size_t>(1, max_map_count / 4);
+  most_ = std::max<std::size_t>(1, max_map_count / 4);
 }
 
-std::string SharedSegment::Budget(std::size_t mapped, int configured, const std::string& who) {
-  const std::size_t most = MaxSegments(configured);
-  if (mapped < most) return "";
+std::string SegmentLimit::Exceeded(std::size_t mapped, const std::string& who) const {
+  if (mapped < most_) return "";
   return who + " maps " + std::to_string(mapped) + " shared-memory segments, its most (" +
-         (configured > 0 ? "PS_SHM_MAX_SEGMENTS" : "a quarter of the kernel's vm.max_map_count") +
+         (configured_ ? "PS_SHM_MAX_SEGMENTS" : "a quarter of the kernel's vm.max_map_count") +
          "): each Init call makes one per server, so Init the keys in few calls (one call "
          "with a list of keys makes one segment), or raise PS_SHM_MAX_SEGMENTS and "
          "vm.max_map_count";

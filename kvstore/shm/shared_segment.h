@@ -14,6 +14,20 @@
 
 namespace ps {
 
+// The most segments a process maps: PS_SHM_MAX_SEGMENTS, or when 0 a quarter of the kernel's
+// limit on a process's memory mappings (vm.max_map_count), the rest left for the process's own
+// memory. Resolved once per store (it reads /proc), then asked at each new segment.
+class SegmentLimit {
+ public:
+  explicit SegmentLimit(int configured);
+  // Why a process that maps `mapped` segments may map no more ("" when it may), for `who`.
+  std::string Exceeded(std::size_t mapped, const std::string& who) const;
+
+ private:
+  bool configured_;
+  std::size_t most_;
+};
+
 class SharedSegment {
  public:
   // Where another process finds the segment.
@@ -36,13 +50,6 @@ class SharedSegment {
   ~SharedSegment();
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
-
-  // The most segments a process maps: `configured` (PS_SHM_MAX_SEGMENTS), or when 0 a quarter
-  // of the kernel's limit on a process's memory mappings (vm.max_map_count), the rest left for
-  // the process's own memory.
-  static std::size_t MaxSegments(int configured);
-  // Why a process that maps `mapped` segments may map no more ("" when it may), for `who`.
-  static std::string Budget(std::size_t mapped, int configured, const std::string& who);
 
   // Closes the creator's file descriptor once every peer has attached; the mapping stays.
   void CloseFd();
