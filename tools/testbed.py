@@ -1204,14 +1204,30 @@ for _ in range(int(sys.argv[2])):
     b = c.recv(1)
     if not b: break
     c.sendall(b)
-buf = bytearray(1 << 20); total = 0; t0 = None
+# Bytes that arrive in the `secs` from the first one: however slow the link, the window ends
+# on time (what the sender's buffers still hold is not waited for).
+secs = float(sys.argv[3])
+# A slow link's packets come in lumps (64 KiB GSO packets pass whole): the window is the
+# whole `secs` unless the sender ends first.
+buf = bytearray(1 << 20); total = 0; t0 = None; seconds = 0.0
 while True:
-    k = c.recv_into(buf)
-    if not k: break
+    if t0 is not None:
+        left = t0 + secs - time.monotonic()
+        if left <= 0:
+            seconds = secs
+            break
+        c.settimeout(left)
+    try:
+        k = c.recv_into(buf)
+    except TimeoutError:
+        seconds = secs if t0 is not None else 0.0
+        break
+    if not k:
+        seconds = time.monotonic() - t0 if t0 is not None else 0.0
+        break
     if t0 is None: t0 = time.monotonic()
     total += k
-t1 = time.monotonic()
-print(json.dumps({"bytes": total, "seconds": (t1 - t0) if t0 else 0.0}), flush=True)
+print(json.dumps({"bytes": total, "seconds": seconds}), flush=True)
 """
 
 MEASURE_SEND = r"""
@@ -1225,17 +1241,22 @@ for _ in range(pings):
     t = time.monotonic(); c.sendall(b"x"); c.recv(1); rtts.append(time.monotonic() - t)
 c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
 time.sleep(min(5.0, max(0.0, start_at - time.time())))
+# Sends for `secs`, each send bounded by the time left: a slow link takes what it can.
 buf = b"\0" * (1 << 20); end = time.monotonic() + secs
-while time.monotonic() < end:
-    c.sendall(buf)
-c.shutdown(socket.SHUT_WR); c.recv(1); c.close()
+try:
+    while (left := end - time.monotonic()) > 0:
+        c.settimeout(left)
+        c.send(buf)
+except (TimeoutError, ConnectionError):
+    pass  # the time is up, or the receiver's window ended and it closed
+c.close()
 print(json.dumps({"rtts": rtts}), flush=True)
 """
 
 
 def start_pair(bed, src, dst, pings, seconds, start_at):
     recv = subprocess.Popen(["ip", "netns", "exec", dst["ns"], sys.executable, "-c",
-                             MEASURE_RECV, dst["addr"], str(pings)],
+                             MEASURE_RECV, dst["addr"], str(pings), str(seconds)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     ready, _, _ = select.select([recv.stdout], [], [], 30)

@@ -141,6 +141,12 @@ class BedLifecycle(unittest.TestCase):
         self.assertLess(up, 1.05 * 100)
         info = json.loads(bed.tool("info", bed.id, "--json").stdout)
         self.assertEqual(info["hosts"][2]["rate_bit"], 100 * 10**6)
+        # a link far slower than the transfer's 1 MiB sends still gives a figure in its window
+        # (a 64 KiB lump of HTB's burst passes at once, so a short window reads high)
+        bed.tool("shape", bed.id, "h2", "--rate", "100kbit")
+        slow = self.measure(bed, "h0", "h2", seconds=2)[("h0", "h2")]
+        self.assertGreater(slow, 0.05, slow)
+        self.assertLess(slow, 2, slow)
 
     def test_delay(self):
         method = testbed.delay_method()
