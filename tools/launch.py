@@ -1460,7 +1460,8 @@ class Launch:
         - every process on a remote host failed with ssh's 255 (its processes were killed,
           the host went down, or sshd died): the host is named;
         - the scheduler declared a node dead (no heartbeat) whose process, as far as the
-          launcher sees, still runs: its host or the network to it is down.
+          launcher sees, still runs: its host or the network to it is down or too lossy or
+          slow, or, when its host acknowledged the scheduler's messages, the process is stuck.
         Returns whether it named one."""
         remote = [p for p in self.procs if p.spec.host is not None]
         lost = []
@@ -1515,9 +1516,16 @@ class Launch:
                                 "too busy for it to answer)"))
                     named = True
                     continue
+                # The scheduler says whether the node's host acknowledged its last message
+                # (ps/src/link_state.cc): then the network reaches it and the process is stuck.
+                if "its host acknowledges what the scheduler sends it" in line:
+                    why = (f"{addr} acknowledges the scheduler's messages, so the process "
+                           "there is stopped (SIGSTOP), hung or starved of CPU")
+                else:
+                    why = (f"{addr} or the network to it is down, or the network drops or "
+                           "queues its packets for longer than PS_HEARTBEAT_TIMEOUT")
                 self.say(f"{role} {rank} at {addr} was declared dead by the scheduler, but "
-                         "its process has not exited as far as the launcher sees: "
-                         f"{addr} or the network to it is down")
+                         f"its process has not exited as far as the launcher sees: {why}")
                 named = True
         return named
 

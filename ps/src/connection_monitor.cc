@@ -29,8 +29,10 @@ constexpr int kReceiverEvents =
     ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_ACCEPT_FAILED | ZMQ_EVENT_DISCONNECTED |
     ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-// What a send socket's monitor reports: its connection up (handshake done) and down.
-constexpr int kPeerEvents = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED;
+// What a send socket's monitor reports: its connection opened (with its descriptor), up
+// (handshake done) and down.
+constexpr int kPeerEvents =
+    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED;
 // A ZeroMQ peer sends its 64-byte greeting within a round trip of connecting, and no message
 // before it: a connection that has sent less is still in the handshake for certain, and one
 // that has sent less for this long is not a peer slow to greet. It goes first when one must.
@@ -222,7 +224,8 @@ void ConnectionMonitor::Wake() { wake_.Wake(); }
 
 void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
   std::vector<zmq_pollitem_t> items;
-  std::vector<PeerWatch*> polled;  // polled[i] is items[first_peer + i]
+  // polled[i], a watch id and its watch, is items[first_peer + i]
+  std::vector<std::pair<std::uint64_t, PeerWatch*>> polled;
   std::vector<Notice> notices;
   Event event;
   while (!stop.stop_requested()) {
@@ -236,7 +239,7 @@ void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
     const std::size_t first_peer = items.size();
     for (auto& [watch, peer] : peers_) {
       items.push_back(zmq_pollitem_t{peer.events.handle(), 0, ZMQ_POLLIN, 0});
-      polled.push_back(&peer);
+      polled.emplace_back(watch, &peer);
     }
     if (zmq_poll(items.data(), static_cast<int>(items.size()), -1) < 0) {
       // ETERM: the transport shut down (no event blocks anyone then); the sockets close when
@@ -257,9 +260,9 @@ void ConnectionMonitor::RunOnMonitorThread(std::stop_token stop) {
     notices.clear();
     for (std::size_t i = 0; i < polled.size(); ++i) {
       if (!(items[first_peer + i].revents & ZMQ_POLLIN)) continue;
-      for (int n = 0; n < kMaxEventsPerPass && ReadEventOnMonitorThread(polled[i]->events, event);
-           ++n) {
-        OnPeerEventOnMonitorThread(*polled[i], event, notices);
+      auto& [id, peer] = polled[i];
+      for (int n = 0; n < kMaxEventsPerPass && ReadEventOnMonitorThread(peer->events, event); ++n) {
+        OnPeerEventOnMonitorThread(id, *peer, event, notices);
       }
     }
     NotifyOnMonitorThread(notices);
@@ -272,7 +275,12 @@ void ConnectionMonitor::AdoptChangesOnMonitorThread() {
   for (zmq::socket_t& events : new_receiver_) receiver_events_ = std::move(events);
   new_receiver_.clear();
   peers_.merge(new_peers_);
-  for (std::uint64_t watch : removed_) peers_.erase(watch);
+  for (std::uint64_t watch : removed_) {
+    if (const auto it = peers_.find(watch); it != peers_.end()) {
+      ForgetLink(it->second.node_id, watch);
+      peers_.erase(it);
+    }
+  }
   removed_.clear();
 }
 
@@ -433,8 +441,18 @@ void ConnectionMonitor::PruneOnMonitorThread() {
                 [](const auto& entry) { return SocketInode(entry.first) != entry.second.inode; });
 }
 
-void ConnectionMonitor::OnPeerEventOnMonitorThread(PeerWatch& watch, const Event& event,
+void ConnectionMonitor::OnPeerEventOnMonitorThread(std::uint64_t id, PeerWatch& watch,
+                                                   const Event& event,
                                                    std::vector<Notice>& notices) {
+  if (event.type == ZMQ_EVENT_CONNECTED) {
+    const int fd = static_cast<int>(event.value);
+    if (const ino_t inode = SocketInode(fd); inode != 0) {
+      MutexLock lock(links_mu_);
+      links_[watch.node_id] = Link{id, fd, inode};
+    }
+    return;
+  }
+  if (event.type == ZMQ_EVENT_DISCONNECTED) ForgetLink(watch.node_id, id);
   if (event.type == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !watch.connected) {
     watch.connected = true;
     notices.push_back(Notice{watch.node_id, true});
@@ -446,6 +464,22 @@ void ConnectionMonitor::OnPeerEventOnMonitorThread(PeerWatch& watch, const Event
                    << " closed";
     }
   }
+}
+
+void ConnectionMonitor::ForgetLink(int node_id, std::uint64_t id) {
+  MutexLock lock(links_mu_);
+  if (const auto it = links_.find(node_id); it != links_.end() && it->second.watch == id) {
+    links_.erase(it);
+  }
+}
+
+std::optional<LinkState> ConnectionMonitor::LinkTo(int node_id) const {
+  MutexLock lock(links_mu_);
+  const auto it = links_.find(node_id);
+  // ZeroMQ may have closed the descriptor, and reused its number, before its DISCONNECTED
+  // event is read: the inode tells.
+  if (it == links_.end() || SocketInode(it->second.fd) != it->second.inode) return std::nullopt;
+  return ReadLinkState(it->second.fd);
 }
 
 void ConnectionMonitor::NotifyOnMonitorThread(const std::vector<Notice>& notices) {

@@ -21,7 +21,9 @@
 //
 // Send sockets: with a watcher set, WatchPeer() follows a send socket's connection to a node
 // and reports when it closes (ZMQ_EVENT_DISCONNECTED: the peer process exited or was killed,
-// its kernel closed the socket) and when a new one completes its handshake.
+// its kernel closed the socket) and when a new one completes its handshake. It also keeps the
+// descriptor of that connection (ZMQ_EVENT_CONNECTED carries it), so that LinkTo() can read
+// what TCP knows of the path to the node (link_state.h).
 //
 // Threads: the monitor thread (the *OnMonitorThread methods) owns the PAIR sockets that read
 // the events and the table of accepted connections. The public methods may be called from any
@@ -39,6 +41,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -48,6 +51,7 @@
 #include <zmq.hpp>
 
 #include "ps/mutex.h"
+#include "ps/src/link_state.h"
 #include "ps/src/wake_fd.h"
 #include "ps/thread_annotations.h"
 
@@ -86,6 +90,10 @@ class ConnectionMonitor {
   // for a call in progress to return: never call it holding a lock the watcher takes.
   void SetPeerWatcher(PeerWatcher watcher);
 
+  // What TCP knows of the path to `node_id`, from the watched send socket's connection to it;
+  // nullopt when there is none (not watched, not connected, or over ipc). Any thread.
+  std::optional<LinkState> LinkTo(int node_id) const;
+
   // Connections dropped so far to keep within the limits.
   std::uint64_t dropped_connections() const { return dropped_.load(); }
   // Accepted connections whose security handshake failed because the peer speaks another
@@ -118,6 +126,12 @@ class ConnectionMonitor {
     int node_id;
     bool connected;
   };
+  // A watched send socket's open TCP connection.
+  struct Link {
+    std::uint64_t watch = 0;
+    int fd = -1;      // ZeroMQ's: read, never closed or written here
+    ino_t inode = 0;  // of its socket: tells a reused descriptor number apart
+  };
 
   // A PAIR socket that receives `socket`'s events (`mask`); throws zmq::error_t.
   zmq::socket_t OpenEvents(zmq::socket_t& socket, int mask);
@@ -137,8 +151,10 @@ class ConnectionMonitor {
   void DropOnMonitorThread(int fd, const std::string& why);
   // Forgets connections whose descriptor no longer holds the socket that was accepted.
   void PruneOnMonitorThread();
-  void OnPeerEventOnMonitorThread(PeerWatch& watch, const Event& event,
+  void OnPeerEventOnMonitorThread(std::uint64_t id, PeerWatch& watch, const Event& event,
                                   std::vector<Notice>& notices);
+  // Forgets the link of watch `id` to `node_id`, if it is still that watch's.
+  void ForgetLink(int node_id, std::uint64_t id);
   void NotifyOnMonitorThread(const std::vector<Notice>& notices);
 
   zmq::context_t& context_;
@@ -156,6 +172,9 @@ class ConnectionMonitor {
   std::vector<std::uint64_t> removed_ PS_GUARDED_BY(mu_);            // watch ids to forget
   std::uint64_t next_watch_ PS_GUARDED_BY(mu_) = 1;
   bool watching_peers_ PS_GUARDED_BY(mu_) = false;  // a watcher is set
+
+  mutable Mutex links_mu_;  // guards links_: written by the monitor thread, read by LinkTo
+  std::map<int, Link> links_ PS_GUARDED_BY(links_mu_);  // node id -> its connection
 
   Mutex watcher_mu_;  // held while the watcher runs, so SetPeerWatcher never races a call
   PeerWatcher watcher_ PS_GUARDED_BY(watcher_mu_);

@@ -10,6 +10,7 @@
 
 #include "ps/error.h"
 #include "ps/src/glog_or_stderr.h"
+#include "ps/src/link_state.h"
 #include "ps/src/log_text.h"
 #include "ps/src/net_util.h"
 #include "ps/src/node_threads.h"
@@ -201,6 +202,7 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                 self_.host + "' (its log says when it cannot; PS_REGISTER_TIMEOUT sets this wait)");
   }
   last_scheduler_contact_ = RequestTracker::Clock::now();
+  received_at_scheduler_contact_ = transport_->bytes_received();
   // The pause check's reference from the same moment: a stop right after this counts. The
   // scheduler counts this node's silence from its registration too, as from a heartbeat.
   pause_watch_.Start(last_scheduler_contact_);
@@ -345,7 +347,10 @@ void Runtime::OnMessage(Message&& msg) {
       }
       return;
     }
-    if (from_scheduler) last_scheduler_contact_ = RequestTracker::Clock::now();
+    if (from_scheduler) {
+      last_scheduler_contact_ = RequestTracker::Clock::now();
+      received_at_scheduler_contact_ = transport_->bytes_received();
+    }
     // A node the scheduler declared dead may still be running (stopped past the heartbeat
     // timeout, then resumed): the others went on without it, so what it says now is stale.
     if (dead_.contains(meta.sender)) {
@@ -911,8 +916,7 @@ void Runtime::OnTick() {
          FormatSeconds(config_.heartbeat_timeout) +
          (closed ? ": its connection closed: it exited or was killed, or its host or the "
                    "network went down"
-                 : ": its connection is still open but it sent nothing: it is stopped (e.g. by "
-                   "SIGSTOP) or hung, or the network stopped carrying packets"));
+                 : ": its connection is still open but it sent nothing" + WhySchedulerIsSilent()));
     return;
   }
   ReportUnreachablePeers(now);
@@ -924,6 +928,32 @@ void Runtime::OnTick() {
   beat.meta.request = true;
   beat.meta.recipient = kSchedulerId;
   SendToNode(beat);
+}
+
+std::string Runtime::WhySchedulerIsSilent() {
+  std::uint64_t received = 0;
+  {
+    MutexLock lock(mu_);
+    received = transport_->bytes_received() - received_at_scheduler_contact_;
+  }
+  const auto link = transport_->LinkTo(kSchedulerId);
+  // Heartbeats go out every interval: the connection has sent within the timeout.
+  std::string why = ExplainSilence(link, config_.heartbeat_timeout, "this node");
+  if (why.empty()) {
+    return ": it is stopped (e.g. by SIGSTOP) or hung, or the network stopped carrying packets";
+  }
+  if (JudgePath(link, config_.heartbeat_timeout) == PathVerdict::kAcknowledged) {
+    // The scheduler's host is there and the process is not: say it as for any stopped one.
+    return ": it is stopped (e.g. by SIGSTOP) or hung (" + why + ")";
+  }
+  // Data from the servers and workers kept coming: this host's link works, and is busy.
+  if (received >= kBusyLinkBytes) {
+    why += "; meanwhile " + std::to_string(received / 1024) +
+           " KiB from other nodes reached this one, so this host's link carries data: it is "
+           "likely saturated by the job's traffic, with the scheduler's messages queued behind "
+           "it: give the hosts faster links, or raise PS_HEARTBEAT_TIMEOUT";
+  }
+  return ": " + why;
 }
 
 bool Runtime::Stopped() {

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <zmq.hpp>
@@ -121,6 +122,10 @@ class ZmqTransport {
   // for the monitor thread): record the news and act on it elsewhere. An empty function stops
   // the calls, waiting for one running: never clear it holding a lock the watcher takes.
   void SetPeerWatcher(std::function<void(int node_id, bool connected)> watcher);
+
+  // What TCP knows of the path to `node_id` over its send socket's connection (link_state.h);
+  // nullopt without one (not connected yet, over ipc, or not watched: no peer watcher set).
+  std::optional<LinkState> LinkTo(int node_id) const { return monitor_.LinkTo(node_id); }
 
   // Sends `msg` to msg.meta.recipient. False when there is no socket for it or the transport
   // is shut down. Never blocks on a slow peer (unbounded queue).

@@ -13,6 +13,7 @@
 
 #include "ps/error.h"
 #include "ps/src/internal.h"
+#include "ps/src/link_state.h"
 #include "ps/src/wire.h"
 #include "scheduler/src/deadlock_watch.h"
 
@@ -938,7 +939,23 @@ void Scheduler::OnTick() {
     return;
   }
   if (EndJobOverUnreachablePeers(now)) return;
+  ProbeQuietNodes(now);
   JudgeSilentNodes(now);
+}
+
+void Scheduler::ProbeQuietNodes(Clock::time_point now) {
+  for (std::size_t id = 1; id < nodes_.size(); ++id) {
+    if (!IsLive(static_cast<int>(id)) || now - last_seen_[id] <= config_.heartbeat_timeout / 2) {
+      continue;
+    }
+    Clock::time_point& probed = probed_at_[static_cast<int>(id)];
+    if (probed > last_seen_[id]) continue;  // once per silence
+    probed = now;
+    Message probe;
+    probe.meta.control = Control::kHeartbeat;  // the answer to a heartbeat: the node ignores it
+    probe.meta.recipient = static_cast<int>(id);
+    Send(std::move(probe));
+  }
 }
 
 void Scheduler::EndUnfilledRegistration() {
@@ -989,9 +1006,12 @@ void Scheduler::JudgeSilentNodes(Clock::time_point now) {
   for (std::size_t id = 1; id < nodes_.size(); ++id) {
     if (IsLive(static_cast<int>(id)) && now - last_seen_[id] > config_.heartbeat_timeout) {
       const NodeInfo& node = nodes_[id];
+      // What the probe of ProbeQuietNodes met on its way, if this connection tells.
+      const std::string path = ExplainSilence(transport_->LinkTo(static_cast<int>(id)),
+                                              config_.heartbeat_timeout, "the scheduler");
       const std::string silent = "no heartbeat for over " +
                                  FormatSeconds(config_.heartbeat_timeout) +
-                                 " (PS_HEARTBEAT_TIMEOUT)";
+                                 " (PS_HEARTBEAT_TIMEOUT)" + (path.empty() ? "" : ", and " + path);
       // Its registration reply never left: the node waits for it, and sends no heartbeat.
       DeclareDead(static_cast<int>(id),
                   unopened_.contains(static_cast<int>(id))

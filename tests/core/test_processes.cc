@@ -11,6 +11,8 @@
 #include <memory>
 #include <regex>
 #include <thread>
+#include <tuple>
+#include <vector>
 #include <zmq.hpp>
 
 #include "ps/src/job_authenticator.h"
@@ -61,6 +63,24 @@ std::unique_ptr<ChildProcess> Start(const std::string& binary, const Env& env,
                                     std::vector<std::string> args = {}) {
   args.insert(args.begin(), ps::test::BinPath(binary));
   return std::make_unique<ChildProcess>(args, env);
+}
+
+// A job of one server and `workers` ps-test-node workers that block once registered, every
+// worker registered: for stopping some of them.
+struct BlockedJob {
+  std::unique_ptr<ChildProcess> scheduler;
+  std::unique_ptr<ChildProcess> server;
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+};
+BlockedJob StartBlockedJob(int workers) {
+  BlockedJob job;
+  int port = 0;
+  std::tie(job.scheduler, port) = StartScheduler(1, workers);
+  const Env env = JobEnv(1, workers, port);
+  job.server = Start("ps-server", env);
+  for (int i = 0; i < workers; ++i) job.workers.push_back(Start("ps-test-node", env, {"--block"}));
+  for (auto& worker : job.workers) REQUIRE(worker->WaitForOutput("registered as worker", 20s));
+  return job;
 }
 
 }  // namespace
@@ -628,22 +648,35 @@ TEST_CASE("processes: a scheduler stopped past the timeout names its own pause a
                                  "so they gave up; then "));
 }
 
+TEST_CASE("processes: a node stopped past the timeout is named as stopped, its host answering",
+          "[processes][fault]") {
+  // The scheduler probes a node quiet for half the timeout: the stopped node's kernel
+  // acknowledges the probe, so the network is not what failed (link_state.h).
+  BlockedJob job = StartBlockedJob(2);
+  ChildProcess& stopped = *job.workers[0];
+  stopped.Kill(SIGSTOP);
+  CHECK(job.scheduler->Wait(20s) == 1);
+  stopped.Kill(SIGCONT);
+  INFO(job.scheduler->Output());
+  CHECK_THAT(job.scheduler->Output(),
+             Catch::Contains(") is dead: no heartbeat for over 2.5 s (PS_HEARTBEAT_TIMEOUT), and "
+                             "its host acknowledges what the scheduler sends it, so the network "
+                             "carries packets both ways: the process is stopped (e.g. by "
+                             "SIGSTOP), hung or starved of CPU"));
+}
+
 TEST_CASE("processes: every node silent at once points at the scheduler's own network",
           "[processes][fault]") {
   // All nodes stopped together (as the scheduler sees a link of its own go down): naming the
   // first one "dead" would blame a node for the scheduler's own trouble.
-  auto [scheduler, port] = StartScheduler(1, 1);
-  const Env env = JobEnv(1, 1, port);
-  auto server = Start("ps-server", env);
-  auto worker = Start("ps-test-node", env, {"--block"});
-  REQUIRE(worker->WaitForOutput("registered as worker", 20s));
-  server->Kill(SIGSTOP);
-  worker->Kill(SIGSTOP);
-  CHECK(scheduler->Wait(20s) == 1);
-  server->Kill(SIGCONT);
-  worker->Kill(SIGCONT);
-  INFO(scheduler->Output());
-  CHECK_THAT(scheduler->Output(),
+  BlockedJob job = StartBlockedJob(1);
+  job.server->Kill(SIGSTOP);
+  job.workers[0]->Kill(SIGSTOP);
+  CHECK(job.scheduler->Wait(20s) == 1);
+  job.server->Kill(SIGCONT);
+  job.workers[0]->Kill(SIGCONT);
+  INFO(job.scheduler->Output());
+  CHECK_THAT(job.scheduler->Output(),
              Catch::Contains("no node of the job has been heard from for over 2.5 s "
                              "(PS_HEARTBEAT_TIMEOUT): all 2 went silent together") &&
                  !Catch::Contains("is dead"));
@@ -816,7 +849,9 @@ TEST_CASE("processes: nodes whose scheduler disappears exit non-zero with a clea
   // the nodes say which, so a user looks for an exit or for a stopped or hung process.
   for (const auto& [signal, says] :
        {std::pair{SIGKILL, "its connection closed: it exited or was killed"},
-        std::pair{SIGSTOP, "its connection is still open but it sent nothing: it is stopped"}}) {
+        std::pair{SIGSTOP,
+                  "its connection is still open but it sent nothing: it is stopped (e.g. by "
+                  "SIGSTOP) or hung (its host acknowledges what this node sends it"}}) {
     INFO("scheduler given signal " << signal);
     auto [scheduler, port] = StartScheduler(1, 1);
     Env env = JobEnv(1, 1, port);

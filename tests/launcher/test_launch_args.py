@@ -411,7 +411,21 @@ class Args(LauncherTest):
             "worker 2) ended with status 255 (its processes were killed, or the host, its sshd "
             "or the network to it failed)",
             "[launch] worker 1 at h2 was declared dead by the scheduler, but its process has "
-            "not exited as far as the launcher sees: h2 or the network to it is down"])
+            "not exited as far as the launcher sees: h2 or the network to it is down, or the "
+            "network drops or queues its packets for longer than PS_HEARTBEAT_TIMEOUT"])
+        # the scheduler's probe was acknowledged by the node's host: the process is stuck there
+        err.truncate(0)
+        err.seek(0)
+        by_label["server 0"].lines.clear()
+        by_label["server 0"].lines.append(
+            "E... server 0: the job failed: worker 1 (node 5 at h2:4242) died (no heartbeat for "
+            "over 20 s (PS_HEARTBEAT_TIMEOUT), and its host acknowledges what the scheduler "
+            "sends it, so the network carries packets both ways: the process is stopped ...)")
+        self.assertTrue(la.report_lost_hosts([by_label["server 0"]]))
+        self.assertEqual(err.getvalue().splitlines(), [
+            "[launch] worker 1 at h2 was declared dead by the scheduler, but its process has "
+            "not exited as far as the launcher sees: h2 acknowledges the scheduler's messages, "
+            "so the process there is stopped (SIGSTOP), hung or starved of CPU"])
         # a 255 on a host where another process still runs is not a lost host
         by_label["server 2"].returncode = None
         err.truncate(0)

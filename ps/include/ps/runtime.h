@@ -390,6 +390,11 @@ class Runtime {
   static constexpr std::size_t kMaxHeldUntilJoined = 1024;
   std::vector<Message> held_until_joined_ PS_GUARDED_BY(mu_);
   RequestTracker::Clock::time_point last_scheduler_contact_ PS_GUARDED_BY(mu_);
+  // The transport's bytes_received() at that contact: what came from other nodes since tells
+  // a busy link from a dead one when the scheduler falls silent.
+  std::uint64_t received_at_scheduler_contact_ PS_GUARDED_BY(mu_) = 0;
+  // Received meanwhile, this much says the link carries the job's data (a heartbeat is ~100 B).
+  static constexpr std::uint64_t kBusyLinkBytes = 16 * 1024;
   // OnTick's gaps of half PS_HEARTBEAT_TIMEOUT or more (started with the first scheduler
   // contact, before the timer thread starts; then that thread's alone): this process itself
   // did not run (SIGSTOP, a frozen VM), which explains a lost scheduler better than the
@@ -407,6 +412,9 @@ class Runtime {
   static constexpr auto kSchedulerJudgesWithin = std::chrono::milliseconds(500);
   // Whether the job ended or this node failed.
   bool Stopped() PS_EXCLUDES(mu_);
+  // Why the scheduler, its connection open, sent nothing for a heartbeat timeout, as far as
+  // this node's TCP connection to it and its other traffic tell: ": it is stopped ...".
+  std::string WhySchedulerIsSilent() PS_EXCLUDES(mu_);
   // Fails this node after its own pause of `pause`, saying `so` of the scheduler's view.
   void FailAfterPause(std::chrono::steady_clock::duration pause, const std::string& so)
       PS_EXCLUDES(mu_);

@@ -122,6 +122,10 @@ class Scheduler {
   void EndUnfilledRegistration() PS_REQUIRES(mu_);
   // Declares dead the first live node silent past PS_HEARTBEAT_TIMEOUT, or ends the job when
   // every live node is silent at once (the scheduler's own network is the likelier cause).
+  // Sends a node quiet for half the heartbeat timeout a heartbeat answer, once per silence:
+  // whether its kernel acknowledges it tells, at the timeout, a stopped process from a path
+  // that carries nothing (JudgeSilentNodes, link_state.h).
+  void ProbeQuietNodes(Clock::time_point now) PS_REQUIRES(mu_);
   void JudgeSilentNodes(Clock::time_point now) PS_REQUIRES(mu_);
   // The transport's watcher (monitor thread): the connection to node `id` closed or is back.
   // OnTick applies it: a live node whose connection closed is suspected, and declared dead when
@@ -194,8 +198,9 @@ class Scheduler {
 
   mutable Mutex mu_;
   CondVar finished_cv_;
-  std::vector<NodeInfo> nodes_ PS_GUARDED_BY(mu_);               // index = id; [0] is us
-  std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);  // index = id
+  std::vector<NodeInfo> nodes_ PS_GUARDED_BY(mu_);                 // index = id; [0] is us
+  std::vector<Clock::time_point> last_seen_ PS_GUARDED_BY(mu_);    // index = id
+  std::map<int, Clock::time_point> probed_at_ PS_GUARDED_BY(mu_);  // ProbeQuietNodes's last
   // OnTick's period: heartbeats, deaths and deadlines are checked this often.
   static constexpr auto kTickPeriod = std::chrono::milliseconds(200);
   // OnTick's gaps of half PS_HEARTBEAT_TIMEOUT or more: the scheduler itself did not run

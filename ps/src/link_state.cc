@@ -1,0 +1,87 @@
+#include "ps/src/link_state.h"
+
+#include <linux/tcp.h>  // struct tcp_info with tcpi_notsent_bytes etc. (glibc's lacks them)
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstddef>
+
+#include "ps/src/log_text.h"
+
+namespace ps {
+namespace {
+
+// A peer's kernel acknowledges a segment within a round trip plus its delayed-ACK time (at most
+// 200 ms on Linux): data unacknowledged for longer than this, with no ACK meanwhile, is not a
+// mere segment in flight.
+constexpr std::chrono::milliseconds kAckExpectedWithin{1000};
+// A share of resent packets worth naming: a healthy LAN resends almost none.
+constexpr std::uint64_t kNotableResentPercent = 2;
+constexpr std::uint64_t kNotableResentSegments = 3;
+// TCP_ESTABLISHED, tcpi_state's value for an open connection (<netinet/tcp.h>, which has the
+// name, clashes with <linux/tcp.h>).
+constexpr std::uint8_t kTcpEstablished = 1;
+
+}  // namespace
+
+std::optional<LinkState> ReadLinkState(int fd) {
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return std::nullopt;
+  // Linux 4.6 and later fill tcpi_data_segs_out, the last field read here.
+  if (length < offsetof(tcp_info, tcpi_data_segs_out) + sizeof(info.tcpi_data_segs_out) ||
+      info.tcpi_state != kTcpEstablished) {
+    return std::nullopt;
+  }
+  LinkState state;
+  state.round_trip = std::chrono::milliseconds(info.tcpi_rtt / 1000);
+  state.since_sent = std::chrono::milliseconds(info.tcpi_last_data_sent);
+  state.since_acknowledged = std::chrono::milliseconds(info.tcpi_last_ack_recv);
+  state.unacknowledged = info.tcpi_unacked;
+  state.backoff = info.tcpi_backoff;
+  state.segments_sent = info.tcpi_data_segs_out;
+  state.segments_resent = info.tcpi_total_retrans;
+  return state;
+}
+
+PathVerdict JudgePath(const std::optional<LinkState>& state, std::chrono::milliseconds recent) {
+  if (!state || state->since_sent > recent) return PathVerdict::kUnknown;
+  if (state->unacknowledged == 0) return PathVerdict::kAcknowledged;
+  if (state->backoff == 0 && state->since_acknowledged < kAckExpectedWithin) {
+    return PathVerdict::kAcknowledged;  // acknowledgements keep coming: data merely in flight
+  }
+  return PathVerdict::kUnacknowledged;
+}
+
+std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::milliseconds recent,
+                           const std::string& sender) {
+  switch (JudgePath(state, recent)) {
+    case PathVerdict::kAcknowledged:
+      return "its host acknowledges what " + sender +
+             " sends it, so the network carries packets both ways: the process is stopped "
+             "(e.g. by SIGSTOP), hung or starved of CPU" +
+             LossNote(*state);
+    case PathVerdict::kUnacknowledged:
+      return "nothing " + sender + " sent it for " + FormatSeconds(state->since_acknowledged) +
+             " was acknowledged: its host is down, or the network between them is cut, drops "
+             "the packets, or holds them in a queue for longer than PS_HEARTBEAT_TIMEOUT (a "
+             "link saturated by the job's own data: too slow for the job)" +
+             LossNote(*state);
+    case PathVerdict::kUnknown:
+      break;
+  }
+  return "";
+}
+
+std::string LossNote(const LinkState& state) {
+  const std::uint64_t resent = state.segments_resent;
+  const std::uint64_t sent = std::max(state.segments_sent, resent);
+  if (resent < kNotableResentSegments || resent * 100 < kNotableResentPercent * sent) return "";
+  return "; " + std::to_string(resent) + " of the " + std::to_string(sent) +
+         " packets sent on this connection (" + std::to_string(resent * 100 / sent) +
+         "%) had to be resent: the path loses packets (a lossy link, or one so saturated that "
+         "its queues overflow)";
+}
+
+}  // namespace ps
