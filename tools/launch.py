@@ -72,6 +72,9 @@ FORWARDED = ("PS_VERBOSE", "PS_ENCRYPT", "PS_REPLICATION", "PS_TCP_RCVBUF", "PS_
 
 DESCRIPTORS_OF_ITS_OWN = 32  # stdio, rsync, a start's pipes in progress, Python's own
 STOP_GRACE_S = 8.0  # after a stop request: time before the launcher escalates to SIGKILL
+# How long an ssh that kills a remote process group may take (ssh's ConnectTimeout, 10 s, and
+# the command): past it the host is taken as unreachable.
+REMOTE_KILL_WAIT_S = 15
 LAST_LINES = 20  # lines kept per process for failure reports
 # After processes exit, their output is shown to its end (EOF): while lines keep coming (a
 # backlog behind a slow reader of the launcher's output), for up to DRAIN_LIMIT_S in all; a
@@ -1544,16 +1547,24 @@ class Launch:
         for p in self.procs:
             if p.orphan_stopped:
                 kill_group(p.child_pgid, signal.SIGKILL)
-        killers = []
+        killers = []  # (an ssh running the kill on a remote host, the process it kills)
         for p in stubborn:
             self.say(f"{p.spec.label} on {p.spec.where} did not stop; killing it")
-            killers.extend(p.kill(self))
-        for k in killers:
+            killers.extend((k, p) for k in p.kill(self))
+        unreached = {}  # host -> labels of the processes its kill did not reach
+        for k, p in killers:
             try:
-                k.wait(timeout=15)
+                status = k.wait(timeout=REMOTE_KILL_WAIT_S)
             except subprocess.TimeoutExpired:
                 kill_group(k.pid, signal.SIGKILL)
                 k.wait()
+                status = None
+            if status != 0:  # the remote command ends in `true`: only ssh fails
+                unreached.setdefault(p.spec.where, []).append(p.spec.label)
+        for where, labels in unreached.items():
+            self.say(f"could not reach {where} to kill {', '.join(labels)} (ssh failed or "
+                     "timed out): they may still run there (a node fails once it has lost the "
+                     "scheduler for PS_HEARTBEAT_TIMEOUT); end them there by hand if they do")
         for p in running:
             try:
                 p.popen.wait(timeout=5)

@@ -20,6 +20,12 @@ namespace ps {
 using dist_detail::kStore;
 using dist_detail::ThrowFailure;
 
+namespace {
+// Bytes on their way to the servers worth naming in a long wait's note: more than a few
+// requests' headers.
+constexpr std::uint64_t kNotableBytesOnTheWay = 64 * 1024;
+}  // namespace
+
 void DistKVStore::Complete(const std::string& error, Failure failure, std::span<const Key> keys,
                            bool pulls, ErrorKind error_kind) {
   MutexLock lock(ops_mu_);
@@ -88,11 +94,32 @@ void DistKVStore::NoteLongWait(std::chrono::steady_clock::duration waited,
   const std::string call = keys.empty() ? "WaitAll"
                                         : "a wait for key " + std::to_string(keys[0]) +
                                               (keys.size() > 1 ? " and others" : "");
+  // This worker's own pushes may still be on their way: then its link, not another worker,
+  // is what the round waits for.
+  std::uint64_t on_the_way = 0;
+  std::string servers;
+  for (const NodeInfo& node : runtime_->nodes()) {
+    if (node.role != Role::kServer) continue;
+    if (const std::uint64_t bytes = runtime_->BytesOnTheWayTo(node.id); bytes > 0) {
+      on_the_way += bytes;
+      servers += (servers.empty() ? "" : ", ") + std::to_string(node.rank);
+    }
+  }
+  const std::string own =
+      on_the_way < kNotableBytesOnTheWay
+          ? ""
+          : "; " + std::to_string(on_the_way / 1024) +
+                " KiB of this worker's own messages are still on their way to server(s) " +
+                servers +
+                " (in its TCP send buffers, or sent and not yet acknowledged): a "
+                "slow link holds the round up too";
   PS_LOG(WARNING) << "worker " << Rank() << ": " << call << " has waited "
                   << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(waited))
                   << " for dist_sync rounds: a round completes once every worker pushed its "
-                     "key, so a worker still computing holds the others up (the job goes on "
-                     "once it pushes; one that died or finished ends the wait with an error)";
+                     "key, so a worker still computing, or one whose pushes are still on their "
+                     "way, holds the others up (the job goes on once they arrive; one that "
+                     "died or finished ends the wait with an error)"
+                  << own;
 }
 
 DistKVStore::StallGate DistKVStore::Gate() const {

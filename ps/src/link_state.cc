@@ -30,6 +30,7 @@ std::optional<LinkState> ReadLinkState(int fd) {
   socklen_t length = sizeof(info);
   if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return std::nullopt;
   // Linux 4.6 and later fill tcpi_data_segs_out, the last field read here.
+  static_assert(offsetof(tcp_info, tcpi_notsent_bytes) < offsetof(tcp_info, tcpi_data_segs_out));
   if (length < offsetof(tcp_info, tcpi_data_segs_out) + sizeof(info.tcpi_data_segs_out) ||
       info.tcpi_state != kTcpEstablished) {
     return std::nullopt;
@@ -39,6 +40,8 @@ std::optional<LinkState> ReadLinkState(int fd) {
   state.since_sent = std::chrono::milliseconds(info.tcpi_last_data_sent);
   state.since_acknowledged = std::chrono::milliseconds(info.tcpi_last_ack_recv);
   state.unacknowledged = info.tcpi_unacked;
+  state.unacknowledged_bytes = std::uint64_t{info.tcpi_unacked} * info.tcpi_snd_mss;
+  state.unsent_bytes = info.tcpi_notsent_bytes;
   state.backoff = info.tcpi_backoff;
   state.segments_sent = info.tcpi_data_segs_out;
   state.segments_resent = info.tcpi_total_retrans;

@@ -20,6 +20,8 @@ struct LinkState {
   std::chrono::milliseconds since_sent{0};          // since this side last sent data
   std::chrono::milliseconds since_acknowledged{0};  // since the peer's kernel last acknowledged
   std::uint32_t unacknowledged = 0;                 // segments sent and not yet acknowledged
+  std::uint64_t unacknowledged_bytes = 0;           // about: those segments at full size
+  std::uint64_t unsent_bytes = 0;                   // in the send buffer, not sent yet
   std::uint32_t backoff = 0;  // retransmission timeouts in a row, now (0: none pending)
   std::uint64_t segments_sent = 0;
   std::uint64_t segments_resent = 0;

@@ -162,6 +162,7 @@ ProbeResult ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds 
     return {.why = "'" + ip + "' is no address"};
   }
   int error = 0;
+  const auto started = std::chrono::steady_clock::now();
   if (connect(fd.get(), reinterpret_cast<const sockaddr*>(&target), sizeof(target)) != 0) {
     if (errno != EINPROGRESS) {
       error = errno;
@@ -177,8 +178,10 @@ ProbeResult ProbeTcp(const std::string& ip, int port, std::chrono::milliseconds 
       }
     }
   }
-  if (error == 0) return {.accepted = true, .refused = false, .why = ""};
-  if (error == ECONNREFUSED) return {.accepted = false, .refused = true, .why = ""};
+  const auto round_trip = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - started);
+  if (error == 0) return {.accepted = true, .why = "", .round_trip = round_trip};
+  if (error == ECONNREFUSED) return {.refused = true, .why = "", .round_trip = round_trip};
   std::string why = strerror(error);
   if (!why.empty()) why[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(why[0])));
   return {.why = why};

@@ -25,6 +25,8 @@ struct ProbeResult {
   bool accepted = false;
   bool refused = false;  // ECONNREFUSED
   std::string why;       // when neither: "no answer within 1 s", "network is unreachable", ...
+  // How long the connection took to open or be refused: about one round trip.
+  std::chrono::milliseconds round_trip{0};
 };
 // Opens a TCP connection to ip:port and closes it at once. Tells a wrong port from a
 // scheduler that is merely slow, while a node waits for it.

@@ -25,6 +25,10 @@ using SteadyClock = std::chrono::steady_clock;
 // While a node waits to register it says what it waits for this often, so that a pod whose
 // scheduler is not up yet, or a wrong port, shows in its log long before PS_REGISTER_TIMEOUT.
 constexpr std::chrono::milliseconds kWaitReportEvery{3000};
+// The registration wait's probe of the scheduler's port (SchedulerProbe): its answer limit, and
+// the round trip past which the path, more than a refusal, explains a missing reply.
+constexpr std::chrono::milliseconds kSchedulerProbeTimeout{3000};
+constexpr std::chrono::milliseconds kSlowRoundTrip{300};
 
 std::string TimeLeft(SteadyClock::time_point deadline) {
   const auto left = std::max(SteadyClock::duration::zero(), deadline - SteadyClock::now());
@@ -233,8 +237,17 @@ bool Runtime::RegistrationAnswered() const {
 std::string Runtime::SchedulerProbe(bool* accepted) const {
   // ZeroMQ retries its connection silently: a separate probe tells why no answer came.
   const net::ProbeResult probe =
-      net::ProbeTcp(scheduler_ip_, config_.root_port, std::chrono::milliseconds(1000));
+      net::ProbeTcp(scheduler_ip_, config_.root_port, kSchedulerProbeTimeout);
   if (accepted != nullptr) *accepted = probe.accepted;
+  if (probe.accepted && probe.round_trip >= kSlowRoundTrip) {
+    // Registering takes a few round trips each way (two connections, each with ZeroMQ's
+    // handshake): a slow path, not a refusal, is the likelier reason no reply came yet.
+    return "the port accepts connections, but a round trip to it takes about " +
+           FormatSeconds(probe.round_trip) +
+           ": registering takes several (ZeroMQ's handshake, then the reply over a connection "
+           "of the scheduler's own), so it is slow on this path; ZeroMQ's handshake gets "
+           "PS_HEARTBEAT_TIMEOUT (5 to 30 s), which must exceed about three round trips";
+  }
   if (probe.accepted) {
     // The reply travels over the scheduler's own connection to this node's address.
     return "the port accepts connections but no registration reply came: is it a "
@@ -781,7 +794,7 @@ void Runtime::ReportUnreachablePeers(RequestTracker::Clock::time_point now) {
   // them the scheduler cannot tell whether the peer lives.
   constexpr std::chrono::milliseconds kMinUnreachableAfter{2000};
   // A first connection waits its turn at a busy peer (at most 32 handshakes at once, each up
-  // to kHandshakeInterval, 5 s): longer before it counts.
+  // to the handshake interval, 5 s with short heartbeat timeouts): longer before it counts.
   constexpr std::chrono::milliseconds kMinNeverConnectedAfter{10000};
   const auto closed_after = std::max(config_.heartbeat_timeout, kMinUnreachableAfter);
   const auto never_after = std::max(config_.heartbeat_timeout, kMinNeverConnectedAfter);
@@ -1218,5 +1231,10 @@ std::size_t Runtime::dropped_messages() const {
 
 std::uint64_t Runtime::bytes_sent() const { return transport_->bytes_sent(); }
 std::uint64_t Runtime::bytes_received() const { return transport_->bytes_received(); }
+
+std::uint64_t Runtime::BytesOnTheWayTo(int node_id) const {
+  const auto link = transport_->LinkTo(node_id);
+  return link ? link->unsent_bytes + link->unacknowledged_bytes : 0;
+}
 
 }  // namespace ps

@@ -38,8 +38,13 @@ constexpr std::size_t kOwnDescriptors = 64;
 constexpr std::size_t kDescriptorsPerPeer = 4;
 constexpr int kListenBacklog = 64;
 // ZMQ_HANDSHAKE_IVL of the receive socket (ZeroMQ's default is 30 s): a connection that has not
-// completed the ZMTP handshake by then is closed. A peer of the job needs a few round trips.
-constexpr auto kHandshakeInterval = std::chrono::milliseconds(5000);
+// completed the ZMTP handshake by then is closed, and its peer starts over. A peer of the job
+// needs about two round trips after connecting (greetings, then PLAIN's or CURVE's four
+// commands): on a path of a 2 s round trip, more than 5 s. It gets a heartbeat timeout, the
+// job's bound on how slow a live path may be, within these bounds: the short one keeps
+// half-open connections from holding handshake slots long (ConnectionLimits::max_pending).
+constexpr std::chrono::milliseconds kMinHandshakeInterval{5000};
+constexpr std::chrono::milliseconds kMaxHandshakeInterval{30000};
 // How long closing a send socket may wait to flush queued messages (ZMQ_LINGER). The
 // scheduler's last messages matter (a TERMINATE, a refusal) and nobody acknowledges them.
 // Everything a server or worker must deliver before it exits is acknowledged before it closes
@@ -141,7 +146,7 @@ ConnectionLimits LimitsFor(const TransportOptions& options) {
                     << "limit, above which this process cannot raise it)";
   }
   limits.max_pending = std::min(kMaxPendingConnections, limits.max_open);
-  limits.handshake = kHandshakeInterval;
+  limits.handshake = options.handshake_timeout;
   return limits;
 }
 
@@ -175,6 +180,8 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
     options.keepalive_s = static_cast<int>(
         std::max<std::int64_t>(1, (config.heartbeat_timeout.count() + 999) / 1000));
   }
+  options.handshake_timeout =
+      std::clamp(config.heartbeat_timeout, kMinHandshakeInterval, kMaxHandshakeInterval);
   options.job_secret = config.job_secret;
   options.encrypt = config.encrypt;
   if (config.encrypt) {

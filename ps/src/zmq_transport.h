@@ -13,6 +13,7 @@
 // connection before ZeroMQ allocates it; accepted connections are capped (ConnectionLimits);
 // the process's soft descriptor limit is raised to its hard limit when a transport is made.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -62,6 +63,9 @@ struct TransportOptions {
   // gone is closed (0: off). A sender whose kernel gave up on a broken path (above) sends no
   // reset, and its end would otherwise stay open here for ever.
   int keepalive_s = 0;
+  // ZMQ_HANDSHAKE_IVL of the receive socket: a connection that has not completed ZeroMQ's
+  // handshake by then is closed (TransportOptionsFor: the heartbeat timeout, within 5-30 s).
+  std::chrono::milliseconds handshake_timeout{5000};
   // PS_JOB_SECRET: the password every connection must give ("" : the job has none); and this
   // node's connection key, the user name its send sockets give (job_authenticator.h).
   std::string job_secret;

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -111,6 +112,22 @@ TEST_CASE("link state: a loopback connection whose peer does not read is still a
   CHECK(state->unacknowledged == 0);
   CHECK(state->segments_sent >= 1);
   CHECK(JudgePath(state, 5000ms) == PathVerdict::kAcknowledged);
+  // The peer reads nothing: once its receive buffer is full, what is sent waits on this side
+  // (a slow link looks the same from here), and the state counts it.
+  const int flags = ::fcntl(client.get(), F_GETFL);
+  REQUIRE(::fcntl(client.get(), F_SETFL, flags | O_NONBLOCK) == 0);
+  const std::string block(64 * 1024, 'y');
+  std::size_t queued = 0;
+  for (int sends = 0; sends < 10'000; ++sends) {  // bounded: the buffers hold a few MiB at most
+    const ssize_t sent = ::send(client.get(), block.data(), block.size(), MSG_NOSIGNAL);
+    if (sent <= 0) break;
+    queued += static_cast<std::size_t>(sent);
+  }
+  REQUIRE(queued > 0);
+  state = ps::ReadLinkState(client.get());
+  REQUIRE(state.has_value());
+  CHECK(state->unsent_bytes + state->unacknowledged_bytes > 0);
+  CHECK(state->unsent_bytes + state->unacknowledged_bytes <= queued + data.size());
   // A descriptor that is no TCP socket has no link state.
   int pipe_ends[2];
   REQUIRE(::pipe(pipe_ends) == 0);

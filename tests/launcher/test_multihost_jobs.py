@@ -10,8 +10,7 @@ each host's sshd, each advertising its own 198.18.x address.
 - a host whose processes are killed: the job ends with an error naming that host, well within
   the heartbeat timeout; a host whose link is cut: the heartbeat timeout finds it, and the
   launcher names it; a worker's host and a server's host that cannot reach each other (a
-  firewall between them): the job ends naming both; a link too slow for the heartbeat
-  timeout: the job ends naming the path, not a stopped scheduler;
+  firewall between them): the job ends naming both;
 - PS_ENCRYPT=1: a capture of every packet through the bed's switch holds none of the pushed
   gradient's bytes (and does in clear).
 Needs root and `ip netns` (ctest label `multihost`; exits 77, "skipped", otherwise).
@@ -201,6 +200,10 @@ class BedJobs(BedJobTest):
         self.assertNotEqual(r.rc, 0, r)
         self.assertLess(named_after, heartbeat_timeout + 8, r)
         # the scheduler's probe of the quiet node went unacknowledged: not a stopped process
+        # its processes there could not be killed either: said, not claimed done
+        self.assertRegex(r.err, rf"\[launch\] could not reach {re.escape(h2)} to kill "
+                                r"(server|worker) 2, (server|worker) 2 \(ssh failed or timed "
+                                r"out\): they may still run there")
         self.assertRegex(r.out + r.err,
                          r"(server|worker) 2 \(node \d+ at [0-9.:]+\) is dead: no heartbeat for "
                          r"over 6 s \(PS_HEARTBEAT_TIMEOUT\), and nothing the scheduler sent it "
@@ -271,30 +274,6 @@ class BedJobs(BedJobTest):
                          r"the network between [0-9.]+ and [0-9.]+ does not let them connect")
         self.assertLess(elapsed, 3 * heartbeat_timeout + 20, r)
         self.bed.tool("block", self.bed.id, "h1", "h3", "off")
-        self.assert_nothing_left_here()
-
-    @unittest.skipIf(KV, KV)
-    def test_link_too_slow_for_the_timeout_is_named(self):
-        """h2's link at 200 kbit/s: its queue holds the job's pushes for longer than
-        PS_HEARTBEAT_TIMEOUT (3 s), with the heartbeats behind them. The job cannot go on,
-        and the message says the path, not a stopped or hung scheduler, is what failed."""
-        heartbeat_timeout = 3
-        self.addCleanup(self.bed.tool, "shape", self.bed.id, "h2", "--rate", "1gbit",
-                        check=False)
-        self.bed.tool("shape", self.bed.id, "h2", "--rate", "200kbit")
-        r = self.run_launcher(["-n", "4", "-s", "4"] + self.bed_args()
-                              + ["--env", f"PS_HEARTBEAT_TIMEOUT={heartbeat_timeout}",
-                                 binary("ps-kvstore-check"), "--rounds", "3", "--big-size",
-                                 "50000"], env=self.real_env(), timeout=120)
-        self.bed.tool("shape", self.bed.id, "h2", "--rate", "1gbit")
-        self.assertNotEqual(r.rc, 0, r)
-        out = r.out + r.err
-        # said by a node on h2 of the scheduler, or by the scheduler of a node on h2
-        self.assertIn("was acknowledged: its host is down, or the network between them is cut, "
-                      "drops the packets, or holds them in a queue for longer than "
-                      "PS_HEARTBEAT_TIMEOUT", out)
-        self.assertNotIn("stopped (e.g. by SIGSTOP)", out)
-        self.assertRegex(r.err, rf"\[launch\] .*{re.escape(self.bed.addr('h2'))}")
         self.assert_nothing_left_here()
 
 

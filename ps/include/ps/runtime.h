@@ -250,6 +250,10 @@ class Runtime {
   // bytes on the wire; KVStore::Traffic).
   std::uint64_t bytes_sent() const;
   std::uint64_t bytes_received() const;
+  // Bytes this node's TCP connection to `node_id` holds, not yet sent or not yet acknowledged
+  // by the peer's kernel (0 when unknown: over ipc, not connected). Not counted: what ZeroMQ
+  // still queues before the kernel, which happens only when the kernel's buffer is full.
+  std::uint64_t BytesOnTheWayTo(int node_id) const;
   // The endpoint this node sends to `node_id` through ("ipc://@..." for same-host peers).
   std::string EndpointOf(int node_id) const;
   // True when this node reaches `node_id` over ipc://: same kernel and network namespace, so
