@@ -82,6 +82,10 @@ LAST_LINES = 20  # lines kept per process for failure reports
 DRAIN_LIMIT_S = 120.0
 PORT_ATTEMPTS = 3  # scheduler starts when the launcher picks the root port itself
 SSH_STARTS_PER_HOST = 8  # ssh connections to one host in their handshake at once
+# An ssh whose remote command has not started this long after it was run is named: past ssh's
+# ConnectTimeout (10 s) its TCP connection opened, and a key exchange over a 2 s round trip
+# takes about 25 s.
+SSH_START_STALLED_S = 30.0
 
 # The wrapper every process runs under: sh -c WRAPPER ps-launch WORKDIR CMD [ARGS...]
 #  - read the job secret, the first line of stdin, into PS_JOB_SECRET (sh reads a pipe a
@@ -796,6 +800,7 @@ class Launch:
         self.joins = {}  # server rank -> servers the scheduler admitted in a dead one's place
         self.job_filled = False  # the scheduler said every node registered
         self.deaths_heard = {}  # (role, rank) -> when a process's output first said it died
+        self.stall_noted = set()  # hosts whose stalled ssh starts were said (note_stalled_starts)
         self.ranks_to_restart = []  # survived ranks for which a new server is due (watch)
         self.restarts_left = c.server_restarts
         self.waiting_on_scheduler = False  # a server exit awaits the scheduler's word (watch)
@@ -1268,6 +1273,7 @@ class Launch:
             if self.signal_received is not None:
                 return self.signal_exit()
             self.waiting_on_scheduler = False
+            self.note_stalled_starts()
             self.note_lost_servers()
             self.restart_servers()
             failed = [p for p in self.procs
@@ -1477,6 +1483,12 @@ class Launch:
                          "(its processes were killed, or the host, its sshd or the network "
                          "to it failed)")
         named = bool(lost)
+        for where, labels, waited in self.stalled_starts():
+            self.say(f"{', '.join(labels)} on {where}: ssh has not started the command in "
+                     f"{waited:.0f} s, so they never joined the job: the connection opened but "
+                     "the session stalls (that host overloaded, or a network that loses big "
+                     "packets while small ones pass: an MTU mismatch)")
+            named = True
         for p in self.procs:
             # A stopped scheduler is silent, not gone: its nodes give up on it and fail first.
             if (p.spec.role == "scheduler" and p.returncode is None and p.spec.host is None
@@ -1531,6 +1543,33 @@ class Launch:
                          f"its process has not exited as far as the launcher sees: {why}")
                 named = True
         return named
+
+    def stalled_starts(self):
+        """[(host, labels, seconds waited)] for each host with a remote process running without
+        its command started (no pid marker yet) for SSH_START_STALLED_S or longer: the labels
+        of all such processes there, the seconds of the longest wait."""
+        now = time.monotonic()
+        waiting = {}
+        for p in self.procs:
+            if p.spec.host is not None and p.returncode is None and p.child_pgid is None:
+                waiting.setdefault(p.spec.where, []).append(p)
+        stalled = []
+        for where, procs in waiting.items():
+            waited = max(now - p.started for p in procs)
+            if waited >= SSH_START_STALLED_S:
+                stalled.append((where, [p.spec.label for p in procs], waited))
+        return stalled
+
+    def note_stalled_starts(self):
+        """While the job waits: says once per host that its ssh sessions stall."""
+        for where, labels, waited in self.stalled_starts():
+            if where in self.stall_noted:
+                continue
+            self.stall_noted.add(where)
+            self.say(f"{', '.join(labels)} on {where}: ssh has not started the command in "
+                     f"{waited:.0f} s; still waiting (the host or the network to it is slow or "
+                     "loses packets; the scheduler ends the job at PS_REGISTER_TIMEOUT if they "
+                     "never join)")
 
     def stop_all(self):
         """Stops every process still running, on every host; bounded in time."""
@@ -1640,6 +1679,7 @@ class Proc:
         self.exit_time = None
         self.eof = False
         self.lines_seen = 0  # output lines the launcher took from this process so far
+        self.started = time.monotonic()  # when its wrapper (or ssh) was started
         self.stop_requested = False
         self.saw_job_end = False  # the scheduler logged that every worker finished
         self.orphan_stopped = False  # its wrapper was killed while the command ran (poll)

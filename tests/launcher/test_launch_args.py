@@ -433,6 +433,39 @@ class Args(LauncherTest):
         self.assertFalse(la.report_lost_hosts([by_label["worker 2"]]))
         self.assertEqual(err.getvalue(), "")
 
+    def test_ssh_sessions_that_never_start_their_command_are_named(self):
+        # An ssh that connected but whose session stalls (an MTU black hole: small packets
+        # pass) never prints the wrapper's pid line: said once while waiting, and named as the
+        # cause when the job fails (the scheduler gives up on the missing nodes).
+        hosts = self.write("hosts", "h1\nh2\n")
+        err = io.StringIO()
+        la = launch.Launch(self.parse(["-n", "2", "-s", "2", "-H", hosts, "prog"]), err=err)
+        for spec in la.make_specs("10.0.0.1", 9000):
+            la.procs.append(launch.Proc(spec, None))
+        by_label = {p.spec.label: p for p in la.procs}
+        for p in la.procs:
+            p.child_pgid = 100
+        for label in ("server 1", "worker 1"):  # on h2
+            by_label[label].child_pgid = None
+            by_label[label].started -= 45
+        by_label["worker 0"].child_pgid = None  # on h1, just started: not yet worth a word
+        by_label["worker 1"].started += 30  # on h2 too: named with the host's longer wait
+        la.note_stalled_starts()
+        la.note_stalled_starts()
+        self.assertEqual(err.getvalue().splitlines(), [
+            "[launch] server 1, worker 1 on h2: ssh has not started the command in 45 s; still "
+            "waiting (the host or the network to it is slow or loses packets; the scheduler "
+            "ends the job at PS_REGISTER_TIMEOUT if they never join)"])
+        err.truncate(0)
+        err.seek(0)
+        by_label["server 0"].returncode = 1
+        self.assertTrue(la.report_lost_hosts([by_label["server 0"]]))
+        self.assertEqual(err.getvalue().splitlines(), [
+            "[launch] server 1, worker 1 on h2: ssh has not started the command in 45 s, so "
+            "they never joined the job: the connection opened but the session stalls (that "
+            "host overloaded, or a network that loses big packets while small ones pass: an "
+            "MTU mismatch)"])
+
     def test_failure_report_on_this_machine_names_the_process_state(self):
         # With the local launcher there is no network to blame for a node declared dead while
         # its process runs: the launcher looks at the process itself.

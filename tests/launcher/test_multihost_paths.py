@@ -8,11 +8,14 @@ changes one host's link and restores it:
 - h1 1 s from every other host each way (a 2 s round trip): registration takes several round
   trips and ZeroMQ's handshake more than 5 s; the job registers and runs exact;
 - h2 at 1 Mbit/s: a dist_sync wait's note names the worker's own bytes still on their way to
-  the servers; the job runs exact.
+  the servers; the job runs exact;
+- jumbo frames everywhere but h2's switch port (an MTU black hole): ssh to h2 connects and
+  stalls; the launcher says so, and names h2's processes when the scheduler gives up on them.
 Needs root and `ip netns` (ctest label `multihost`; exits 77, "skipped", otherwise).
 """
 import os
 import re
+import subprocess
 import unittest
 
 from bed_testlib import BedJobTest, binary, main, missing_binaries, testbed
@@ -93,6 +96,38 @@ class BedPaths(BedJobTest):
         self.assertRegex(r.out + r.err, r"\[worker \d\] .*WaitAll has waited .*; \d+ KiB of "
                          r"this worker's own messages are still on their way to server\(s\) "
                          r"[\d, ]+ \(in its TCP send buffers")
+        self.assert_nothing_left_here()
+
+    def set_mtu(self, mtu_of_h2_port, mtu_elsewhere):
+        """Every host's interface and switch port at `mtu_elsewhere`, h2's switch port at
+        `mtu_of_h2_port` (a bridge drops a frame too big for its outgoing port, silently)."""
+        for h in self.bed.hosts:
+            subprocess.run(["ip", "-n", h["ns"], "link", "set", h["if_host"], "mtu",
+                            str(mtu_elsewhere)], check=True)
+            port_mtu = mtu_of_h2_port if h["name"] == "h2" else mtu_elsewhere
+            subprocess.run(["ip", "-n", self.bed.switch_ns, "link", "set", h["if_switch"],
+                            "mtu", str(port_mtu)], check=True)
+
+    @unittest.skipIf(KV, KV)
+    def test_ssh_that_never_starts_its_command_is_named(self):
+        """Jumbo frames everywhere but h2's switch port: ssh to h2 connects (small packets
+        pass) and its key exchange stalls. The launcher says so while it waits, and names
+        h2's processes as the cause when the scheduler gives up on them; it never blames the
+        healthy hosts."""
+        self.addCleanup(self.set_mtu, 1500, 1500)
+        self.set_mtu(1500, 9000)
+        r = self.run_launcher(["-n", "3", "-s", "3"] + self.bed_args()
+                              + ["--env", "PS_REGISTER_TIMEOUT=40", binary("ps-kvstore-check"),
+                                 "--rounds", "1"], env=self.real_env(), timeout=120)
+        self.set_mtu(1500, 1500)
+        self.assertNotEqual(r.rc, 0, r)
+        h2 = re.escape(self.bed.addr("h2"))
+        self.assertRegex(r.err, rf"\[launch\] (server|worker) 2, (server|worker) 2 on {h2}: ssh "
+                                r"has not started the command in \d+ s; still waiting")
+        self.assertRegex(r.err, rf"\[launch\] (server|worker) 2, (server|worker) 2 on {h2}: ssh "
+                                r"has not started the command in \d+ s, so they never joined "
+                                r"the job: the connection opened but the session stalls")
+        self.assertIn("exited with status 1, after the loss named above", r.err)
         self.assert_nothing_left_here()
 
 
