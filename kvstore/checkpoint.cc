@@ -48,6 +48,9 @@ std::string TemporaryName(const std::string& name, pid_t pid) {
 // flushed. Destroyed uncommitted, it removes the temporary file. Writes go out in pieces of
 // at most kIoPieceBytes, each checksummed, written and flushed to disk (fdatasync) before
 // `progress` is called: no single step waits for more than a piece, the last flush included.
+// (Outside the anonymous namespace: DataFileWriter, in the header, holds one.)
+}  // namespace
+
 class AtomicFile {
  public:
   AtomicFile(const std::string& dir, const std::string& name, IoProgress progress = {})
@@ -131,6 +134,8 @@ class AtomicFile {
   std::uint64_t unflushed_ = 0;  // bytes written since the last flush to disk
   Fnv1a checksum_;
 };
+
+namespace {
 
 void MakeDirectory(const std::string& dir) {
   std::error_code error;
@@ -304,32 +309,45 @@ std::string DataFileName(int rank, int servers) {
   return "server-" + std::to_string(rank) + "-of-" + std::to_string(servers) + ".psckpt";
 }
 
-FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents,
-                          const IoProgress& progress) {
+DataFileWriter::DataFileWriter(const std::string& dir, int rank, int servers,
+                               const std::optional<OptimizerConfig>& optimizer,
+                               std::uint64_t records, const IoProgress& progress)
+    : name_(DataFileName(rank, servers)), records_left_(records) {
   MakeDirectory(dir);
-  const std::string name = DataFileName(rank, servers);
-  AtomicFile file(dir, name, progress);
-  file.Write(kMagic, sizeof(kMagic));
-  file.WriteValue(kFormatVersion);
-  WriteOptimizer(file, contents.optimizer);
-  file.WriteValue(static_cast<std::uint64_t>(contents.records.size()));
-  for (const Record& record : contents.records) {
-    file.WriteValue(record.key);
-    file.WriteValue(record.offset);
-    file.WriteValue(record.total);
-    file.WriteValue(static_cast<std::uint8_t>(record.dtype));
-    file.WriteValue(static_cast<std::uint64_t>(record.value.size()));
-    file.Write(record.value.data(), record.value.size());
-    file.WriteValue(record.count);
-    file.WriteValue(record.buffers);
-    file.WriteValue(static_cast<std::uint64_t>(record.state.size()));
-    file.Write(record.state.data(), record.state.size() * sizeof(float));
+  file_ = std::make_unique<AtomicFile>(dir, name_, progress);
+  file_->Write(kMagic, sizeof(kMagic));
+  file_->WriteValue(kFormatVersion);
+  WriteOptimizer(*file_, optimizer);
+  file_->WriteValue(records);
+}
+
+DataFileWriter::~DataFileWriter() = default;
+
+void DataFileWriter::Add(const RecordView& record) {
+  if (records_left_ == 0) throw Error("checkpoint file " + name_ + ": more records than declared");
+  --records_left_;
+  file_->WriteValue(record.key);
+  file_->WriteValue(record.offset);
+  file_->WriteValue(record.total);
+  file_->WriteValue(static_cast<std::uint8_t>(record.dtype));
+  file_->WriteValue(static_cast<std::uint64_t>(record.value.size()));
+  file_->Write(record.value.data(), record.value.size());
+  file_->WriteValue(record.count);
+  file_->WriteValue(record.buffers);
+  file_->WriteValue(static_cast<std::uint64_t>(record.state.size()));
+  file_->Write(record.state.data(), record.state.size() * sizeof(float));
+}
+
+FileSummary DataFileWriter::Commit() {
+  if (records_left_ != 0) {
+    throw Error("checkpoint file " + name_ + ": " + std::to_string(records_left_) +
+                " record(s) fewer than declared");
   }
-  const std::uint64_t checksum = file.checksum();
-  file.WriteValue(checksum);
-  const std::uint64_t bytes = file.size();
-  file.Commit();
-  return FileSummary{name, bytes, checksum};
+  const std::uint64_t checksum = file_->checksum();
+  file_->WriteValue(checksum);
+  const std::uint64_t bytes = file_->size();
+  file_->Commit();
+  return FileSummary{name_, bytes, checksum};
 }
 
 Contents ReadDataFile(const std::string& dir, const FileSummary& expected,

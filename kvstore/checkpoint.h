@@ -17,7 +17,9 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,10 +67,41 @@ struct FileSummary {
 using IoProgress = std::function<void()>;
 constexpr std::size_t kIoPieceBytes = std::size_t{8} << 20;
 
-// Writes `contents` as `dir`/DataFileName(rank, servers), atomically; creates `dir` (and its
-// parents) when missing. Throws ps::Error naming the file and the system's reason.
-FileSummary WriteDataFile(const std::string& dir, int rank, int servers, const Contents& contents,
-                          const IoProgress& progress = {});
+// One key slice to write, as Record but on bytes the caller holds until Add returns.
+struct RecordView {
+  Key key = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t total = 0;
+  DType dtype = DType::kFloat32;
+  std::span<const std::byte> value;
+  std::uint64_t count = 0;
+  std::uint32_t buffers = 0;
+  std::span<const float> state;
+};
+
+class AtomicFile;  // checkpoint.cc
+
+// Writes `dir`/DataFileName(rank, servers) record by record, so that a saving server needs no
+// copy of what it holds; atomically: the file appears once Commit() succeeds, and a writer
+// destroyed before that leaves no file. Creates `dir` (and its parents) when missing. Throws
+// ps::Error naming the file and the system's reason. Add must be called `records` times.
+class DataFileWriter {
+ public:
+  DataFileWriter(const std::string& dir, int rank, int servers,
+                 const std::optional<OptimizerConfig>& optimizer, std::uint64_t records,
+                 const IoProgress& progress = {});
+  ~DataFileWriter();
+  DataFileWriter(const DataFileWriter&) = delete;
+  DataFileWriter& operator=(const DataFileWriter&) = delete;
+
+  void Add(const RecordView& record);
+  FileSummary Commit();
+
+ private:
+  std::string name_;
+  std::uint64_t records_left_;
+  std::unique_ptr<AtomicFile> file_;
+};
 
 // Reads and checks one data file against its manifest entry. Throws ps::Error naming the file
 // when it is missing, truncated, corrupt, or not what the manifest says.

@@ -146,26 +146,27 @@ void LocalKVStore::LoadCheckpoint(const std::string& dir) {
 void LocalKVStore::SaveCheckpointTo(const std::string& dir) {
   if (dir.empty()) throw Error("the directory is empty");
   MutexLock lock(mu_);
-  checkpoint::Contents contents;
-  if (optimizer_) contents.optimizer = optimizer_->config();
+  // Written from the store's own buffers (the lock keeps them still): no copy of the values.
+  checkpoint::DataFileWriter writer(
+      dir, 0, 1, optimizer_ ? std::optional(optimizer_->config()) : std::nullopt, store_.size());
   for (const auto& [key, entry] : store_) {
-    checkpoint::Record record;
+    checkpoint::RecordView record;
     record.key = key;
     record.total = entry.size;
     record.dtype = entry.dtype;
-    record.value.assign(entry.data.get(), entry.data.get() + entry.size * DTypeSize(entry.dtype));
-    if (optimizer_) {
-      if (auto state = optimizer_->ExportState(key)) {
-        record.count = state->count;
-        record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
-        record.state = std::move(state->buffers);
-      }
+    record.value = {entry.data.get(), entry.size * DTypeSize(entry.dtype)};
+    std::optional<Optimizer::SavedState> state;
+    if (optimizer_) state = optimizer_->ExportState(key);
+    if (state) {
+      record.count = state->count;
+      record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
+      record.state = state->buffers;
     }
-    contents.records.push_back(std::move(record));
+    writer.Add(record);
   }
   checkpoint::Manifest manifest;
   manifest.servers = 1;
-  manifest.files.push_back(checkpoint::WriteDataFile(dir, 0, 1, contents));
+  manifest.files.push_back(writer.Commit());
   checkpoint::WriteManifest(dir, manifest);
 }
 

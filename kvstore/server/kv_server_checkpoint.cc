@@ -28,54 +28,51 @@ void KVServerStore::HandleSave(const Meta& meta, const kv::Request& request) {
     return;
   }
   const std::string name = checkpoint::DataFileName(runtime_.rank(), runtime_.num_servers());
-  Runtime::SlowWork work = runtime_.BeginSlowWork("saving checkpoint file " + request.path + "/" +
-                                                  name + " (copying the slices)");
-  checkpoint::Contents contents;
-  if (optimizer_) contents.optimizer = optimizer_->config();
-  std::size_t copied = 0;  // bytes of the copies so far
+  const std::string path = request.path + "/" + name;
+  Runtime::SlowWork work = runtime_.BeginSlowWork("writing checkpoint file " + path);
+  // Written slice by slice from the slices themselves: nothing changes them meanwhile (this
+  // thread applies every update, and no round is in progress), and the save needs no copy of
+  // what the server holds, only of one slice's optimizer state at a time.
+  std::uint64_t records = 0;
+  for (const auto& [id, slice] : slices_) records += Serves(slice) ? 1 : 0;
   checkpoint::FileSummary written;
   try {
+    checkpoint::DataFileWriter writer(
+        request.path, runtime_.rank(), runtime_.num_servers(),
+        optimizer_ ? std::optional(optimizer_->config()) : std::nullopt, records,
+        [&work] { work.Progress(); });
     for (const auto& [id, slice] : slices_) {
       if (!Serves(slice)) continue;  // a replica's copy: its primary writes it
-      work.Progress();
-      checkpoint::Record record;
+      checkpoint::RecordView record;
       record.key = id.first;
       record.offset = id.second;
       record.total = slice.total;
       record.dtype = slice.dtype;
-      record.value.assign(slice.value.data(), slice.value.data() + slice.value.bytes());
-      if (optimizer_) {
-        if (auto state = optimizer_->ExportState(slice.state_id)) {
-          record.count = state->count;
-          record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
-          record.state = std::move(state->buffers);
-        }
+      record.value = {slice.value.data(), slice.value.bytes()};
+      std::optional<Optimizer::SavedState> state;
+      if (optimizer_) state = optimizer_->ExportState(slice.state_id);
+      if (state) {
+        record.count = state->count;
+        record.buffers = static_cast<std::uint32_t>(optimizer_->num_buffers());
+        record.state = state->buffers;
       }
-      copied += record.value.size() + record.state.size() * sizeof(float);
-      contents.records.push_back(std::move(record));
+      writer.Add(record);
     }
-    work.Doing("writing checkpoint file " + request.path + "/" + name);
-    written = checkpoint::WriteDataFile(request.path, runtime_.rank(), runtime_.num_servers(),
-                                        contents, [&work] { work.Progress(); });
+    written = writer.Commit();
   } catch (const Error& e) {
     runtime_.ReplyError(meta, server + ": " + e.what());
     return;
   } catch (const std::bad_alloc&) {
     // The save fails, as with a full disk; the server, its values and the job go on.
-    contents = checkpoint::Contents();  // the copies go before the answer is made
-    runtime_.ReplyError(
-        meta, server + ": out of memory while saving checkpoint file " + request.path + "/" + name +
-                  ": a save copies the values and optimizer state this server serves " +
-                  "before writing them, and after " + std::to_string(copied) +
-                  " bytes of copies it could not allocate more; nothing was written (give "
-                  "the server as much memory again as it holds, or spread the keys over more "
-                  "servers)");
+    runtime_.ReplyError(meta, server + ": out of memory while saving checkpoint file " + path +
+                                  ": a save copies one slice's optimizer state at a time, and "
+                                  "could not allocate that; nothing was written (give the "
+                                  "server more memory, or spread the keys over more servers)");
     return;
   }
   // The reply tells worker 0 what the MANIFEST must say of this file, and how many slices it
   // holds (all the servers' files must hold every slice of every key once).
-  const std::vector<std::uint64_t> summary{written.bytes, written.checksum,
-                                           contents.records.size()};
+  const std::vector<std::uint64_t> summary{written.bytes, written.checksum, records};
   Message reply;
   reply.data.push_back(
       Blob::Copy(summary.data(), summary.size() * sizeof(std::uint64_t), DType::kUInt64));

@@ -575,11 +575,12 @@ TEST_CASE("faults: a server out of memory for anything more still logs and answe
              Catch::Contains("key 7: out of memory") && !Catch::Contains("terminate called"));
 }
 
-TEST_CASE("faults: a checkpoint a server has no memory for fails, the job goes on", "[faults]") {
+TEST_CASE("faults: a checkpoint a server has little memory for: saves stream, failures are clean",
+          "[faults]") {
   if (!CanCapAddressSpace()) return;
-  // A save copies the 128 MiB value before writing it, a load reads the file whole: with
-  // 64 MiB to spare the server can do neither. Each fails on the worker naming the memory,
-  // nothing changes, and the server serves on (it used to end the job: std::bad_alloc).
+  // A 128 MiB key, then the server capped at its size plus 64 MiB. Each failure fails on the
+  // worker naming the memory, nothing changes, and the server serves on (they used to end the
+  // job: std::bad_alloc).
   constexpr std::size_t kElements = std::size_t{32} << 20;  // 128 MiB of float32
   ps::test::TempDir dir;
   ps::test::KVCluster cluster(1, 1,
@@ -587,22 +588,47 @@ TEST_CASE("faults: a checkpoint a server has no memory for fails, the job goes o
   auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig());
   std::vector<float> value(kElements, 2.0f);
   kv->Init(3, ps::Tensor(value.data(), value.size()));
-  kv->SaveCheckpoint(dir.file("before"));
-  CapAddressSpace(cluster.servers()[0]->pid(), 64 << 10);
+  float kept = 2.0f;  // the key's value at the end
 
-  const std::string save_error =
-      ErrorOf(cluster, "the save", [&] { kv->SaveCheckpoint(dir.file("after")); });
-  CHECK_THAT(save_error, Catch::Contains("out of memory while saving checkpoint file") &&
-                             Catch::Contains("nothing was written"));
-  const std::string load_error =
-      ErrorOf(cluster, "the load", [&] { kv->LoadCheckpoint(dir.file("before")); });
-  CHECK_THAT(load_error, Catch::Contains("out of memory while loading checkpoint") &&
-                             Catch::Contains("nothing was changed"));
+  SECTION("a save writes from memory and succeeds; a load, which reads the file whole, fails") {
+    kv->SaveCheckpoint(dir.file("before"));
+    CapAddressSpace(cluster.servers()[0]->pid(), 64 << 10);
+    kv->SaveCheckpoint(dir.file("after"));  // it used to copy everything first, and fail
+    const std::string load_error =
+        ErrorOf(cluster, "the load", [&] { kv->LoadCheckpoint(dir.file("before")); });
+    CHECK_THAT(load_error, Catch::Contains("out of memory while loading checkpoint") &&
+                               Catch::Contains("nothing was changed"));
+    // What the capped server wrote is whole: a local store loads it.
+    auto local = ps::KVStore::Create("local");
+    std::vector<float> loaded(kElements, 0.0f);
+    local->Init(3, ps::Tensor(loaded.data(), loaded.size()));
+    local->LoadCheckpoint(dir.file("after"));
+    local->Pull(3, ps::Tensor(loaded.data(), loaded.size()));
+    local->WaitAll();
+    CHECK(loaded.front() == 2.0f);
+    CHECK(loaded.back() == 2.0f);
+  }
+  SECTION("a save copies one slice's optimizer state at a time: Adam's 256 MiB fail") {
+    // More than the 64 MiB to spare, even with the push's 128 MiB frame freed only then.
+    ps::OptimizerConfig adam;
+    adam.name = "adam";
+    adam.learning_rate = 0.5f;
+    kv->SetOptimizer(adam);
+    kv->Push(3, ps::Tensor(value.data(), value.size()));  // Adam's first step: 2 - 0.5
+    kv->WaitAll();
+    kept = 1.5f;
+    CapAddressSpace(cluster.servers()[0]->pid(), 64 << 10);
+    const std::string save_error =
+        ErrorOf(cluster, "the save", [&] { kv->SaveCheckpoint(dir.file("after")); });
+    CHECK_THAT(save_error, Catch::Contains("out of memory while saving checkpoint file") &&
+                               Catch::Contains("nothing was written"));
+    CHECK(std::filesystem::is_empty(dir.file("after")));  // no MANIFEST, no temporary
+  }
   std::fill(value.begin(), value.end(), 0.0f);
   kv->Pull(3, ps::Tensor(value.data(), value.size()));
   kv->WaitAll();
-  CHECK(value.front() == 2.0f);
-  CHECK(value.back() == 2.0f);
+  CHECK(value.front() == Approx(kept));
+  CHECK(value.back() == Approx(kept));
   kv.reset();
   CHECK(cluster.EndedCleanly());
 }
