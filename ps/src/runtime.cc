@@ -96,7 +96,13 @@ void Runtime::Register() {
                  << " server(s) and " << config_.num_workers << " worker(s)";
   }
   // Ticks drive heartbeats and request deadlines; with heartbeats off, deadlines still expire.
-  timer_ = std::make_unique<PeriodicTask>(TickPeriod(config_), [this] { OnTick(); });
+  timer_ = std::make_unique<PeriodicTask>(TickPeriod(config_), [this] {
+    try {
+      OnTick();
+    } catch (const std::exception& e) {
+      FailOn("checking on the job", e);
+    }
+  });
 }
 
 void Runtime::OpenTransport(std::chrono::steady_clock::time_point deadline) {
@@ -128,8 +134,13 @@ void Runtime::AnnounceToScheduler(const NodeInfo& announced) {
   hello.meta.nodes.push_back(announced);
   hello.meta.nodes.back().rank = config_.rank_hint;  // a request; the table has the real rank
   hello.meta.body = EncodeSharedSettings(config_.SharedSettings());  // the scheduler compares
-  receiver_ = std::make_unique<ReceiveLoop>(*transport_,
-                                            [this](Message&& msg) { OnMessage(std::move(msg)); });
+  receiver_ = std::make_unique<ReceiveLoop>(*transport_, [this](Message&& msg) {
+    try {
+      OnMessage(std::move(msg));
+    } catch (const std::exception& e) {
+      FailOn("handling a message", e);
+    }
+  });
   transport_->Send(hello);
   if (config_.verbose >= 1) {
     PS_LOG(INFO) << RoleName(announced.role) << " at " << announced.host << ":" << announced.port
@@ -980,6 +991,17 @@ void Runtime::FailAfterPause(std::chrono::steady_clock::duration pause, const st
        FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(pause)) +
        " (stopped, e.g. by SIGSTOP, or its machine frozen), " + so +
        ", and the job went on or ended without it");
+}
+
+void Runtime::FailOn(const std::string& doing, const std::exception& e) {
+  // Out of memory, most likely: the node cannot trust its state any more, so it fails (the
+  // job hears why) instead of ending in std::terminate.
+  const std::string why = self_.Describe() + " failed while " + doing + ": " + ExceptionText(e);
+  try {
+    Fail(why);
+  } catch (const std::exception&) {
+    PS_LOG(ERROR) << why;  // no memory even for that: the line at least
+  }
 }
 
 void Runtime::Fail(const std::string& why) {

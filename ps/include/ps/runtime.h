@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -416,6 +417,8 @@ class Runtime {
   static constexpr auto kSchedulerJudgesWithin = std::chrono::milliseconds(500);
   // Whether the job ended or this node failed.
   bool Stopped() PS_EXCLUDES(mu_);
+  // Fails this node after an exception escaped its receive or timer thread while `doing`.
+  void FailOn(const std::string& doing, const std::exception& e) PS_EXCLUDES(mu_);
   // Why the scheduler, its connection open, sent nothing for a heartbeat timeout, as far as
   // this node's TCP connection to it and its other traffic tell: ": it is stopped ...".
   std::string WhySchedulerIsSilent() PS_EXCLUDES(mu_);
