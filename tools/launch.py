@@ -1533,7 +1533,8 @@ class Launch:
                     continue
                 # The scheduler says whether the node's host acknowledged its last message
                 # (ps/src/link_state.cc): then the network reaches it and the process is stuck.
-                if "its host acknowledges what the scheduler sends it" in line:
+                if ("its host acknowledges what the scheduler sends it, so the network "
+                        "carries packets both ways" in line):
                     why = (f"{addr} acknowledges the scheduler's messages, so the process "
                            "there is stopped (SIGSTOP), hung or starved of CPU")
                 else:

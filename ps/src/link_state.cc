@@ -58,13 +58,23 @@ PathVerdict JudgePath(const std::optional<LinkState>& state, std::chrono::millis
 }
 
 std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::milliseconds recent,
-                           const std::string& sender) {
+                           const std::string& sender, bool busy_path) {
   switch (JudgePath(state, recent)) {
-    case PathVerdict::kAcknowledged:
+    case PathVerdict::kAcknowledged: {
+      const std::string loss = LossNote(*state);
+      if (loss.empty() && !busy_path) {
+        return "its host acknowledges what " + sender +
+               " sends it, so the network carries packets both ways: the process is stopped "
+               "(e.g. by SIGSTOP), hung or starved of CPU";
+      }
+      // One direction may be fine and the other lossy or queued (a link saturated one way):
+      // the acknowledgements then prove little.
       return "its host acknowledges what " + sender +
-             " sends it, so the network carries packets both ways: the process is stopped "
-             "(e.g. by SIGSTOP), hung or starved of CPU" +
-             LossNote(*state);
+             " sends it, but what it sends back may be lost or held in a queue on the way (a "
+             "lossy or saturated link), or the process is stopped (e.g. by SIGSTOP), hung or "
+             "starved of CPU" +
+             loss;
+    }
     case PathVerdict::kUnacknowledged:
       return "nothing " + sender + " sent it for " + FormatSeconds(state->since_acknowledged) +
              " was acknowledged: its host is down, or the network between them is cut, drops "

@@ -42,9 +42,11 @@ PathVerdict JudgePath(const std::optional<LinkState>& state, std::chrono::millis
 // connection on which `sender` ("the scheduler", "this node") sends to it, judged as by
 // JudgePath over `recent`: "its host acknowledges what the scheduler sends it, ...: the
 // process is stopped ..." or "nothing the scheduler sent it for 8.0 s was acknowledged: ...";
-// "" when the connection tells nothing.
+// "" when the connection tells nothing. Acknowledgements prove the process stuck only on a
+// clean path: with packets resent (LossNote), or `busy_path` (the caller saw the link carry
+// much else meanwhile), the way back may be what fails, and the text says both.
 std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::milliseconds recent,
-                           const std::string& sender);
+                           const std::string& sender, bool busy_path = false);
 
 // "; 12 of the 80 packets sent to it (15%) had to be resent: the network loses packets" when
 // the connection lost a notable share of what it sent, else "".

@@ -960,18 +960,21 @@ std::string Runtime::WhySchedulerIsSilent() {
     MutexLock lock(mu_);
     received = transport_->bytes_received() - received_at_scheduler_contact_;
   }
+  // Data from the servers and workers kept coming: this host's link works, and is busy.
+  const bool busy = received >= kBusyLinkBytes;
   const auto link = transport_->LinkTo(kSchedulerId);
   // Heartbeats go out every interval: the connection has sent within the timeout.
-  std::string why = ExplainSilence(link, config_.heartbeat_timeout, "this node");
+  std::string why = ExplainSilence(link, config_.heartbeat_timeout, "this node", busy);
   if (why.empty()) {
     return ": it is stopped (e.g. by SIGSTOP) or hung, or the network stopped carrying packets";
   }
-  if (JudgePath(link, config_.heartbeat_timeout) == PathVerdict::kAcknowledged) {
-    // The scheduler's host is there and the process is not: say it as for any stopped one.
+  if (JudgePath(link, config_.heartbeat_timeout) == PathVerdict::kAcknowledged && !busy &&
+      LossNote(*link).empty()) {
+    // The scheduler's host is there, the path clean, and the process silent: say it as for
+    // any stopped one.
     return ": it is stopped (e.g. by SIGSTOP) or hung (" + why + ")";
   }
-  // Data from the servers and workers kept coming: this host's link works, and is busy.
-  if (received >= kBusyLinkBytes) {
+  if (busy) {
     why += "; meanwhile " + std::to_string(received / 1024) +
            " KiB from other nodes reached this one, so this host's link carries data: it is "
            "likely saturated by the job's traffic, with the scheduler's messages queued behind "

@@ -67,6 +67,18 @@ TEST_CASE("link state: silence is explained by the path, and loss named when not
                       Catch::Contains("15 of the 100 packets sent on this connection (15%) had "
                                       "to be resent"));
   CHECK(ps::ExplainSilence(std::nullopt, kTimeout, "the scheduler").empty());
+  // Acknowledged, but over a lossy path, or one the caller saw busy: one direction may work
+  // and the other drop or queue what comes back, so a stopped process is not the only reading.
+  LinkState acknowledged_lossy = State(100ms, 100ms, 0);
+  acknowledged_lossy.segments_resent = 15;
+  for (const std::string& both :
+       {ps::ExplainSilence(acknowledged_lossy, kTimeout, "this node"),
+        ps::ExplainSilence(State(100ms, 100ms, 0), kTimeout, "this node", true)}) {
+    CHECK_THAT(both, Catch::StartsWith("its host acknowledges what this node sends it, but what "
+                                       "it sends back may be lost or held in a queue") &&
+                         Catch::Contains("or the process is stopped") &&
+                         !Catch::Contains("carries packets both ways"));
+  }
   // One resent packet in a hundred is not worth a word; two in a hundred is.
   LinkState few = State(10ms, 10ms, 0);
   few.segments_resent = 1;
