@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <vector>
 
@@ -160,6 +161,26 @@ std::string SocketFailure(const zmq::error_t& e) {
 }
 
 }  // namespace
+
+std::string ZmqTransport::DescriptorShortage() const {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+  const std::size_t needed = 2 * kDescriptorsPerPeer;
+  std::size_t open = 0;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it("/proc/self/fd", error), end; !error && it != end;
+       it.increment(error)) {
+    ++open;
+  }
+  if (error && error.value() != EMFILE && error.value() != ENFILE) return "";  // no /proc
+  if (!error && open + needed <= limit.rlim_cur) return "";
+  return "this process has " + (error ? std::string("all") : std::to_string(open)) + " of the " +
+         std::to_string(limit.rlim_cur) +
+         " descriptors its limit allows open (ulimit -n), and a connection to one more node "
+         "takes " +
+         std::to_string(kDescriptorsPerPeer) +
+         ": raise the limit of the process (ulimit -n, or LimitNOFILE for a service)";
+}
 
 TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
   TransportOptions options;

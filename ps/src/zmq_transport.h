@@ -131,6 +131,12 @@ class ZmqTransport {
   // nullopt without one (not connected yet, over ipc, or not watched: no peer watcher set).
   std::optional<LinkState> LinkTo(int node_id) const { return monitor_.LinkTo(node_id); }
 
+  // "" while this process can open the descriptors a connection to one more node takes (a
+  // send socket, its connection, a monitor's two sockets), with as many again to spare for a
+  // reply; else what it holds of its limit and the fix, for a refusal: "this process has 1020
+  // of the 1024 descriptors ...".
+  std::string DescriptorShortage() const;
+
   // Sends `msg` to msg.meta.recipient. False when there is no socket for it or the transport
   // is shut down. Never blocks on a slow peer (unbounded queue).
   bool Send(const Message& msg);

@@ -632,6 +632,12 @@ void Scheduler::AdmitInPlaceOfDead(NodeInfo node) {
   const int rank = DeadServerRank(node.rank);  // the rank it asked for (PS_RANK), if dead
   node.id = static_cast<int>(nodes_.size());
   node.rank = rank;
+  // Admitted and announced, a node the scheduler cannot then connect to would be declared
+  // dead a heartbeat timeout later, never told why: refuse it while a reply can still go out.
+  if (const std::string shortage = transport_->DescriptorShortage(); !shortage.empty()) {
+    Refuse(node, Refusal{"the scheduler cannot take another node: " + shortage, false});
+    return;
+  }
   try {
     ConnectToRegistrant(node);
   } catch (const Error& e) {

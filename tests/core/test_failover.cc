@@ -8,9 +8,11 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -24,6 +26,16 @@
 namespace {
 
 using namespace std::chrono_literals;
+
+// Descriptors process `pid` holds open.
+rlim_t OpenDescriptors(pid_t pid) {
+  rlim_t open = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++open;
+  }
+  return open;
+}
 using ps::test::ChildProcess;
 using Env = std::map<std::string, std::string>;
 
@@ -315,6 +327,17 @@ TEST_CASE(
   Env other = env;
   other["PS_HEARTBEAT_TIMEOUT"] = "3";
   refused(other, "PS_HEARTBEAT_TIMEOUT");
+  // The scheduler near its descriptor limit: a server that could take the rank is refused and
+  // told why, not admitted, announced and then never reached (declared dead 20 s later).
+  {
+    rlimit before{};
+    REQUIRE(::prlimit(scheduler->pid(), RLIMIT_NOFILE, nullptr, &before) == 0);
+    rlimit tight = before;
+    tight.rlim_cur = OpenDescriptors(scheduler->pid()) + 7;  // a reply's worth to spare
+    REQUIRE(::prlimit(scheduler->pid(), RLIMIT_NOFILE, &tight, nullptr) == 0);
+    refused(env, "the scheduler cannot take another node: this process has ");
+    REQUIRE(::prlimit(scheduler->pid(), RLIMIT_NOFILE, &before, nullptr) == 0);
+  }
   // Once a server took the free rank, the next one is told that, not that none died.
   auto replacement = Start("ps-server", env);
   REQUIRE(scheduler->WaitForOutput("joined the job in the place of dead server", 30s));
