@@ -1425,13 +1425,7 @@ class Launch:
         settle = time.monotonic() + 0.3
         while time.monotonic() < settle:
             self.pump(0.05)
-        # The culprit: a failed worker, else a server, else the scheduler (it exits 1 when any
-        # node dies, and the others fail when it does); the earliest within a role. Exit times
-        # across hosts are not precise enough to order roles: a remote worker's exit reaches
-        # the launcher through ssh, after the local scheduler may have reacted to it.
-        rank = {"worker": 0, "server": 1, "scheduler": 2}
-        failed = sorted((p for p in self.procs if p.returncode not in (None, 0)),
-                        key=lambda p: (rank[p.spec.role], p.exit_time))
+        failed = self.culprits_first([p for p in self.procs if p.returncode not in (None, 0)])
         primary = failed[0]
         self.drain(failed)
         # A host or process found lost is the cause; the exits are its consequences.
@@ -1452,6 +1446,21 @@ class Launch:
             self.say(f"stopping {len(running)} other process(es)")
         self.stop_all()
         return primary.exit_status() or 1
+
+    @staticmethod
+    def culprits_first(failed):
+        """`failed` in the order to name them: a process that failed on its own before one
+        that only relayed the job's failure (the scheduler told it: "the job failed: ..."),
+        then a worker, else a server, else the scheduler (it exits 1 when any node dies, and
+        the others fail when it does), the earliest within a role. Exit times across hosts are
+        not precise enough to order roles: a remote worker's exit reaches the launcher through
+        ssh, after the local scheduler may have reacted to it."""
+        rank = {"worker": 0, "server": 1, "scheduler": 2}
+
+        def relayed(p):
+            return any("the job failed: " in line for line in p.lines)
+
+        return sorted(failed, key=lambda p: (relayed(p), rank[p.spec.role], p.exit_time))
 
     def scheduler_logs_info(self):
         """Whether the scheduler's INFO lines (the one saying every node registered) reach the

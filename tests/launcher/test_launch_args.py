@@ -444,6 +444,30 @@ class Args(LauncherTest):
         self.assertFalse(la.report_lost_hosts([by_label["worker 2"]]))
         self.assertEqual(err.getvalue(), "")
 
+    def test_culprit_is_a_process_that_failed_on_its_own(self):
+        # Worker 0 exited first, but only with the job's failure the scheduler told it of;
+        # worker 3 failed on its own (its link too slow): it is named first, then by role.
+        hosts = self.write("hosts", "h1\nh2\nh3\nh4\n")
+        la = launch.Launch(self.parse(["-n", "4", "-s", "4", "-H", hosts, "prog"]),
+                           err=io.StringIO())
+        for spec in la.make_specs("10.0.0.1", 9000):
+            la.procs.append(launch.Proc(spec, None))
+        by_label = {p.spec.label: p for p in la.procs}
+        relay = "E... worker 0: finished after the job ended: the job failed: worker 3 (...) failed"
+        for t, (label, line) in enumerate([
+                ("worker 0", relay),
+                ("server 0", "E... server 0: the job failed: worker 3 (...) failed: lost ..."),
+                ("server 3", "E... lost contact with the scheduler at h1:9000 for over 20 s"),
+                ("worker 3", "ps-kvstore-check: error: dist kvstore: Init failed on every worker: "
+                             "lost contact with the scheduler ...")]):
+            by_label[label].returncode = 1
+            by_label[label].exit_time = t
+            by_label[label].lines.append(line)
+        order = la.culprits_first([by_label[k] for k in
+                                   ("server 0", "worker 0", "server 3", "worker 3")])
+        self.assertEqual([p.spec.label for p in order],
+                         ["worker 3", "server 3", "worker 0", "server 0"])
+
     def test_ssh_sessions_that_never_start_their_command_are_named(self):
         # An ssh that connected but whose session stalls (an MTU black hole: small packets
         # pass) never prints the wrapper's pid line: said once while waiting, and named as the
