@@ -34,6 +34,7 @@ class StateReader {
   bool U64(std::uint64_t* value) { return Bytes(value, sizeof(*value)); }
   bool Bytes(void* out, std::size_t bytes) {
     if (bytes > text_.size() - at_) return false;
+    if (bytes == 0) return true;  // `out` may be an empty vector's null data()
     std::memcpy(out, text_.data() + at_, bytes);
     at_ += bytes;
     return true;

@@ -57,6 +57,9 @@ constexpr int kSchedulerLingerMs = 2000;
 // doubling), so that one lost packet never closes a connection, whatever PS_HEARTBEAT_TIMEOUT.
 constexpr std::chrono::milliseconds kMinUnacknowledgedTimeout{5000};
 constexpr int kNodeLingerMs = 100;
+// A received data frame's values are used in place only at this alignment (the largest
+// element type's, 8 bytes): else they are copied (Recv).
+constexpr std::uintptr_t kFrameAlignment = 8;
 // Below this size a payload is copied into the frame: cheaper than reference bookkeeping.
 constexpr std::size_t kZeroCopyMinBytes = 512;
 
@@ -492,11 +495,19 @@ bool ZmqTransport::Recv(Message& msg) {
     msg.data.clear();
     msg.data.reserve(frames_.size() - 1);
     for (std::size_t i = 1; i < frames_.size(); ++i) {
+      const DType dtype = decoded_.data[i - 1].dtype;
+      // A small frame may sit at any offset of ZeroMQ's receive batch: the values are read as
+      // their type (an optimizer's floats), which needs them aligned, so such a frame is
+      // copied (a few KiB at most; a big frame has an allocation of its own).
+      if (reinterpret_cast<std::uintptr_t>(frames_[i].data()) % kFrameAlignment != 0) {
+        msg.data.push_back(Blob::Copy(frames_[i].data(), frames_[i].size(), dtype));
+        continue;
+      }
       auto frame = std::allocate_shared<zmq::message_t>(
           PoolAllocator<zmq::message_t>(frame_holders_), std::move(frames_[i]));
       const void* data = frame->data();
       const std::size_t bytes = frame->size();
-      msg.data.emplace_back(std::move(frame), data, bytes, decoded_.data[i - 1].dtype);
+      msg.data.emplace_back(std::move(frame), data, bytes, dtype);
     }
     if (verbose_ >= 2) PS_LOG(INFO) << "received " << msg.DebugString();
     return true;

@@ -27,12 +27,24 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Descriptors process `pid` holds open.
-rlim_t OpenDescriptors(pid_t pid) {
-  rlim_t open = 0;
-  for ([[maybe_unused]] const auto& entry :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
-    ++open;
+// Descriptors process `pid` holds open, once the count held still for 3 s (the connections of
+// nodes that just left close later: the scheduler's socket to a refused node lingers up to
+// 2 s to flush its reply), or after 10 s.
+rlim_t SettledOpenDescriptors(pid_t pid) {
+  const auto count = [pid] {
+    rlim_t open = 0;
+    for ([[maybe_unused]] const auto& entry :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+      ++open;
+    }
+    return open;
+  };
+  rlim_t open = count();
+  for (int same = 0, reads = 0; same < 60 && reads < 200; ++reads) {
+    std::this_thread::sleep_for(50ms);
+    const rlim_t now = count();
+    same = now == open ? same + 1 : 0;
+    open = now;
   }
   return open;
 }
@@ -333,7 +345,7 @@ TEST_CASE(
     rlimit before{};
     REQUIRE(::prlimit(scheduler->pid(), RLIMIT_NOFILE, nullptr, &before) == 0);
     rlimit tight = before;
-    tight.rlim_cur = OpenDescriptors(scheduler->pid()) + 7;  // a reply's worth to spare
+    tight.rlim_cur = SettledOpenDescriptors(scheduler->pid()) + 7;  // a reply's worth to spare
     REQUIRE(::prlimit(scheduler->pid(), RLIMIT_NOFILE, &tight, nullptr) == 0);
     refused(env, "the scheduler cannot take another node: this process has ");
     REQUIRE(::prlimit(scheduler->pid(), RLIMIT_NOFILE, &before, nullptr) == 0);
