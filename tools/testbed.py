@@ -1321,6 +1321,13 @@ def cmd_measure(args):
         for r in results:
             print(f"{r['from']} -> {r['to']}: {r['mbit_per_s']:.1f} Mbit/s over "
                   f"{r['seconds']:.2f} s, rtt {r['rtt_ms_median']:.3f} ms (median)")
+            # A shaped link passes a burst of about 134 KiB at once (two 64 KiB GSO packets),
+            # and TCP needs some round trips to fill a long path: a short window reads either.
+            window_bits = r["mbit_per_s"] * 1e6 * r["seconds"]
+            rtt_s = (r["rtt_ms_median"] or 0) / 1000
+            if r["seconds"] and (window_bits < 10 * 134 * 1024 * 8 or r["seconds"] < 20 * rtt_s):
+                print(f"  (a short window for this link: its burst or TCP's start-up weighs in; "
+                      f"measure over --seconds {max(30, int(40 * rtt_s))} for its sustained rate)")
     return 0
 
 

@@ -13,8 +13,8 @@ namespace ps {
 namespace {
 
 // A peer's kernel acknowledges a segment within a round trip plus its delayed-ACK time (at most
-// 200 ms on Linux): data unacknowledged for longer than this, with no ACK meanwhile, is not a
-// mere segment in flight.
+// 200 ms on Linux): data unacknowledged for longer than this (or two round trips, on a long
+// path), with no ACK meanwhile, is not a mere segment in flight.
 constexpr std::chrono::milliseconds kAckExpectedWithin{1000};
 // A share of resent packets worth naming: a healthy LAN resends almost none.
 constexpr std::uint64_t kNotableResentPercent = 2;
@@ -51,7 +51,9 @@ std::optional<LinkState> ReadLinkState(int fd) {
 PathVerdict JudgePath(const std::optional<LinkState>& state, std::chrono::milliseconds recent) {
   if (!state || state->since_sent > recent) return PathVerdict::kUnknown;
   if (state->unacknowledged == 0) return PathVerdict::kAcknowledged;
-  if (state->backoff == 0 && state->since_acknowledged < kAckExpectedWithin) {
+  // A long path's acknowledgements come a round trip later: within two of them is on time.
+  const auto expected = std::max(kAckExpectedWithin, 2 * state->round_trip);
+  if (state->backoff == 0 && state->since_acknowledged < expected) {
     return PathVerdict::kAcknowledged;  // acknowledgements keep coming: data merely in flight
   }
   return PathVerdict::kUnacknowledged;

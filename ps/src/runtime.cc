@@ -25,9 +25,10 @@ using SteadyClock = std::chrono::steady_clock;
 // While a node waits to register it says what it waits for this often, so that a pod whose
 // scheduler is not up yet, or a wrong port, shows in its log long before PS_REGISTER_TIMEOUT.
 constexpr std::chrono::milliseconds kWaitReportEvery{3000};
-// The registration wait's probe of the scheduler's port (SchedulerProbe): its answer limit, and
-// the round trip past which the path, more than a refusal, explains a missing reply.
-constexpr std::chrono::milliseconds kSchedulerProbeTimeout{3000};
+// The registration wait's probe of the scheduler's port (SchedulerProbe): its answer limit (a
+// connect takes a round trip, seconds on a long path), and the round trip past which the path,
+// more than a refusal, explains a missing reply.
+constexpr std::chrono::milliseconds kSchedulerProbeTimeout{10000};
 constexpr std::chrono::milliseconds kSlowRoundTrip{300};
 
 std::string TimeLeft(SteadyClock::time_point deadline) {

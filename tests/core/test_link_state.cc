@@ -48,6 +48,12 @@ TEST_CASE("link state: a path is judged by what the peer's kernel acknowledged",
   // Sent, never acknowledged for seconds, or retransmitting: the path carries nothing back.
   CHECK(JudgePath(State(10ms, 4000ms, 3), kTimeout) == PathVerdict::kUnacknowledged);
   CHECK(JudgePath(State(10ms, 300ms, 1, 2), kTimeout) == PathVerdict::kUnacknowledged);
+  // On a path of a 1.5 s round trip, 2.3 s without an ACK is data in flight, not silence.
+  LinkState distant = State(10ms, 2300ms, 3);
+  distant.round_trip = 1500ms;
+  CHECK(JudgePath(distant, kTimeout) == PathVerdict::kAcknowledged);
+  distant.since_acknowledged = 3100ms;
+  CHECK(JudgePath(distant, kTimeout) == PathVerdict::kUnacknowledged);
   // Nothing sent within the window, or no connection: nothing is known of the path now.
   CHECK(JudgePath(State(6000ms, 6000ms, 0), kTimeout) == PathVerdict::kUnknown);
   CHECK(JudgePath(std::nullopt, kTimeout) == PathVerdict::kUnknown);
