@@ -254,11 +254,24 @@ std::string Runtime::SchedulerProbe(bool* accepted) const {
   if (probe.accepted && probe.round_trip >= kSlowRoundTrip) {
     // Registering takes a few round trips each way (two connections, each with ZeroMQ's
     // handshake): a slow path, not a refusal, is the likelier reason no reply came yet.
+    const auto handshake = HandshakeTimeoutFor(config_);
+    const auto needed = 3 * probe.round_trip;
+    std::string verdict = "ZeroMQ's handshake gets " + FormatSeconds(handshake) +
+                          " (PS_HEARTBEAT_TIMEOUT, within 5 to 30 s), enough for three";
+    if (needed > handshake) {
+      verdict = "ZeroMQ's handshake gets " + FormatSeconds(handshake) +
+                " (PS_HEARTBEAT_TIMEOUT, within 5 to 30 s), less than the three it needs, so "
+                "this node cannot register: " +
+                (needed <= kMaxHandshakeInterval
+                     ? "start every node of the job with PS_HEARTBEAT_TIMEOUT of at least " +
+                           std::to_string((needed.count() + 999) / 1000)
+                     : std::string("the path is too long for a job (over 10 s)"));
+    }
     return "the port accepts connections, but a round trip to it takes about " +
            FormatSeconds(probe.round_trip) +
            ": registering takes several (ZeroMQ's handshake, then the reply over a connection "
-           "of the scheduler's own), so it is slow on this path; ZeroMQ's handshake gets "
-           "PS_HEARTBEAT_TIMEOUT (5 to 30 s), which must exceed about three round trips";
+           "of the scheduler's own), so it is slow on this path; " +
+           verdict;
   }
   if (probe.accepted) {
     // The reply travels over the scheduler's own connection to this node's address.

@@ -44,8 +44,7 @@ constexpr int kListenBacklog = 64;
 // commands): on a path of a 2 s round trip, more than 5 s. It gets a heartbeat timeout, the
 // job's bound on how slow a live path may be, within these bounds: the short one keeps
 // half-open connections from holding handshake slots long (ConnectionLimits::max_pending).
-constexpr std::chrono::milliseconds kMinHandshakeInterval{5000};
-constexpr std::chrono::milliseconds kMaxHandshakeInterval{30000};
+// (kMinHandshakeInterval, kMaxHandshakeInterval: zmq_transport.h.)
 // How long closing a send socket may wait to flush queued messages (ZMQ_LINGER). The
 // scheduler's last messages matter (a TERMINATE, a refusal) and nobody acknowledges them.
 // Everything a server or worker must deliver before it exits is acknowledged before it closes
@@ -185,6 +184,10 @@ std::string ZmqTransport::DescriptorShortage() const {
          ": raise the limit of the process (ulimit -n, or LimitNOFILE for a service)";
 }
 
+std::chrono::milliseconds HandshakeTimeoutFor(const ClusterConfig& config) {
+  return std::clamp(config.heartbeat_timeout, kMinHandshakeInterval, kMaxHandshakeInterval);
+}
+
 TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
   TransportOptions options;
   options.verbose = config.verbose;
@@ -204,8 +207,7 @@ TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role) {
     options.keepalive_s = static_cast<int>(
         std::max<std::int64_t>(1, (config.heartbeat_timeout.count() + 999) / 1000));
   }
-  options.handshake_timeout =
-      std::clamp(config.heartbeat_timeout, kMinHandshakeInterval, kMaxHandshakeInterval);
+  options.handshake_timeout = HandshakeTimeoutFor(config);
   options.job_secret = config.job_secret;
   options.encrypt = config.encrypt;
   if (config.encrypt) {

@@ -82,6 +82,10 @@ struct TransportOptions {
 // layout produces (a whole key below MXNET_KVSTORE_BIGARRAY_BOUND at 8 bytes per element, or a
 // PS_CHUNK_BYTES slice) or the node table, whichever is larger.
 TransportOptions TransportOptionsFor(const ClusterConfig& config, Role role);
+// The ZMQ_HANDSHAKE_IVL a node of `config`'s job gets: PS_HEARTBEAT_TIMEOUT within these.
+constexpr std::chrono::milliseconds kMinHandshakeInterval{5000};
+constexpr std::chrono::milliseconds kMaxHandshakeInterval{30000};
+std::chrono::milliseconds HandshakeTimeoutFor(const ClusterConfig& config);
 constexpr std::int64_t kSchedulerMaxFrameBytes = std::int64_t{1} << 20;
 constexpr int kSchedulerReceiveHwm = 4;
 

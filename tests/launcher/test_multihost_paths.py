@@ -6,7 +6,8 @@ changes one host's link and restores it:
   link's queue past the timeout. The job ends, and the message names the path (nothing sent was
   acknowledged, packets resent), never a stopped or hung scheduler;
 - h1 1 s from every other host each way (a 2 s round trip): registration takes several round
-  trips and ZeroMQ's handshake more than 5 s; the job registers and runs exact;
+  trips and ZeroMQ's handshake more than 5 s; the job registers and runs exact; with
+  PS_HEARTBEAT_TIMEOUT=5 it cannot, and h1's nodes say what to set;
 - h2 at 1 Mbit/s: a dist_sync wait's note names the worker's own bytes still on their way to
   the servers; the job runs exact;
 - jumbo frames everywhere but h2's switch port (an MTU black hole): ssh to h2 connects and
@@ -72,8 +73,23 @@ class BedPaths(BedJobTest):
         # the nodes on h1 wait several seconds, and say why: the round trip, not the secret
         self.assertRegex(r.out + r.err, r"\[(server|worker) 1\] .*waiting for the scheduler at "
                          r"[0-9.:]+: the port accepts connections, but a round trip to it "
-                         r"takes about 2(\.\d)? s")
+                         r"takes about 2(\.\d)? s: .* ZeroMQ's handshake gets 20 s "
+                         r"\(PS_HEARTBEAT_TIMEOUT, within 5 to 30 s\), enough for three")
         self.assertNotIn("PS_JOB_SECRET", r.out + r.err)
+        self.assert_nothing_left_here()
+        # with PS_HEARTBEAT_TIMEOUT=5 the handshake gets 5 s, too short for three round trips:
+        # the job cannot start, and the nodes on h1 say what to set
+        self.bed.tool("shape", self.bed.id, "h1", "--rate", "1gbit", "--delay", "1s")
+        r = self.run_launcher(["-n", "2", "-s", "2"] + self.bed_args(hosts)
+                              + ["--env", "PS_REGISTER_TIMEOUT=40", "--env",
+                                 "PS_HEARTBEAT_TIMEOUT=5", binary("ps-kvstore-check"),
+                                 "--rounds", "1"], env=self.real_env(), timeout=200)
+        self.bed.tool("shape", self.bed.id, "h1", "--rate", "1gbit", "--delay", "0")
+        self.assertNotEqual(r.rc, 0, r)
+        self.assertRegex(r.out + r.err, r"\[(server|worker) 1\] .*ZeroMQ's handshake gets 5 s "
+                         r"\(PS_HEARTBEAT_TIMEOUT, within 5 to 30 s\), less than the three it "
+                         r"needs, so this node cannot register: start every node of the job "
+                         r"with PS_HEARTBEAT_TIMEOUT of at least [67]\b")
         self.assert_nothing_left_here()
 
     @unittest.skipIf(KV, KV)
