@@ -77,12 +77,17 @@ std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::m
              "starved of CPU" +
              loss;
     }
-    case PathVerdict::kUnacknowledged:
+    case PathVerdict::kUnacknowledged: {
+      // The resends of the data now unacknowledged (one per timeout, and a tail probe) say
+      // nothing of the path before: a cut link resends them too.
+      LinkState before = *state;
+      before.segments_resent -= std::min<std::uint64_t>(before.segments_resent, state->backoff + 1);
       return "nothing " + sender + " sent it for " + FormatSeconds(state->since_acknowledged) +
              " was acknowledged: its host is down, or the network between them is cut, drops "
              "the packets, or holds them in a queue for longer than PS_HEARTBEAT_TIMEOUT (a "
              "link saturated by the job's own data: too slow for the job)" +
-             LossNote(*state);
+             LossNote(before);
+    }
     case PathVerdict::kUnknown:
       break;
   }
