@@ -1046,7 +1046,14 @@ void Scheduler::ApplyConnectionEvents() {
   }
   for (const ConnectionEvent& event : events) {
     const int id = event.id;
-    if (event.connected) unopened_.erase(id);
+    // A registrant hears its node table only over this connection, and sends no heartbeat
+    // before: on a long path it opens seconds after the registration, and the node's silence
+    // counts from then.
+    if (event.connected && unopened_.erase(id) != 0 &&
+        static_cast<std::size_t>(id) < nodes_.size()) {
+      last_seen_[static_cast<std::size_t>(id)] =
+          std::max(last_seen_[static_cast<std::size_t>(id)], event.at);
+    }
     // Finished workers, dead nodes and refused registrations are nobody's concern: their
     // connections close as they exit.
     if (id <= 0 || static_cast<std::size_t>(id) >= nodes_.size() || !IsLive(id)) continue;
