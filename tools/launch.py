@@ -1257,9 +1257,8 @@ class Launch:
         """Keeps at most SSH_STARTS_PER_HOST connections to one host in their handshake (sshd
         drops connections beyond its MaxStartups, 10 by default)."""
         def connecting():
-            return sum(1 for p in self.procs if p.spec.host is not None and
-                       p.spec.host.key() == host.key() and p.child_pgid is None and
-                       p.returncode is None)
+            return sum(1 for p in self.procs
+                       if p.starting_remotely() and p.spec.host.key() == host.key())
         while connecting() >= SSH_STARTS_PER_HOST and self.signal_received is None:
             self.pump(0.05)
 
@@ -1561,7 +1560,7 @@ class Launch:
         now = time.monotonic()
         waiting = {}
         for p in self.procs:
-            if p.spec.host is not None and p.returncode is None and p.child_pgid is None:
+            if p.starting_remotely():
                 waiting.setdefault(p.spec.where, []).append(p)
         stalled = []
         for where, procs in waiting.items():
@@ -1693,6 +1692,10 @@ class Proc:
         self.stop_requested = False
         self.saw_job_end = False  # the scheduler logged that every worker finished
         self.orphan_stopped = False  # its wrapper was killed while the command ran (poll)
+
+    def starting_remotely(self):
+        """Started over ssh, running, and its command not yet started: no pid marker yet."""
+        return self.spec.host is not None and self.returncode is None and self.child_pgid is None
 
     def read_output(self, events):
         got_pid = got_watch = False

@@ -63,8 +63,7 @@ std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::m
                            const std::string& sender, bool busy_path) {
   switch (JudgePath(state, recent)) {
     case PathVerdict::kAcknowledged: {
-      const std::string loss = LossNote(*state);
-      if (loss.empty() && !busy_path) {
+      if (ProvesPeerStuck(state, recent, busy_path)) {
         return "its host acknowledges what " + sender +
                " sends it, so the network carries packets both ways: the process is stopped "
                "(e.g. by SIGSTOP), hung or starved of CPU";
@@ -75,7 +74,7 @@ std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::m
              " sends it, but what it sends back may be lost or held in a queue on the way (a "
              "lossy or saturated link), or the process is stopped (e.g. by SIGSTOP), hung or "
              "starved of CPU" +
-             loss;
+             LossNote(*state);
     }
     case PathVerdict::kUnacknowledged: {
       // The resends of the data now unacknowledged (one per timeout, and a tail probe) say
@@ -92,6 +91,12 @@ std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::m
       break;
   }
   return "";
+}
+
+bool ProvesPeerStuck(const std::optional<LinkState>& state, std::chrono::milliseconds recent,
+                     bool busy_path) {
+  return !busy_path && JudgePath(state, recent) == PathVerdict::kAcknowledged &&
+         LossNote(*state).empty();
 }
 
 std::string LossNote(const LinkState& state) {

@@ -48,6 +48,11 @@ PathVerdict JudgePath(const std::optional<LinkState>& state, std::chrono::millis
 std::string ExplainSilence(const std::optional<LinkState>& state, std::chrono::milliseconds recent,
                            const std::string& sender, bool busy_path = false);
 
+// Whether `state` proves the peer's process stopped, hung or starved: its kernel acknowledges
+// (JudgePath over `recent`) over a clean path, no packets resent, and not `busy_path`.
+bool ProvesPeerStuck(const std::optional<LinkState>& state, std::chrono::milliseconds recent,
+                     bool busy_path);
+
 // "; 12 of the 80 packets sent to it (15%) had to be resent: the network loses packets" when
 // the connection lost a notable share of what it sent, else "".
 std::string LossNote(const LinkState& state);

@@ -257,15 +257,15 @@ std::string Runtime::SchedulerProbe(bool* accepted) const {
     const auto handshake = HandshakeTimeoutFor(config_);
     const auto needed = 3 * probe.round_trip;
     std::string verdict = "ZeroMQ's handshake gets " + FormatSeconds(handshake) +
-                          " (PS_HEARTBEAT_TIMEOUT, within 5 to 30 s), enough for three";
-    if (needed > handshake) {
-      verdict = "ZeroMQ's handshake gets " + FormatSeconds(handshake) +
-                " (PS_HEARTBEAT_TIMEOUT, within 5 to 30 s), less than the three it needs, so "
-                "this node cannot register: " +
-                (needed <= kMaxHandshakeInterval
-                     ? "start every node of the job with PS_HEARTBEAT_TIMEOUT of at least " +
-                           std::to_string((needed.count() + 999) / 1000)
-                     : std::string("the path is too long for a job (over 10 s)"));
+                          " (PS_HEARTBEAT_TIMEOUT, within 5 to 30 s), ";
+    if (needed <= handshake) {
+      verdict += "enough for three";
+    } else {
+      verdict += "less than the three it needs, so this node cannot register: " +
+                 (needed <= kMaxHandshakeInterval
+                      ? "start every node of the job with PS_HEARTBEAT_TIMEOUT of at least " +
+                            std::to_string((needed.count() + 999) / 1000)
+                      : std::string("the path is too long for a job (over 10 s)"));
     }
     return "the port accepts connections, but a round trip to it takes about " +
            FormatSeconds(probe.round_trip) +
@@ -982,8 +982,7 @@ std::string Runtime::WhySchedulerIsSilent() {
   if (why.empty()) {
     return ": it is stopped (e.g. by SIGSTOP) or hung, or the network stopped carrying packets";
   }
-  if (JudgePath(link, config_.heartbeat_timeout) == PathVerdict::kAcknowledged && !busy &&
-      LossNote(*link).empty()) {
+  if (ProvesPeerStuck(link, config_.heartbeat_timeout, busy)) {
     // The scheduler's host is there, the path clean, and the process silent: say it as for
     // any stopped one.
     return ": it is stopped (e.g. by SIGSTOP) or hung (" + why + ")";

@@ -413,30 +413,29 @@ class Args(LauncherTest):
             "[launch] worker 1 at h2 was declared dead by the scheduler, but its process has "
             "not exited as far as the launcher sees: h2 or the network to it is down, or the "
             "network drops or queues its packets for longer than PS_HEARTBEAT_TIMEOUT"])
+        def report_of(why):
+            """The launcher's report when server 0's last line says worker 1 died `why`."""
+            err.truncate(0)
+            err.seek(0)
+            by_label["server 0"].lines.clear()
+            by_label["server 0"].lines.append(
+                "E... server 0: the job failed: worker 1 (node 5 at h2:4242) died (no heartbeat "
+                "for over 20 s (PS_HEARTBEAT_TIMEOUT), and its host acknowledges what the "
+                f"scheduler sends it, {why} ...)")
+            self.assertTrue(la.report_lost_hosts([by_label["server 0"]]))
+            return err.getvalue()
+
         # the scheduler's probe was acknowledged by the node's host: the process is stuck there
-        err.truncate(0)
-        err.seek(0)
-        by_label["server 0"].lines.clear()
-        by_label["server 0"].lines.append(
-            "E... server 0: the job failed: worker 1 (node 5 at h2:4242) died (no heartbeat for "
-            "over 20 s (PS_HEARTBEAT_TIMEOUT), and its host acknowledges what the scheduler "
-            "sends it, so the network carries packets both ways: the process is stopped ...)")
-        self.assertTrue(la.report_lost_hosts([by_label["server 0"]]))
-        self.assertEqual(err.getvalue().splitlines(), [
+        self.assertEqual(report_of("so the network carries packets both ways: the process is "
+                                   "stopped").splitlines(), [
             "[launch] worker 1 at h2 was declared dead by the scheduler, but its process has "
             "not exited as far as the launcher sees: h2 acknowledges the scheduler's messages, "
             "so the process there is stopped (SIGSTOP), hung or starved of CPU"])
         # ... but over a lossy path that proves little: the network is named
-        err.truncate(0)
-        err.seek(0)
-        by_label["server 0"].lines.clear()
-        by_label["server 0"].lines.append(
-            "E... server 0: the job failed: worker 1 (node 5 at h2:4242) died (no heartbeat for "
-            "over 20 s (PS_HEARTBEAT_TIMEOUT), and its host acknowledges what the scheduler "
-            "sends it, but what it sends back may be lost or held in a queue on the way ...)")
-        self.assertTrue(la.report_lost_hosts([by_label["server 0"]]))
         self.assertIn("h2 or the network to it is down, or the network drops or queues its "
-                      "packets", err.getvalue())
+                      "packets",
+                      report_of("but what it sends back may be lost or held in a queue on the "
+                                "way"))
         # a 255 on a host where another process still runs is not a lost host
         by_label["server 2"].returncode = None
         err.truncate(0)
