@@ -26,6 +26,7 @@
 #include "ps/error.h"
 #include "ps/src/log_text.h"
 #include "ps/src/small_file.h"
+#include "ps/src/stack_room.h"
 #include "ps/src/start_thread.h"
 #include "ps/src/stderr_log.h"
 
@@ -400,6 +401,10 @@ void Init(int* argc, char*** argv, const std::string& usage, Role role) {
   // Nor may a file grown past RLIMIT_FSIZE (ulimit -f) kill it with SIGXFSZ: the write fails
   // (EFBIG) and is reported like a full disk.
   ::signal(SIGXFSZ, SIG_IGN);
+  // First of the work, while the main thread still has room to say why it cannot go on.
+  if (const std::string shortage = internal::RaiseStackRoom(0); !shortage.empty()) {
+    Die(ProgramName((*argv)[0]), shortage);
+  }
   gflags::SetVersionString(Version());
   gflags::SetUsageMessage(usage);
   ParseFlags(argc, argv);

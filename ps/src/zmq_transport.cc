@@ -13,6 +13,7 @@
 #include "ps/error.h"
 #include "ps/src/glog_or_stderr.h"
 #include "ps/src/log_text.h"
+#include "ps/src/stack_room.h"
 
 namespace ps {
 namespace {
@@ -121,7 +122,10 @@ std::size_t RaiseDescriptorLimit(int verbose) {
   return static_cast<std::size_t>(std::min(limit.rlim_cur, kMost));
 }
 
+// Settles the process limits ZeroMQ needs before its context starts threads: stack room for
+// them, and descriptors, which size the connection caps.
 ConnectionLimits LimitsFor(const TransportOptions& options) {
+  internal::EnsureStackRoom(options.verbose);
   const std::size_t descriptors = RaiseDescriptorLimit(options.verbose);
   const auto peers = static_cast<std::size_t>(std::max(options.job_nodes, 1));
   const std::size_t reserve =

@@ -92,8 +92,8 @@ constexpr int kSchedulerReceiveHwm = 4;
 class ZmqTransport {
  public:
   // Raises this process's soft RLIMIT_NOFILE to its hard limit (once per process in effect)
-  // and sizes the connection caps from it. Throws ps::Error when ZeroMQ cannot start, or the
-  // limit is too low for it to run.
+  // and sizes the connection caps from it; gives threads at least stack_room.h's stack.
+  // Throws ps::Error when ZeroMQ cannot start, or a limit is too low for it to run.
   explicit ZmqTransport(const TransportOptions& options);
   ~ZmqTransport();
   ZmqTransport(const ZmqTransport&) = delete;

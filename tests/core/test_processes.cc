@@ -414,6 +414,44 @@ TEST_CASE("processes: a descriptor limit too low for ZeroMQ is a one-line error 
   }
 }
 
+// `ulimit -s` sizes the default stack of every thread: under 32 KiB, ZeroMQ's threads overflowed
+// theirs and every node died of SIGSEGV without a word. A soft limit is raised; a hard one too
+// low for the main thread is a one-line error naming it.
+TEST_CASE("processes: a small stack limit is raised, or a one-line error naming it",
+          "[processes][fault]") {
+  SECTION("a soft limit of 32 KiB: a job runs") {
+    const std::string soft = "ulimit -S -s 32 && exec \"$0\" \"$@\"";
+    Env env = JobEnv(1, 1, 0);
+    ChildProcess scheduler({"/bin/bash", "-c", soft, ps::test::BinPath("ps-scheduler")}, env);
+    REQUIRE(scheduler.WaitForOutput("ps-scheduler: listening on", 10s));
+    std::smatch match;
+    const std::string listening = scheduler.Output();
+    REQUIRE(std::regex_search(listening, match, std::regex("127\\.0\\.0\\.1:(\\d+)")));
+    env["DMLC_PS_ROOT_PORT"] = match[1];
+    ChildProcess server({"/bin/bash", "-c", soft, ps::test::BinPath("ps-server")}, env);
+    ChildProcess worker(
+        {"/bin/bash", "-c", soft, ps::test::BinPath("ps-kvstore-check"), "--rounds", "3"}, env);
+    CHECK(worker.Wait(60s) == 0);
+    CHECK_THAT(worker.Output(), Catch::Contains("kvstore-check: ok rank=0"));
+    CHECK(server.Wait(20s) == 0);
+    CHECK(scheduler.Wait(20s) == 0);
+  }
+  SECTION("a hard limit of 32 KiB: each role says so and exits 1") {
+    const std::string why =
+        "error: the stack limit (ulimit -s) is 32 KiB, below the 1024 KiB a node needs: raise "
+        "it (ulimit -s 8192 is the usual, in the shell that starts the node)";
+    for (const std::string binary : {"ps-scheduler", "ps-server", "ps-kvstore-check"}) {
+      INFO(binary);
+      ChildProcess node({"/bin/bash", "-c", "ulimit -s 32 && exec " + ps::test::BinPath(binary)},
+                        JobEnv(1, 1, binary == "ps-scheduler" ? 0 : 9));
+      CHECK(node.Wait(10s) == 1);
+      const std::string output = node.Output();
+      CHECK_THAT(output, Catch::EndsWith(why + "\n"));
+      CHECK(std::count(output.begin(), output.end(), '\n') == 1);
+    }
+  }
+}
+
 TEST_CASE("processes: a role whose output reader went away goes on, not killed by SIGPIPE",
           "[processes][fault]") {
   // `ps-scheduler 2>&1 | grep -m1 listening` picks up the port, and grep exits: the
