@@ -231,7 +231,7 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
     }
   }
   try {
-    AgreeAmongWorkers(call + " (outcome)", error, error_kind);
+    AgreeAmongWorkers(call + std::string(Runtime::kOutcomeVoteSuffix), error, error_kind);
   } catch (const Error& e) {
     failed_everywhere(e);
   }

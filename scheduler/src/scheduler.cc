@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ps/error.h"
+#include "ps/runtime.h"
 #include "ps/src/internal.h"
 #include "ps/src/link_state.h"
 #include "ps/src/wire.h"
@@ -891,14 +892,23 @@ void Scheduler::NoteLongBarriers(Clock::time_point now) {
     }
     if (absent.empty()) continue;  // released at the next arrival or death
     barrier_noted_[group] = now;
-    const std::string& vote = first->second.vote;
+    std::string_view vote = first->second.vote;
+    const std::string waited = FormatSeconds(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - first->second.at));
+    if (group == kWorkerGroup && vote.ends_with(Runtime::kOutcomeVoteSuffix)) {
+      vote.remove_suffix(Runtime::kOutcomeVoteSuffix.size());
+      // Every worker entered the call (they agreed on it): the absent one does its work.
+      LOG(WARNING) << "the workers' collective " << ShownCall(std::string(vote)) << " has waited "
+                   << waited << " for the outcome from " << absent
+                   << ", which is still doing the call's work (its values, files or settings "
+                      "reach the servers; a slow link or a big call takes a while): the job "
+                      "goes on once it is done";
+      continue;
+    }
     LOG(WARNING) << (group == kWorkerGroup && !vote.empty()
-                         ? "the workers' collective " + ShownCall(vote)
+                         ? "the workers' collective " + ShownCall(std::string(vote))
                          : "a barrier of group " + std::to_string(group))
-                 << " has waited "
-                 << FormatSeconds(std::chrono::duration_cast<std::chrono::milliseconds>(
-                        now - first->second.at))
-                 << " for " << absent
+                 << " has waited " << waited << " for " << absent
                  << ", which has not entered it: still working (the job goes on once it enters), "
                     "or its program skips the call (every worker must make the same collective "
                     "calls)";

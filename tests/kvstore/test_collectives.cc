@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <future>
 #include <string>
@@ -199,6 +200,36 @@ TEST_CASE("dist kvstore: a collective that waits long for a live worker names it
                          Catch::Contains(" s for worker 1 (node ") &&
                          Catch::Contains("which has not entered it: still working (the job "
                                          "goes on once it enters)"));
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: a collective's outcome that waits long names the worker doing it",
+          "[dist][collective]") {
+  // Rank 0 does Init's work (the values reach the servers) while the others wait for its
+  // outcome: the scheduler's note says so, not that rank 0 has not entered the call. The server
+  // stopped (SIGSTOP) for a while, well within the heartbeat timeout, holds Init up.
+  KVCluster cluster(1, 2, {{"PS_STALL_TIMEOUT", "4"}, {"PS_HEARTBEAT_TIMEOUT", "20"}});
+  const std::string note = "the workers' collective Init key 3 (16 x float32) has waited 2";
+  auto resume = std::async(std::launch::async, [&] {
+    const bool noted = cluster.scheduler().WaitForOutput(note, 30s);
+    cluster.servers()[0]->Kill(SIGCONT);  // whatever happened: the job must end
+    return noted;
+  });
+  // dist_async: in dist_sync each worker first announces the collective to the servers, which
+  // the stopped server would hold up before the workers vote.
+  const auto outcomes = cluster.RunWorkers("dist_async", [&](ps::KVStore& kv) {
+    std::vector<float> values(16, 1.0F);
+    kv.Barrier();  // both workers are up: rank 0 stops the server, then both enter Init
+    if (kv.Rank() == 0) cluster.servers()[0]->Kill(SIGSTOP);
+    kv.Init(3, ps::Tensor(values.data(), values.size()));
+  });
+  CHECK(resume.get());
+  CHECK(AllOk(outcomes) == "");
+  const std::string output = cluster.scheduler().Output();
+  INFO(output);
+  CHECK_THAT(output, Catch::Contains(" s for the outcome from worker 0 (node ") &&
+                         Catch::Contains("which is still doing the call's work") &&
+                         !Catch::Contains("has not entered it"));
   CHECK(cluster.EndedCleanly());
 }
 

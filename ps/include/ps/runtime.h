@@ -21,6 +21,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -110,6 +111,11 @@ class Runtime {
   // the members' own (`failure_kind`) when every member that failed gave the same kind.
   void Agree(int groups, const std::string& vote, const std::string& failure = "",
              const std::function<void()>& stalled = {}, ErrorKind failure_kind = ErrorKind::kOther);
+  // The suffix of a collective's second vote: after every worker agreed on the call, one of
+  // them (rank 0) does its work and the others wait for the outcome, voted as the call plus
+  // this. The scheduler's long-wait note tells such a wait (a worker inside the call) apart
+  // from one for a worker that has not entered it.
+  static constexpr std::string_view kOutcomeVoteSuffix = " (outcome)";
   // How long a wait lasts before a worker reports it as a stall (ReportStall), then between
   // its reports while it lasts: twice as long each time, at most kMaxStallReportGap.
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
