@@ -1486,10 +1486,14 @@ class Launch:
             there = [p for p in remote if p.spec.host.name == name]
             if all(p.returncode == 255 for p in there):
                 lost.append(name)
-                self.say(f"lost host {name}: the ssh connections of all its processes "
-                         f"({', '.join(p.spec.label for p in there)}) ended with status 255 "
-                         "(its processes were killed, or the host, its sshd or the network "
-                         "to it failed)")
+                labels = ", ".join(p.spec.label for p in there)
+                if any(p.child_pgid is not None for p in there):
+                    self.say(f"lost host {name}: the ssh connections of all its processes "
+                             f"({labels}) ended with status 255 (its processes were killed, "
+                             "or the host, its sshd or the network to it failed)")
+                else:  # not one command ran there: ssh itself failed, and says why
+                    self.say(f"could not start {labels} on host {name}: ssh ended with status "
+                             f"255 before the command ran{ssh_failure_advice(there)}")
         named = bool(lost)
         for where, labels, waited in self.stalled_starts():
             self.say(f"{', '.join(labels)} on {where}: ssh has not started the command in "
@@ -1673,6 +1677,34 @@ def process_state(pid):
     except (OSError, IndexError):
         return None
 
+
+
+# ssh's own complaint when it could not run a command (LogLevel=ERROR keeps it), and what to do.
+SSH_FAILURES = (
+    ("timed out", "the host did not answer within ssh's ConnectTimeout (10 s): check that it "
+     "is up and reachable, and on a path of a long round trip (a second or more) give ssh more "
+     "time (--ssh-opts \"-o ConnectTimeout=60\")"),
+    ("Connection refused", "no sshd listens there: start it, or give the port (host:port in "
+     "the hostfile)"),
+    ("Could not resolve hostname", "check the host name in the hostfile"),
+    ("Permission denied", "the host refused ssh's keys: the launcher runs ssh in batch mode "
+     "(no password prompt), so key-based login must work (ssh-copy-id)"),
+    ("Host key verification failed", "ssh does not know the host's key, or it changed: connect "
+     "once by hand to add it to known_hosts"),
+)
+
+
+def ssh_failure_advice(procs):
+    """': <ssh's complaint>: <what to do>' from the last lines of processes whose ssh failed
+    before the command ran, or ''."""
+    for p in procs:
+        for line in reversed(p.lines):
+            advice = next((what for key, what in SSH_FAILURES if key in line), None)
+            if advice is not None:
+                return f": {line}: {advice}"
+            if line.startswith("ssh:"):
+                return f": {line}"
+    return ""
 
 class Proc:
     """A running spec: the local process (wrapper, or ssh to the remote wrapper)."""

@@ -396,8 +396,10 @@ class Args(LauncherTest):
         for spec in la.make_specs("10.0.0.1", 9000):
             la.procs.append(launch.Proc(spec, None))
         by_label = {p.spec.label: p for p in la.procs}
-        # every process on h3 lost its ssh connection (255): the host is named
+        # every process on h3 lost its ssh connection (255) after its command ran: the host
+        # is named
         by_label["server 2"].returncode = by_label["worker 2"].returncode = 255
+        by_label["server 2"].child_pgid = by_label["worker 2"].child_pgid = 4242
         # ... and the scheduler declared worker 1 (on h2, still running here) dead
         by_label["server 0"].returncode = 1
         by_label["server 0"].lines.append("E... server 0: the job failed: worker 1 (node 5 at "
@@ -442,6 +444,43 @@ class Args(LauncherTest):
         err.seek(0)
         self.assertFalse(la.report_lost_hosts([by_label["worker 2"]]))
         self.assertEqual(err.getvalue(), "")
+
+    def test_failure_report_names_why_ssh_could_not_start_a_host(self):
+        # No command ran on h2: ssh itself failed, and its own complaint is named with what
+        # to do about it.
+        hosts = self.write("hosts", "h1\nh2\n")
+        err = io.StringIO()
+        la = launch.Launch(self.parse(["-n", "2", "-s", "2", "-H", hosts, "prog"]), err=err)
+        for spec in la.make_specs("10.0.0.1", 9000):
+            la.procs.append(launch.Proc(spec, None))
+        there = [p for p in la.procs if p.spec.host is not None and p.spec.host.name == "h2"]
+        for p in there:
+            p.returncode = 255
+
+        def report_of(*lines):
+            err.truncate(0)
+            err.seek(0)
+            for p in there:
+                p.lines.clear()
+                p.lines.extend(lines)
+            self.assertTrue(la.report_lost_hosts(there))
+            return err.getvalue().strip()
+
+        self.assertEqual(
+            report_of("Connection timed out during banner exchange",
+                      "Connection to h2 port 22 timed out"),
+            "[launch] could not start server 1, worker 1 on host h2: ssh ended with status 255 "
+            "before the command ran: Connection to h2 port 22 timed out: the host did not "
+            "answer within ssh's ConnectTimeout (10 s): check that it is up and reachable, and "
+            "on a path of a long round trip (a second or more) give ssh more time (--ssh-opts "
+            "\"-o ConnectTimeout=60\")")
+        self.assertIn("before the command ran: root@h2: Permission denied (publickey).: the host "
+                      "refused ssh's keys", report_of("root@h2: Permission denied (publickey)."))
+        self.assertIn("before the command ran: ssh: connect to host h2 port 22: Connection "
+                      "refused: no sshd listens there",
+                      report_of("ssh: connect to host h2 port 22: Connection refused"))
+        # ssh said nothing the launcher knows: the status alone
+        self.assertTrue(report_of("something else").endswith("before the command ran"))
 
     def test_culprit_is_a_process_that_failed_on_its_own(self):
         # Worker 0 exited first, but only with the job's failure the scheduler told it of;

@@ -222,8 +222,9 @@ class SshLauncher(LauncherTest):
                               timeout=60)
         self.assertNotEqual(r.rc, 0, r)
         self.assertIn("on 127.0.0.3 exited with status 255 (ssh failed", r.err)
-        self.assertIn("[launch] lost host 127.0.0.3: the ssh connections of all its processes "
-                      "(worker 0) ended with status 255", r.err)
+        self.assertIn("[launch] could not start worker 0 on host 127.0.0.3: ssh ended with "
+                      "status 255 before the command ran: ssh: connect to host 127.0.0.3 port "
+                      f"{self.sshd.port}: Connection refused: no sshd listens there", r.err)
         self.assert_nothing_left()
 
     @staticmethod
