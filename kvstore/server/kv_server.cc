@@ -56,16 +56,20 @@ Blob NewBuffer(std::size_t bytes, DType dtype) {
   return Blob::FromVector(std::vector<std::byte>(bytes), dtype);
 }
 
-// The error a request gets when this server cannot allocate what it needs for `key`: the
-// request fails, the server and what it stores stay as they were.
-std::string OutOfMemory(Key key, std::size_t bytes, const std::string& what) {
-  return KeyText(key) + ": out of memory: this server could not allocate " + std::to_string(bytes) +
-         " bytes " + what +
+}  // namespace
+
+std::string OutOfMemory(Key key, std::uint64_t offset, std::uint64_t length, std::uint64_t total,
+                        std::size_t bytes, std::string_view what) {
+  std::string text = KeyText(key) + ": out of memory: this server could not allocate " +
+                     std::to_string(bytes) + " bytes " + std::string(what);
+  if (length < total) {
+    text += " (elements " + std::to_string(offset) + " to " + std::to_string(offset + length) +
+            " of the key's " + std::to_string(total) + ", its part on this server)";
+  }
+  return text +
          "; nothing was changed (give the server more memory, or spread the keys over more "
          "servers)";
 }
-
-}  // namespace
 
 KVServerStore::KVServerStore(Runtime& runtime)
     : runtime_(runtime),
@@ -345,8 +349,9 @@ void KVServerStore::HandleInit(const Meta& meta, const kv::Request& request,
     }
   } catch (const std::bad_alloc&) {
     const std::string server = "server " + std::to_string(runtime_.rank());
-    const std::string error =
-        OutOfMemory(request.slices[i].key, data[i].bytes(), "for the value this Init stores");
+    const kv::SliceRef& ref = request.slices[i];
+    const std::string error = OutOfMemory(ref.key, ref.offset, data[i].count(), ref.total,
+                                          data[i].bytes(), "for the value this Init stores");
     if (LogOccurrence(++rejected_)) LOG(WARNING) << server << ": " << error;
     runtime_.ReplyError(meta, server + ": " + error);
     return;
@@ -865,10 +870,11 @@ void KVServerStore::ApplyUpdate(Slice& slice, const Gradient& gradient) {
     // state are allocated first, and a state left half-made is made again next time): the
     // value stays, and the waiters this update releases get the error instead (Resolve).
     failed_update_ = &slice;
-    failed_update_error_ = "server " + std::to_string(runtime_.rank()) + ": " +
-                           OutOfMemory(slice.key, slice.value.bytes(),
-                                       optimizer_ ? "for its updated value or its optimizer state"
-                                                  : "for its updated value");
+    failed_update_error_ =
+        "server " + std::to_string(runtime_.rank()) + ": " +
+        OutOfMemory(
+            slice.key, slice.offset, slice.length, slice.total, slice.value.bytes(),
+            optimizer_ ? "for its updated value or its optimizer state" : "for its updated value");
     if (LogOccurrence(++rejected_)) LOG(WARNING) << failed_update_error_;
   }
 }

@@ -42,6 +42,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,13 @@ namespace ps {
 
 // How the server's messages name a key.
 inline std::string KeyText(Key key) { return "key " + std::to_string(key); }
+
+// The error a request gets when this server cannot allocate `bytes` for `what` ("for the value
+// this Init stores") of its part of `key`: elements [offset, offset + length) of the key's
+// `total`, named when that is not the whole key, as a user knows the key's size, not how the
+// servers split it. The request fails; the server and what it stores stay as they were.
+std::string OutOfMemory(Key key, std::uint64_t offset, std::uint64_t length, std::uint64_t total,
+                        std::size_t bytes, std::string_view what);
 
 class KVServerStore {
  public:

@@ -80,10 +80,8 @@ std::string KVServerStore::DecodeCompressed(const kv::Request& request, std::vec
                           decoded.data());
       data[i] = Blob::FromVector(std::move(decoded), DType::kFloat32);
     } catch (const std::bad_alloc&) {
-      return KeyText(request.slices[i].key) + ": out of memory: this server could not allocate " +
-             std::to_string(slice.length * sizeof(float)) +
-             " bytes to decode a compressed push; nothing was changed (give the server more "
-             "memory, or spread the keys over more servers)";
+      return OutOfMemory(slice.key, slice.offset, slice.length, slice.total,
+                         slice.length * sizeof(float), "to decode a compressed push");
     }
   }
   return "";

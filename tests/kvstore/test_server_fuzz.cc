@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvstore/dist/kv_protocol.h"
+#include "kvstore/server/kv_server.h"
 #include "kvstore/shm/shared_segment.h"
 #include "ps/runtime.h"
 #include "tests/kvstore/kv_cluster.h"
@@ -223,4 +224,18 @@ TEST_CASE("server: answers thousands of random requests and keeps its values exa
   CHECK_THAT(log, Catch::Contains("rejected a request (#1) from worker 0"));
   CHECK_THAT(log, Catch::Contains("rejected a request (#1000) from worker 0"));
   CHECK(std::count(log.begin(), log.end(), '\n') < 40);
+}
+
+TEST_CASE("server: an out-of-memory error names the part of the key it could not allocate",
+          "[server]") {
+  // The user knows the key's size; the server holds a slice of it, which the error places.
+  CHECK(ps::OutOfMemory(7, 1000, 500, 4000, 2000, "for the value this Init stores") ==
+        "key 7: out of memory: this server could not allocate 2000 bytes for the value this "
+        "Init stores (elements 1000 to 1500 of the key's 4000, its part on this server); "
+        "nothing was changed (give the server more memory, or spread the keys over more "
+        "servers)");
+  // The whole key: its size is the one given.
+  CHECK_THAT(ps::OutOfMemory(7, 0, 4000, 4000, 16000, "for its updated value"),
+             Catch::StartsWith("key 7: out of memory: this server could not allocate 16000 "
+                               "bytes for its updated value; nothing was changed"));
 }
