@@ -1012,7 +1012,22 @@ void Runtime::FailAfterPause(std::chrono::steady_clock::duration pause, const st
 void Runtime::FailOn(const std::string& doing, const std::exception& e) {
   // Out of memory, most likely: the node cannot trust its state any more, so it fails (the
   // job hears why) instead of ending in std::terminate.
-  const std::string why = self_.Describe() + " failed while " + doing + ": " + ExceptionText(e);
+  const std::string what = "while " + doing + ": " + ExceptionText(e);
+  const std::string why = self_.Describe() + " failed " + what;
+  try {
+    // The scheduler hears why at once, and ends the job naming it rather than a closed
+    // connection or missing heartbeats. Not ReportFailure: this is the receive or the timer
+    // thread, which cannot wait for an acknowledgement the receive thread would deliver, so
+    // nobody waits for it (the scheduler's answer, untracked, is dropped). Sent before Fail,
+    // which lets the node's owner close its connections.
+    Message report;
+    report.meta.control = Control::kNodeFailed;
+    report.meta.request = true;
+    report.meta.recipient = kSchedulerId;
+    report.meta.error = what;
+    SendToNode(report);
+  } catch (const std::exception&) {  // the closed connection tells the scheduler instead
+  }
   try {
     Fail(why);
   } catch (const std::exception&) {

@@ -323,6 +323,33 @@ TEST_CASE("cluster: a server started after one died takes its rank and every nod
   CHECK(scheduler.dead_nodes().size() == 1);
 }
 
+TEST_CASE("cluster: a handler that throws fails its node, and the job hears why",
+          "[cluster][fault]") {
+  // Out of memory in a request handler (the receive thread) used to end the process in
+  // std::terminate: the node fails instead (Runtime::FailOn), and its failure ends the job on
+  // every node, naming it, where a request waited for an answer that would never come.
+  ps::Scheduler scheduler(SchedulerConfig(1, 1));
+  NodeThreads server(scheduler.NodeConfig(ps::Role::kServer), 1,
+                     [](ps::Runtime& runtime, int) -> std::string {
+                       runtime.SetRequestHandler([](ps::Message&&) { throw std::bad_alloc(); });
+                       return runtime.WaitForTermination();
+                     });
+  NodeThreads worker(
+      scheduler.NodeConfig(ps::Role::kWorker), 1, [](ps::Runtime& runtime, int) -> std::string {
+        ps::Message request;
+        request.meta.recipient = runtime.ServerId(0);
+        return runtime.RequestAndWait(std::move(request), ps::RequestTracker::Clock::now() + 30s)
+            .error;
+      });
+  CHECK(scheduler.Run() == 1);
+  const std::string what = "while handling a message: out of memory (std::bad_alloc)";
+  CHECK_THAT(server.Join()[0],
+             Catch::StartsWith("server 0 (node ") && Catch::Contains(" failed " + what));
+  CHECK_THAT(scheduler.failure(),
+             Catch::StartsWith("server 0 (node ") && Catch::Contains(" failed: " + what));
+  CHECK_THAT(worker.Join()[0], Catch::Contains(" failed: " + what));
+}
+
 // Declared a friend by ps::Scheduler: a notice of the test's making, sent as the scheduler's.
 namespace ps {
 struct SchedulerTestAccess {
