@@ -997,42 +997,14 @@ int RunServer(const ClusterConfig& config) {
   const int rank = runtime->rank();
   auto store = std::make_unique<KVServerStore>(*runtime);
   runtime->SetWaitReporter([&store] { return store->StalledWaits(); });
-  // Taking over a dead server's keys may fail too (out of memory): the server stops then, as
-  // below, instead of the exception ending the process from the receive thread.
-  runtime->SetPeerHandler([&store, &runtime, rank](const NodeInfo& peer, Runtime::PeerEvent event) {
-    try {
-      store->OnPeer(peer, event);
-    } catch (const std::exception& e) {
-      runtime->Fail("server " + std::to_string(rank) + " failed: " + ExceptionText(e));
-    }
-  });
   // A request the store cannot handle for a reason of its own (not the requester's mistake,
-  // which it answers) leaves it in an unknown state: the server stops, and the job ends
-  // naming it and the reason instead of waiting for its heartbeats to stop.
-  struct {
-    Mutex mu;
-    std::string why PS_GUARDED_BY(mu);
-  } failed;
-  runtime->SetRequestHandler([&](Message&& msg) {
-    try {
-      store->OnRequest(std::move(msg));
-    } catch (const std::exception& e) {
-      const std::string why = "server " + std::to_string(rank) + " failed: " + ExceptionText(e);
-      {
-        MutexLock lock(failed.mu);
-        if (!failed.why.empty()) return;
-        failed.why = why;
-      }
-      runtime->Fail(why);
-    }
-  });
+  // which it answers), or a dead server's keys it cannot take over (out of memory), leaves it
+  // in an unknown state: the exception reaches the runtime (Runtime::FailOn), which stops the
+  // server and tells the scheduler why, so the job ends naming it at once.
+  runtime->SetPeerHandler(
+      [&store](const NodeInfo& peer, Runtime::PeerEvent event) { store->OnPeer(peer, event); });
+  runtime->SetRequestHandler([&store](Message&& msg) { store->OnRequest(std::move(msg)); });
   const std::string failure = runtime->WaitForTermination();
-  std::string why_failed;
-  {
-    MutexLock lock(failed.mu);
-    why_failed = failed.why;
-  }
-  if (!why_failed.empty()) runtime->ReportFailure(why_failed);
   // A receive thread held in a call the file system never answers: joining it would wait for
   // ever, and nothing it owns can be released safely meanwhile. When the node gave up on it,
   // the scheduler was told: the process goes once it ended the job with that news (not with

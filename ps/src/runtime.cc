@@ -1015,17 +1015,10 @@ void Runtime::FailOn(const std::string& doing, const std::exception& e) {
   const std::string what = "while " + doing + ": " + ExceptionText(e);
   const std::string why = self_.Describe() + " failed " + what;
   try {
-    // The scheduler hears why at once, and ends the job naming it rather than a closed
-    // connection or missing heartbeats. Not ReportFailure: this is the receive or the timer
-    // thread, which cannot wait for an acknowledgement the receive thread would deliver, so
-    // nobody waits for it (the scheduler's answer, untracked, is dropped). Sent before Fail,
-    // which lets the node's owner close its connections.
-    Message report;
-    report.meta.control = Control::kNodeFailed;
-    report.meta.request = true;
-    report.meta.recipient = kSchedulerId;
-    report.meta.error = what;
-    SendToNode(report);
+    // Not ReportFailure: this is the receive or the timer thread, which cannot wait for an
+    // acknowledgement the receive thread would deliver. Sent before Fail, which lets the
+    // node's owner close its connections.
+    SendFailureReport(what);
   } catch (const std::exception&) {  // the closed connection tells the scheduler instead
   }
   try {
@@ -1127,19 +1120,46 @@ Runtime::BarrierOutcome Runtime::VotedBarrier(int groups, const std::string& vot
   return outcome;
 }
 
+// The held messages and events go to the new handler on the caller's thread; what it throws
+// fails the node as it would on the receive thread (FailOn, once handler_mu_ is released: it
+// takes mu_), not the caller.
 void Runtime::SetRequestHandler(RequestHandler handler) {
-  MutexLock lock(handler_mu_);
-  request_handler_ = std::move(handler);
-  for (Message& msg : early_requests_) request_handler_(std::move(msg));
-  early_requests_.clear();
+  std::exception_ptr thrown;
+  {
+    MutexLock lock(handler_mu_);
+    request_handler_ = std::move(handler);
+    try {
+      for (Message& msg : early_requests_) request_handler_(std::move(msg));
+    } catch (const std::exception&) {
+      thrown = std::current_exception();
+    }
+    early_requests_.clear();
+  }
+  if (thrown) FailOnThrown("handling a message", thrown);
 }
 
 void Runtime::SetPeerHandler(PeerHandler handler) {
-  MutexLock lock(handler_mu_);
-  peer_handler_ = std::move(handler);
-  if (!peer_handler_) return;
-  for (const auto& [peer, event] : early_peer_events_) peer_handler_(peer, event);
-  early_peer_events_.clear();
+  std::exception_ptr thrown;
+  {
+    MutexLock lock(handler_mu_);
+    peer_handler_ = std::move(handler);
+    if (!peer_handler_) return;
+    try {
+      for (const auto& [peer, event] : early_peer_events_) peer_handler_(peer, event);
+    } catch (const std::exception&) {
+      thrown = std::current_exception();
+    }
+    early_peer_events_.clear();
+  }
+  if (thrown) FailOnThrown("handling a peer's news", thrown);
+}
+
+void Runtime::FailOnThrown(const std::string& doing, std::exception_ptr thrown) {
+  try {
+    std::rethrow_exception(std::move(thrown));
+  } catch (const std::exception& e) {
+    FailOn(doing, e);
+  }
 }
 
 std::uint64_t Runtime::Request(std::span<Message> messages, RequestTracker::Callback callback,
@@ -1241,7 +1261,26 @@ void Runtime::FinishWorker(const std::string& failure) {
   throw Error("could not tell the scheduler this worker finished: " + outcome.error);
 }
 
+void Runtime::SendFailureReport(const std::string& why) {
+  Message report;
+  report.meta.control = Control::kNodeFailed;
+  report.meta.request = true;  // untracked (timestamp 0): the scheduler's answer is dropped
+  report.meta.recipient = kSchedulerId;
+  report.meta.error = why;
+  SendToNode(report);
+}
+
 void Runtime::ReportFailure(const std::string& why) {
+  // A node that failed already takes no new requests (its tracker is closed): the report goes
+  // unacknowledged, as FailOn's does.
+  if (!failure().empty()) {
+    try {
+      SendFailureReport(why);
+    } catch (const std::exception& e) {
+      PS_LOG(WARNING) << "could not tell the scheduler why this node failed: " << e.what();
+    }
+    return;
+  }
   Message msg;
   msg.meta.control = Control::kNodeFailed;
   msg.meta.recipient = kSchedulerId;

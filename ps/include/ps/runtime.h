@@ -202,7 +202,9 @@ class Runtime {
   // Does not tell the scheduler (ReportFailure does).
   void Fail(const std::string& why);
   // Tells the scheduler this node failed and why, so the job ends naming it at once (not when
-  // its heartbeats stop). Waits a few seconds at most for the acknowledgement; never throws.
+  // its heartbeats stop). Waits a few seconds at most for the acknowledgement (none once the
+  // node failed: Fail closes it to new requests, and the report goes unacknowledged). Never
+  // throws.
   // Not from the receive thread (the acknowledgement arrives there).
   void ReportFailure(const std::string& why);
   // Blocks until the scheduler ends the job (returns "") or the node fails (returns why).
@@ -425,6 +427,11 @@ class Runtime {
   bool Stopped() PS_EXCLUDES(mu_);
   // Fails this node after an exception escaped its receive or timer thread while `doing`.
   void FailOn(const std::string& doing, const std::exception& e) PS_EXCLUDES(mu_);
+  // FailOn with a std::exception caught earlier.
+  void FailOnThrown(const std::string& doing, std::exception_ptr thrown) PS_EXCLUDES(mu_);
+  // Sends the scheduler a failure report (kNodeFailed) that nobody waits for: the scheduler
+  // ends the job naming `why`. May throw (out of memory).
+  void SendFailureReport(const std::string& why);
   // Why the scheduler, its connection open, sent nothing for a heartbeat timeout, as far as
   // this node's TCP connection to it and its other traffic tell: ": it is stopped ...".
   std::string WhySchedulerIsSilent() PS_EXCLUDES(mu_);
