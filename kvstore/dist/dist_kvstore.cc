@@ -73,9 +73,35 @@ DistKVStore::~DistKVStore() {
   // success (or wait for a heartbeat timeout).
   ReportFinished(
       std::uncaught_exceptions() > 0 ? "its program left the KVStore through an exception" : "");
+  EndCallsInProgress();
+}
+
+CallsInProgress::Call DistKVStore::EnterCall(std::string_view op) {
+  return CallsInProgress::Call(calls_, std::string(kStore) + ": " + std::string(op));
+}
+
+void DistKVStore::EndCallsInProgress() {
+  const int active = calls_.Close();
+  if (active == 0) return;
+  // Another thread of the program is still in a call (a Barrier its peers never join): its
+  // waits end with the runtime's failure, and it returns before anything it uses is freed.
+  const std::string why = "worker " + std::to_string(Rank()) +
+                          ": the KVStore was destroyed while another thread of the program "
+                          "was in one of its calls";
+  PS_LOG(WARNING) << why << " (" << active
+                  << " in progress): they fail; destroy the store only after its other threads' "
+                     "calls returned";
+  runtime_->Fail(why);
+  const auto bound =
+      std::max(runtime_->config().heartbeat_timeout, std::chrono::milliseconds(5000));
+  if (!calls_.AwaitNone(std::chrono::steady_clock::now() + bound)) {
+    PS_LOG(ERROR) << "worker " << Rank() << ": a call of another thread has not returned "
+                  << FormatSeconds(bound) << " after the KVStore's destruction began";
+  }
 }
 
 void DistKVStore::ReportFailure(const std::string& why) {
+  const auto in_call = EnterCall("ReportFailure");
   ReportFinished(why.empty() ? "no reason given" : why);
 }
 
@@ -109,6 +135,7 @@ TrafficStats DistKVStore::Traffic() const {
 }
 
 void DistKVStore::InitImpl(std::span<const Key> keys, std::span<const Tensor> values) {
+  const auto in_call = EnterCall("Init");
   // Every worker runs the same checks; what one finds, all learn (Collective), so a key is
   // either initialized on every worker or on none.
   std::string local_error;
@@ -272,15 +299,18 @@ void DistKVStore::AttachSlots(std::span<const Key> keys) {
 }
 
 void DistKVStore::PushImpl(std::span<const Key> keys, std::span<const Tensor> grads, int priority) {
+  const auto in_call = EnterCall("Push");
   Issue(kv::kPush, keys, grads, {}, priority);
 }
 
 void DistKVStore::PullImpl(std::span<const Key> keys, std::span<const Tensor> outs, int priority) {
+  const auto in_call = EnterCall("Pull");
   Issue(kv::kPull, keys, {}, outs, priority);
 }
 
 void DistKVStore::PushPullImpl(std::span<const Key> keys, std::span<const Tensor> grads,
                                std::span<const Tensor> outs, int priority) {
+  const auto in_call = EnterCall("PushPull");
   Issue(kv::kPushPull, keys, grads, outs, priority);
 }
 

@@ -38,6 +38,7 @@
 
 #include "kvstore/checkpoint.h"
 #include "kvstore/compression.h"
+#include "kvstore/dist/calls_in_progress.h"
 #include "kvstore/dist/key_layout.h"
 #include "kvstore/dist/kv_protocol.h"
 #include "kvstore/dist/server_ring.h"
@@ -425,9 +426,16 @@ class DistKVStore final : public KVStore {
   // Throws, naming `op`, once ReportFailure was called: the scheduler has ended the job, and
   // a call would wait for nodes that no longer answer.
   void RefuseAfterFailure(std::string_view op) const;
+  // Counts the calling thread as in call `op` (every public call holds one), or throws once the
+  // destructor began.
+  CallsInProgress::Call EnterCall(std::string_view op);
+  // The destructor's last step before members go: calls of other threads still in progress
+  // fail (the runtime fails, which wakes their waits) and are waited for, within a bound.
+  void EndCallsInProgress();
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
 
+  CallsInProgress calls_;  // threads inside a public call (EnterCall)
   // Declared before runtime_: destroyed after its threads, which copy out of slots and use
   // the in-flight records, stop.
   ShmSlots shm_;

@@ -70,6 +70,7 @@ DistKVStore::OneCollective::OneCollective(std::atomic<bool>& running, std::strin
 DistKVStore::OneCollective::~OneCollective() { running_.store(false); }
 
 void DistKVStore::Barrier() {
+  const auto in_call = EnterCall("Barrier");
   RefuseAfterFailure("Barrier");
   const OneCollective one(collective_running_, "Barrier");
   try {
@@ -238,6 +239,7 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
 }
 
 void DistKVStore::SaveCheckpoint(const std::string& given) {
+  const auto in_call = EnterCall("SaveCheckpoint");
   const std::string dir = CheckpointDir(given);
   std::string local_error;
   try {
@@ -304,6 +306,7 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
 }
 
 void DistKVStore::LoadCheckpoint(const std::string& given) {
+  const auto in_call = EnterCall("LoadCheckpoint");
   // Worker 0 reads the manifest and hands it to the servers, which read their data files.
   const std::string dir = CheckpointDir(given);
   std::string local_error;
@@ -366,6 +369,7 @@ void DistKVStore::LoadCheckpoint(const std::string& given) {
 }
 
 void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
+  const auto in_call = EnterCall("SetOptimizer");
   std::string local_error;
   try {
     ValidateOptimizerConfig(config);
@@ -382,6 +386,7 @@ void DistKVStore::SetOptimizer(const OptimizerConfig& config) {
 }
 
 void DistKVStore::SetGradientCompression(const GradientCompression& config) {
+  const auto in_call = EnterCall("SetGradientCompression");
   std::string local_error;
   compression::Settings settings;
   try {

@@ -231,13 +231,20 @@ void DistKVStore::ReportStall(std::span<const Key> keys, const StallGate& gate,
 }
 
 void DistKVStore::WaitAll() {
+  const auto in_call = EnterCall("WaitAll");
   const auto done = [this] { return outstanding_.load() == 0; };
   WaitUntil(done, done, {});  // the count is atomic: polled without the lock
 }
 
-void DistKVStore::WaitImpl(std::span<const Key> keys) { WaitForKeys(keys, false); }
+void DistKVStore::WaitImpl(std::span<const Key> keys) {
+  const auto in_call = EnterCall("Wait");
+  WaitForKeys(keys, false);
+}
 
-void DistKVStore::WaitPullsImpl(std::span<const Key> keys) { WaitForKeys(keys, true); }
+void DistKVStore::WaitPullsImpl(std::span<const Key> keys) {
+  const auto in_call = EnterCall("WaitPulls");
+  WaitForKeys(keys, true);
+}
 
 void DistKVStore::WaitForKeys(std::span<const Key> keys, bool pulls) {
   {

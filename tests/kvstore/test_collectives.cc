@@ -9,6 +9,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvstore/dist/kv_protocol.h"
@@ -230,6 +231,30 @@ TEST_CASE("dist kvstore: a collective's outcome that waits long names the worker
   CHECK_THAT(output, Catch::Contains(" s for the outcome from worker 0 (node ") &&
                          Catch::Contains("which is still doing the call's work") &&
                          !Catch::Contains("has not entered it"));
+  CHECK(cluster.EndedCleanly());
+}
+
+TEST_CASE("dist kvstore: destroyed while another thread is in Barrier, it fails that call",
+          "[dist][collective]") {
+  // The store used to free the condition variable that thread slept on: the process hung for
+  // ever in the destructor. Now that thread's call fails and the destructor returns.
+  KVCluster cluster(1, 2, {{"PS_STALL_TIMEOUT", "4"}});
+  const std::string type = GENERATE("dist_sync", "dist_async");
+  INFO(type);
+  std::thread in_barrier;  // worker 0's, joined here once both stores are gone
+  std::string barrier_error = "(not thrown)";
+  const auto outcomes = cluster.RunWorkers(type, [&](ps::KVStore& kv) {
+    if (kv.Rank() == 0) {
+      in_barrier =
+          std::thread([&kv, &barrier_error] { barrier_error = ErrorOf([&] { kv.Barrier(); }); });
+    }
+    // Both return, destroying their stores, once worker 0's Barrier is seen waiting.
+    Expect(cluster.scheduler().WaitForOutput("the workers' collective Barrier has waited", 20s),
+           "worker 0's Barrier waited");
+  });
+  in_barrier.join();
+  CHECK(AllOk(outcomes) == "");
+  CHECK_THAT(barrier_error, Catch::Contains("Barrier"));
   CHECK(cluster.EndedCleanly());
 }
 

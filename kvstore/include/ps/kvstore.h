@@ -113,6 +113,9 @@ class KVStore {
   // Same, with an explicit cluster configuration (no environment read).
   static std::unique_ptr<KVStore> Create(const std::string& type, const ClusterConfig& config);
 
+  // Waits for this worker's operations and tells the job it finished. Destroy a store after
+  // every other thread's calls into it returned: a dist store fails a call still in progress
+  // and waits for it to return (docs/kvstore.md), and a call begun afterwards throws.
   virtual ~KVStore() = default;
   KVStore(const KVStore&) = delete;
   KVStore& operator=(const KVStore&) = delete;
