@@ -501,9 +501,25 @@ class DistKVStore final : public KVStore {
   std::unordered_map<Key, std::size_t> key_ops_ PS_GUARDED_BY(ops_mu_);
   // Per key: the Pull and PushPull requests among those (WaitPulls).
   std::unordered_map<Key, std::size_t> key_pulls_ PS_GUARDED_BY(ops_mu_);
-  std::string first_error_ PS_GUARDED_BY(ops_mu_);
-  Failure first_failure_ PS_GUARDED_BY(ops_mu_) = Failure::kOther;
-  ErrorKind first_error_kind_ PS_GUARDED_BY(ops_mu_) = ErrorKind::kOther;  // as its sender said
+  // An operation's failure, until a wait throws it.
+  struct FailedOp {
+    std::uint64_t number = 0;  // in order of failure; one per failed operation
+    std::string error;
+    Failure failure = Failure::kOther;
+    ErrorKind kind = ErrorKind::kOther;  // as its sender said
+  };
+  // The first failure no wait has thrown yet, whatever its keys: the next wait of any kind
+  // throws it (as MXNet's engine does at WaitAll).
+  std::optional<FailedOp> first_failed_ PS_GUARDED_BY(ops_mu_);
+  // Per key, the first failure of an operation on it that no wait has thrown yet: a Wait on
+  // that key throws it even after another wait threw first_failed_, so no wait for a key
+  // whose operation failed returns as if its buffer were written. At most one per key.
+  std::unordered_map<Key, FailedOp> failed_keys_ PS_GUARDED_BY(ops_mu_);
+  std::uint64_t failed_ops_ PS_GUARDED_BY(ops_mu_) = 0;
+  // The failure a wait for `keys` (empty: WaitAll) throws, taken out of what is kept: a
+  // failure of one of `keys` first, else first_failed_. WaitAll takes every failure kept and
+  // names how many more there were.
+  std::optional<FailedOp> TakeFailure(std::span<const Key> keys) PS_REQUIRES(ops_mu_);
 };
 
 }  // namespace ps

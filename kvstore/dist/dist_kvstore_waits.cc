@@ -24,15 +24,30 @@ namespace {
 // Bytes on their way to the servers worth naming in a long wait's note: more than a few
 // requests' headers.
 constexpr std::uint64_t kNotableBytesOnTheWay = 64 * 1024;
+
+// "key 3" or "keys 1, 3, 7", the first 8 of them and how many more.
+std::string KeyList(const std::set<Key>& keys) {
+  constexpr std::size_t kShown = 8;
+  std::string text = keys.size() == 1 ? "key " : "keys ";
+  std::size_t shown = 0;
+  for (const Key key : keys) {
+    if (shown == kShown) {
+      text += " and " + std::to_string(keys.size() - kShown) + " more";
+      break;
+    }
+    text += (shown++ == 0 ? "" : ", ") + std::to_string(key);
+  }
+  return text;
+}
 }  // namespace
 
 void DistKVStore::Complete(const std::string& error, Failure failure, std::span<const Key> keys,
                            bool pulls, ErrorKind error_kind) {
   MutexLock lock(ops_mu_);
-  if (!error.empty() && first_error_.empty()) {
-    first_error_ = error;
-    first_failure_ = failure;
-    first_error_kind_ = error_kind;
+  if (!error.empty()) {
+    const FailedOp failed{++failed_ops_, error, failure, error_kind};
+    if (!first_failed_) first_failed_ = failed;
+    for (const Key key : keys) failed_keys_.try_emplace(key, failed);
   }
   bool key_done = false;  // a key with nothing (or no pull) left in flight: a Wait may return
   for (const Key key : keys) {
@@ -82,11 +97,55 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   }
   stall.End();
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
-  if (!first_error_.empty()) {
-    const std::string error = std::move(first_error_);
-    first_error_.clear();
-    ThrowFailure(first_failure_, error, first_error_kind_);
+  if (std::optional<FailedOp> failed = TakeFailure(keys)) {
+    lock.Unlock();
+    ThrowFailure(failed->failure, failed->error, failed->kind);
   }
+}
+
+std::optional<DistKVStore::FailedOp> DistKVStore::TakeFailure(std::span<const Key> keys) {
+  std::optional<FailedOp> taken;
+  if (keys.empty()) {  // WaitAll: everything kept is reported, the first failure named
+    if (first_failed_) {
+      taken = std::move(first_failed_);
+    } else if (!failed_keys_.empty()) {
+      taken = std::ranges::min_element(failed_keys_, {}, [](const auto& entry) {
+                return entry.second.number;
+              })->second;
+    }
+    if (!taken) return taken;
+    std::set<std::uint64_t> others;
+    std::set<Key> other_keys;
+    for (const auto& [key, failed] : failed_keys_) {
+      if (failed.number == taken->number) continue;
+      others.insert(failed.number);
+      other_keys.insert(key);
+    }
+    if (!others.empty()) {
+      taken->error += " (and " + std::to_string(others.size()) + " more operation(s) failed, on " +
+                      KeyList(other_keys) + ")";
+    }
+    first_failed_.reset();
+    failed_keys_.clear();
+    return taken;
+  }
+  for (const Key key : keys) {
+    if (const auto it = failed_keys_.find(key); it != failed_keys_.end()) {
+      taken = it->second;
+      break;
+    }
+  }
+  if (!taken) {
+    // None of `keys` failed: the first failure still reaches a waiter, while the keys it
+    // failed on keep it for their own waits.
+    taken = std::move(first_failed_);
+    first_failed_.reset();
+    return taken;
+  }
+  std::erase_if(failed_keys_,
+                [&](const auto& entry) { return entry.second.number == taken->number; });
+  if (first_failed_ && first_failed_->number == taken->number) first_failed_.reset();
+  return taken;
 }
 
 void DistKVStore::NoteLongWait(std::chrono::steady_clock::duration waited,

@@ -258,6 +258,49 @@ TEST_CASE("dist kvstore: destroyed while another thread is in Barrier, it fails 
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist_sync: every failed operation reaches a wait on its key, none is lost",
+          "[dist][errors]") {
+  // Worker 1 leaves after Init, so both of worker 0's rounds fail. The first failure used to be
+  // the only one kept: a later Wait(1) returned as if key 1's pull had written its buffer.
+  KVCluster cluster(1, 2);
+  const bool wait_all = GENERATE(false, true);
+  INFO((wait_all ? "WaitAll" : "Wait per key"));
+  std::vector<std::string> errors;
+  std::vector<float> out1(8, -7.0F), out2(8, -7.0F);
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> values(8, 1.0F);
+    kv.Init({1, 2}, {ps::Tensor(values.data(), 8), ps::Tensor(values.data(), 8)});
+    if (kv.Rank() == 1) return;  // finished: no round of worker 0's can complete
+    kv.PushPull(1, ps::Tensor(values.data(), 8), ps::Tensor(out1.data(), 8));
+    kv.PushPull(2, ps::Tensor(values.data(), 8), ps::Tensor(out2.data(), 8));
+    if (wait_all) {
+      errors.push_back(ErrorOf([&] { kv.WaitAll(); }));
+      errors.push_back(ErrorOf([&] { kv.Wait(1); }));  // reported by WaitAll already
+    } else {
+      errors.push_back(ErrorOf([&] { kv.Wait(2); }));  // key 2's own failure first
+      // Then the first failure no wait threw, whatever its key: key 1's, when it failed first.
+      errors.push_back(ErrorOf([&] { kv.Wait(2); }));
+      errors.push_back(ErrorOf([&] { kv.Wait(1); }));  // key 1's own failure, again
+      errors.push_back(ErrorOf([&] { kv.Wait(1); }));  // every failure reported
+    }
+  });
+  CHECK(AllOk(outcomes) == "");
+  CHECK(out1[0] == -7.0F);  // never written
+  const std::string never = "this dist_sync round can never complete";
+  if (wait_all) {
+    REQUIRE(errors.size() == 2);
+    CHECK_THAT(errors[0], Catch::Contains(never) &&
+                              Catch::Contains(" (and 1 more operation(s) failed, on key "));
+    CHECK(errors[1] == "(no error)");
+  } else {
+    REQUIRE(errors.size() == 4);
+    CHECK_THAT(errors[0], Catch::Contains("key 2: " + never));
+    CHECK((errors[1] == "(no error)" || Has(errors[1], "key 1: " + never)));
+    CHECK_THAT(errors[2], Catch::Contains("key 1: " + never));
+    CHECK(errors[3] == "(no error)");
+  }
+}
+
 TEST_CASE("dist_sync: a push the server rejects fails that round on every worker at once",
           "[dist][errors][collective]") {
   KVCluster cluster(1, 2);

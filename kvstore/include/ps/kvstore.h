@@ -144,11 +144,14 @@ class KVStore {
     PushPullImpl(keys, grads, outs, priority);
   }
 
+  // Waits for every operation issued so far, by any thread. Throws the first failure no wait
+  // has thrown yet, naming how many more operations failed and on which keys.
   virtual void WaitAll() = 0;
   // Waits for the operations issued so far, by any thread, that involve any of `keys`; others
   // may still be in flight. Afterwards a pulled key's value is in place and a pushed key's
-  // buffer may change again: the buffer lifetime rule, per key. It throws what WaitAll would:
-  // the first error any operation reported since the last wait, whatever its key. A store may
+  // buffer may change again: the buffer lifetime rule, per key. It throws the failure of an
+  // operation on one of `keys` that no wait threw yet (even if a wait for other keys threw
+  // it), else the first failure no wait threw yet, whatever its key. A store may
   // wait for more than asked ("local", whose operations are synchronous, waits for nothing).
   // A key never initialized throws ps::Error, as Push would.
   void Wait(Key key) { WaitImpl(One(key)); }
