@@ -41,11 +41,17 @@ std::string DescribeInit(std::span<const Key> keys, std::span<const Tensor> valu
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [keys](auto a, auto b) { return keys[a] < keys[b]; });
   std::string call = "Init";
+  std::uint64_t elements = 0;
   for (const std::size_t i : order) {
     call += (call.size() == 4 ? " key " : ", key ") + std::to_string(keys[i]) + " (" +
             std::to_string(values[i].size()) + " x " + DTypeName(values[i].dtype()) + ")";
+    elements += values[i].size();
   }
-  return Bounded(std::move(call), kMaxInitCallChars);
+  // Cut, the call still says how many keys and elements it covers: a difference past the cut
+  // shows there.
+  return Bounded(
+      std::move(call), kMaxInitCallChars,
+      std::to_string(keys.size()) + " keys of " + std::to_string(elements) + " elements in all");
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
   ThrowError(kind, error);
 }
 
-std::string Bounded(std::string call, std::size_t max_chars) {
+std::string Bounded(std::string call, std::size_t max_chars, std::string_view summary) {
   if (call.size() <= max_chars) return call;
   // FNV-1a over the whole text: calls that differ past the cut still differ.
   Fnv1a hash;
@@ -34,7 +34,8 @@ std::string Bounded(std::string call, std::size_t max_chars) {
   char digest[17];
   std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(hash.value()));
   call.resize(max_chars);
-  return call + "... (fingerprint " + digest + ")";
+  return call + std::string(Runtime::kVoteCutMarker) + std::string(summary) +
+         (summary.empty() ? "" : "; ") + "fingerprint " + digest + ")";
 }
 
 }  // namespace ps::dist_detail

@@ -32,9 +32,11 @@ DistKVStore::Failure FailureOf(const RequestResult& result, const std::string& e
 [[noreturn]] void ThrowFailure(DistKVStore::Failure failure, const std::string& error,
                                ErrorKind kind = ErrorKind::kOther);
 // A collective call as every worker states it (Runtime::Agree compares the texts): at most
-// `max_chars` (then cut, with a fingerprint of the whole), so that a barrier message stays
-// small, naming the first keys so that a disagreement reads plainly.
+// `max_chars` (then cut, with `summary` of the whole, if any, and its fingerprint:
+// Runtime::kVoteCutMarker), so that a barrier message stays small, naming the first keys so
+// that a disagreement reads plainly.
 inline constexpr std::size_t kMaxCallChars = 400;
-std::string Bounded(std::string call, std::size_t max_chars = kMaxCallChars);
+std::string Bounded(std::string call, std::size_t max_chars = kMaxCallChars,
+                    std::string_view summary = "");
 
 }  // namespace ps::dist_detail

@@ -98,6 +98,20 @@ std::string FirstDifference(const std::pair<const std::string*, std::string>& on
     std::size_t i = 0;
     while (i < common && a[i] == b[i]) ++i;
     if (i == a.size() && i == b.size()) return "";
+    // Both cut where they still agree: the difference lies past what they show, and only the
+    // summaries of the whole calls can tell it.
+    const auto cut_at = [](std::string_view item) { return item.find(Runtime::kVoteCutMarker); };
+    if (i + 1 == a.size() && i + 1 == b.size() && cut_at(a[i]) != std::string_view::npos &&
+        a[i].substr(0, cut_at(a[i])) == b[i].substr(0, cut_at(b[i]))) {
+      const auto whole = [&](std::string_view item) {
+        std::string_view summary = item.substr(cut_at(item) + Runtime::kVoteCutMarker.size());
+        if (summary.ends_with(')')) summary.remove_suffix(1);
+        return std::string(summary);
+      };
+      return " (first difference: past the first " + std::to_string(i) +
+             " items shown, which agree; " + one.second + "'s call: " + whole(a[i]) + ", " +
+             other.second + "'s: " + whole(b[i]) + ")";
+    }
     return " (first difference: " + named(one.second, i < a.size() ? a[i] : "") + ", " +
            named(other.second, i < b.size() ? b[i] : "") + ")";
   }

@@ -77,6 +77,22 @@ TEST_CASE("dist kvstore: an Init of many keys names the first key whose size dif
     const std::string more = ErrorOf([&] { kv.Init(keys, tensors); });
     Expect(Has(more, "worker 0 has no more") && Has(more, "worker 1's key 3 (1 x float32)"),
            "message: " + more);
+    // 3000 keys: a call longer than the 64 KiB it shows, the last key different. The shown
+    // keys agree, so no key is named as different: the whole calls' counts are.
+    std::vector<float> ones(2, 1.0f);
+    keys.clear();
+    tensors.clear();
+    for (ps::Key k = 0; k < 3000; ++k) {
+      keys.push_back(k + 10000);
+      tensors.emplace_back(ones.data(), k == 2999 && kv.Rank() == 1 ? 2 : 1);
+    }
+    const std::string past = ErrorOf([&] { kv.Init(keys, tensors); });
+    Expect(Has(past, "the members disagree (first difference: past the first ") &&
+               Has(past, " items shown, which agree; worker ") &&
+               Has(past, "3000 keys of 3000 elements in all; fingerprint ") &&
+               Has(past, "3000 keys of 3001 elements in all; fingerprint ") &&
+               !Has(past, "first difference: worker"),
+           "message: " + past);
   });
   CHECK(AllOk(outcomes) == "");
   CHECK(cluster.EndedCleanly());

@@ -116,6 +116,11 @@ class Runtime {
   // this. The scheduler's long-wait note tells such a wait (a worker inside the call) apart
   // from one for a worker that has not entered it.
   static constexpr std::string_view kOutcomeVoteSuffix = " (outcome)";
+  // A vote too long to send whole is cut, then goes on with this, a summary of the whole and
+  // its fingerprint ("... (2500 keys of 10000 elements in all; fingerprint 1234abcd...)"), so
+  // that the scheduler tells two votes that differ past the cut from two that differ where it
+  // shows them.
+  static constexpr std::string_view kVoteCutMarker = "... (";
   // How long a wait lasts before a worker reports it as a stall (ReportStall), then between
   // its reports while it lasts: twice as long each time, at most kMaxStallReportGap.
   static constexpr auto kStallReportAfter = std::chrono::seconds(1);
