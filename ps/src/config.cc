@@ -313,6 +313,68 @@ std::vector<std::uint32_t> ParseServerWeights(const std::string& text, int num_s
   return scaled;
 }
 
+namespace {
+
+// `config` as its environment would spell it: Parse of this gives `config` back when every field
+// holds a value its variable may take, and otherwise throws as Parse does, naming the variable.
+SettingLookup SettingsOf(const ClusterConfig& config) {
+  const auto text = [](bool on) { return std::string(on ? "1" : "0"); };
+  std::vector<std::pair<std::string_view, std::string>> set = {
+      {"DMLC_ROLE", RoleName(config.role)},
+      {"DMLC_PS_ROOT_URI", config.root_uri},
+      {"DMLC_PS_ROOT_PORT", std::to_string(config.root_port)},
+      {"DMLC_NUM_SERVER", std::to_string(config.num_servers)},
+      {"DMLC_NUM_WORKER", std::to_string(config.num_workers)},
+      {"DMLC_NODE_HOST", config.node_host},
+      {"DMLC_INTERFACE", config.interface},
+      {"PS_VERBOSE", std::to_string(config.verbose)},
+      {"DMLC_USE_KUBERNETES", text(config.use_kubernetes)},
+      {"PS_CHUNK_BYTES", std::to_string(config.chunk_bytes)},
+      {"PS_SERVER_WEIGHTS",
+       config.server_weights.empty() ? "" : ServerWeightsText(config.server_weights)},
+      {"PS_TCP_RCVBUF", std::to_string(config.tcp_receive_buffer)},
+      {"PS_RANK", config.rank_hint < 0 ? "" : std::to_string(config.rank_hint)},
+      {"PS_USE_IPC", text(config.use_ipc)},
+      {"PS_USE_SHM", text(config.use_shm)},
+      {"PS_SHM_MAX_SEGMENTS", std::to_string(config.shm_max_segments)},
+      {"PS_REPLICATION", text(config.replication)},
+      {"PS_IO_THREADS", std::to_string(config.io_threads)},
+      {"PS_WAIT_SPIN_US", std::to_string(config.wait_spin.count())},
+      {"PS_HEARTBEAT_INTERVAL", SecondsText(config.heartbeat_interval)},
+      {"PS_HEARTBEAT_TIMEOUT", SecondsText(config.heartbeat_timeout)},
+      {"PS_REGISTER_TIMEOUT", SecondsText(config.register_timeout)},
+      {"PS_STALL_TIMEOUT", SecondsText(config.stall_timeout)},
+      {"PS_JOB_SECRET", config.job_secret},
+      {"PS_ENCRYPT", text(config.encrypt)},
+      {"MXNET_KVSTORE_BIGARRAY_BOUND", std::to_string(config.big_array_bound)},
+  };
+  return [set = std::move(set)](std::string_view name) -> std::optional<std::string> {
+    for (const auto& [variable, value] : set) {
+      if (variable == name) return value.empty() ? std::nullopt : std::optional(value);
+    }
+    return std::nullopt;
+  };
+}
+
+}  // namespace
+
+void ClusterConfig::Validate() const {
+  // A negative count or duration has no spelling Parse would take: named as such.
+  if (heartbeat_interval.count() < 0 || heartbeat_timeout.count() < 0 ||
+      register_timeout.count() < 0 || stall_timeout.count() < 0 || wait_spin.count() < 0) {
+    throw Error(
+        "invalid ClusterConfig: a duration is negative (heartbeat_interval, "
+        "heartbeat_timeout, register_timeout, stall_timeout or wait_spin)");
+  }
+  try {
+    static_cast<void>(Parse(SettingsOf(*this)));
+  } catch (const Error& e) {
+    throw Error(std::string("invalid ClusterConfig: ") + e.what() +
+                " (each field is checked as the environment variable that config.h names beside "
+                "it)");
+  }
+}
+
 std::vector<ClusterConfig::SharedSetting> ClusterConfig::SharedSettings() const {
   return {
       {"DMLC_NUM_SERVER", std::to_string(num_servers)},

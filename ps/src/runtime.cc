@@ -67,6 +67,7 @@ std::unique_ptr<Runtime> Runtime::Start(const ClusterConfig& config) {
   if (config.role == Role::kScheduler) {
     throw Error("Runtime::Start is for servers and workers; run the scheduler with ps::Scheduler");
   }
+  config.Validate();  // a config filled in by hand, checked as the environment's is
   auto runtime = std::make_unique<Runtime>(StartKey{}, config);
   runtime->Register();
   return runtime;

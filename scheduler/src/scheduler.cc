@@ -122,10 +122,16 @@ std::string FirstDifference(const std::pair<const std::string*, std::string>& on
          named(other.second, *differ.second) + ")";
 }
 
+// `config`, once Validate found it sound (a config filled in by hand).
+const ClusterConfig& Checked(const ClusterConfig& config) {
+  config.Validate();
+  return config;
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const ClusterConfig& config)
-    : config_(config),
+    : config_(Checked(config)),
       started_(Clock::now()),
       deadlocks_(std::make_unique<DeadlockWatch>(
           [this](Message probe) { Send(std::move(probe)); },
@@ -414,14 +420,24 @@ std::optional<Scheduler::Refusal> Scheduler::LateJoinRefusal(const NodeInfo& nod
   const std::string full =
       "the job already has all its nodes (DMLC_NUM_SERVER=" + std::to_string(config_.num_servers) +
       ", DMLC_NUM_WORKER=" + std::to_string(config_.num_workers) + ")";
-  if (node.role != Role::kServer || !config_.replicated()) {
-    return Refusal{full + (node.role == Role::kServer
-                               ? "; without replication (PS_REPLICATION=0) a server cannot join "
-                                 "a running job: to use more servers, restart the job from a "
-                                 "checkpoint (SaveCheckpoint, ps-train --resume)"
-                               : "; was this worker started twice, or does its process create a "
-                                 "second dist KVStore (each Create registers a worker: share "
-                                 "one store per process)?")};
+  if (node.role == Role::kWorker) {
+    // A worker that destroyed its store finished: its place is not free again.
+    const std::string left =
+        done_.empty() ? ""
+                      : " A worker whose KVStore was destroyed has left the job (" +
+                            std::to_string(done_.size()) +
+                            " have) and cannot join it again: keep one store for the whole "
+                            "program.";
+    return Refusal{full +
+                   "; was this worker started twice, or does its process create a second dist "
+                   "KVStore (each Create registers a worker: share one store per process)?" +
+                   left};
+  }
+  if (!config_.replicated()) {
+    return Refusal{full +
+                   "; without replication (PS_REPLICATION=0) a server cannot join a running job: "
+                   "to use more servers, restart the job from a checkpoint (SaveCheckpoint, "
+                   "ps-train --resume)"};
   }
   // A server started later takes the place of a dead one (AdmitInPlaceOfDead).
   if (DeadServerRank() < 0) {

@@ -874,8 +874,11 @@ TEST_CASE("cluster: heartbeat settings or key layouts that differ are refused by
                             Catch::Contains("servers and workers must slice keys alike"));
   }
 
-  // Server weights set which server holds which slice: compared too.
-  ps::Scheduler fourth_job(job);
+  // Server weights set which server holds which slice: compared too (in a job of two
+  // servers, as a node's own weights must name one per server).
+  ps::ClusterConfig two_servers = SchedulerConfig(2, 2);
+  two_servers.register_timeout = 3s;
+  ps::Scheduler fourth_job(two_servers);
   ps::ClusterConfig weighted = fourth_job.NodeConfig(ps::Role::kWorker);
   weighted.server_weights = {1000, 125};
   const auto [weights_status, weights_outcomes] =

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "ps/config.h"
@@ -284,4 +285,43 @@ TEST_CASE("config: PS_ENCRYPT needs a job secret", "[config][security]") {
   CHECK(ParseSettings(encrypt).encrypt);
   encrypt.erase("PS_ENCRYPT");
   CHECK_FALSE(ParseSettings(encrypt).encrypt);
+}
+
+TEST_CASE("config: a config filled in by hand is checked as the environment is", "[config]") {
+  auto settings = Valid();
+  settings["PS_SERVER_WEIGHTS"] = "1,0.25";
+  settings["PS_JOB_SECRET"] = "s3cret";
+  settings["PS_ENCRYPT"] = "1";
+  settings["PS_RANK"] = "2";
+  settings["PS_HEARTBEAT_INTERVAL"] = "0.25";
+  const ps::ClusterConfig parsed = ParseSettings(settings);
+  CHECK_NOTHROW(parsed.Validate());  // what Parse gives, Validate takes
+  const auto error_of = [&](const std::function<void(ps::ClusterConfig&)>& change) {
+    ps::ClusterConfig config = parsed;
+    change(config);
+    try {
+      config.Validate();
+    } catch (const ps::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(valid)");
+  };
+  CHECK_THAT(error_of([](auto& c) { c.root_port = 70000; }),
+             Catch::StartsWith("invalid ClusterConfig: DMLC_PS_ROOT_PORT='70000' is invalid") &&
+                 Catch::EndsWith("(each field is checked as the environment variable that "
+                                 "config.h names beside it)"));
+  CHECK_THAT(error_of([](auto& c) { c.num_workers = 0; }),
+             Catch::Contains("DMLC_NUM_WORKER='0' is invalid"));
+  CHECK_THAT(error_of([](auto& c) { c.io_threads = 0; }),
+             Catch::Contains("PS_IO_THREADS='0' is invalid"));
+  CHECK_THAT(error_of([](auto& c) { c.rank_hint = 5; }), Catch::Contains("PS_RANK='5'"));
+  CHECK_THAT(error_of([](auto& c) { c.heartbeat_timeout = std::chrono::milliseconds(0); }),
+             Catch::Contains("PS_HEARTBEAT_TIMEOUT='0' is invalid"));
+  CHECK_THAT(error_of([](auto& c) { c.heartbeat_interval = std::chrono::milliseconds(-1); }),
+             Catch::Contains("a duration is negative"));
+  CHECK_THAT(error_of([](auto& c) { c.job_secret.clear(); }),
+             Catch::Contains("PS_ENCRYPT=1 derives its keys from the job secret"));
+  CHECK_THAT(error_of([](auto& c) { c.chunk_bytes = 0; }),
+             Catch::Contains("PS_CHUNK_BYTES='0' is invalid"));
+  CHECK(error_of([](auto& c) { c.server_weights.clear(); }) == "(valid)");
 }

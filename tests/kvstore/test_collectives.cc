@@ -317,6 +317,26 @@ TEST_CASE("dist_sync: every failed operation reaches a wait on its key, none is 
   }
 }
 
+TEST_CASE("dist kvstore: a worker that destroyed its store is told it cannot join again",
+          "[dist][errors]") {
+  KVCluster cluster(1, 2);
+  std::promise<void> tried;
+  auto other = std::async(std::launch::async, [&] {
+    auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig());
+    tried.get_future().wait_for(60s);  // stays in the job meanwhile
+  });
+  { auto kv = ps::KVStore::Create("dist_sync", cluster.WorkerConfig()); }  // this worker finished
+  const std::string error =
+      ErrorOf([&] { ps::KVStore::Create("dist_sync", cluster.WorkerConfig()); });
+  tried.set_value();
+  other.get();
+  CHECK_THAT(error, Catch::Contains("the job already has all its nodes") &&
+                        Catch::Contains("A worker whose KVStore was destroyed has left the job (1 "
+                                        "have) and cannot join it again: keep one store for the "
+                                        "whole program."));
+  CHECK(cluster.EndedCleanly());
+}
+
 TEST_CASE("dist_sync: a push the server rejects fails that round on every worker at once",
           "[dist][errors][collective]") {
   KVCluster cluster(1, 2);

@@ -110,6 +110,10 @@ struct ClusterConfig {
   static ClusterConfig Parse(const SettingLookup& lookup);
   // Parse() over the process environment. Call only at the edge.
   static ClusterConfig FromEnvironment();
+  // Checks a config filled in by hand as Parse checks the environment, each field as the
+  // variable named beside it; throws ps::Error naming the first bad one. Runtime::Start and
+  // the Scheduler call it.
+  void Validate() const;
 
   // "host:port" of the scheduler, for messages.
   std::string SchedulerAddress() const;
