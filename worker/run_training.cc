@@ -109,17 +109,27 @@ Resumed Resume(const TrainConfig& config, KVStore& kv, KVTrainer& trainer, const
     kv.LoadCheckpoint(dir);
   } catch (const ps::Error& e) {
     const std::string_view what = e.what();
+    const std::string latest = config.checkpoint_dir + "/" + kLatestName;
     // Keys missing or of other sizes: the checkpoint holds another model's parameters.
-    const bool other_model = e.kind() == ps::ErrorKind::kCheckpointMismatch;
-    ps::ThrowError(
-        e.kind(),
-        std::string(what) + " (--resume: " + config.checkpoint_dir + "/" + kLatestName + " names " +
-            EpochName(first_epoch) +
-            (other_model ? ", which holds the parameters of another model than "
-                           "this job's --model " +
-                               config.model + ": resume with the --model it was written with"
-                         : "") +
-            ")");
+    // Otherwise, where the checkpoint is damaged (ps-train names one in LATEST only once it is
+    // whole, so it changed since), an earlier one may still serve.
+    std::string why;
+    if (e.kind() == ps::ErrorKind::kCheckpointMismatch) {
+      why = ", which holds the parameters of another model than this job's --model " +
+            config.model + ": resume with the --model it was written with";
+    } else {
+      std::vector<int> earlier = EpochsIn(config.checkpoint_dir);
+      std::erase_if(earlier, [first_epoch](int epoch) { return epoch >= first_epoch; });
+      why =
+          "; it was whole when ps-train named it there, so if it is damaged, it was damaged "
+          "since" +
+          (earlier.empty() ? std::string(", and no earlier checkpoint is left to go on from")
+                           : ": to go on from an earlier one (" + EpochList(earlier) +
+                                 "), write its name into LATEST (echo " +
+                                 EpochName(earlier.back()) + " > " + latest + ")");
+    }
+    ps::ThrowError(e.kind(), std::string(what) + " (--resume: " + latest + " names " +
+                                 EpochName(first_epoch) + why + ")");
   }
   trainer.PullWeights();
   LogResumed(config, kv.Rank(), first_epoch, saved, record, log);

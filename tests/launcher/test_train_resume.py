@@ -171,6 +171,22 @@ class TrainResume(unittest.TestCase):
                           "record, so the workers, --batch-size and schedule it was trained "
                           "with were not checked)", same.stdout)
 
+    def test_a_damaged_checkpoint_names_the_earlier_one_to_go_on_from(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            self.local(ckpt, "--epochs", "2", status=0)  # epoch-1 and epoch-2; LATEST: epoch-2
+            os.remove(os.path.join(ckpt, "epoch-2", "MANIFEST"))
+            result = self.local(ckpt, "--epochs", "3", "--resume", status=1)
+            self.assertIn(f"no checkpoint in {ckpt}/epoch-2: MANIFEST is missing", result.stderr)
+            self.assertIn(f"(--resume: {ckpt}/LATEST names epoch-2; it was whole when ps-train "
+                          "named it there, so if it is damaged, it was damaged since: to go on "
+                          "from an earlier one (epoch-1), write its name into LATEST (echo "
+                          f"epoch-1 > {ckpt}/LATEST))", result.stderr)
+            self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+            with open(os.path.join(ckpt, "LATEST"), "w") as f:
+                f.write("epoch-1\n")
+            resumed = self.local(ckpt, "--epochs", "3", "--resume", status=0)
+            self.assertIn(f"resumed from {ckpt}/epoch-1", resumed.stdout)
+
     def test_a_resume_whose_schedule_would_slip_is_refused(self):
         # The servers' update counts go on from the checkpoint's; with another number of
         # updates per epoch (here the batch size; in a job also the workers, --num-examples,
