@@ -510,11 +510,12 @@ class DistKVStore final : public KVStore {
   };
   // The first failure no wait has thrown yet, whatever its keys: the next wait of any kind
   // throws it (as MXNet's engine does at WaitAll).
-  std::optional<FailedOp> first_failed_ PS_GUARDED_BY(ops_mu_);
+  std::shared_ptr<const FailedOp> first_failed_ PS_GUARDED_BY(ops_mu_);
   // Per key, the first failure of an operation on it that no wait has thrown yet: a Wait on
   // that key throws it even after another wait threw first_failed_, so no wait for a key
-  // whose operation failed returns as if its buffer were written. At most one per key.
-  std::unordered_map<Key, FailedOp> failed_keys_ PS_GUARDED_BY(ops_mu_);
+  // whose operation failed returns as if its buffer were written. At most one per key; the
+  // keys of one operation share its record.
+  std::unordered_map<Key, std::shared_ptr<const FailedOp>> failed_keys_ PS_GUARDED_BY(ops_mu_);
   std::uint64_t failed_ops_ PS_GUARDED_BY(ops_mu_) = 0;
   // The failure a wait for `keys` (empty: WaitAll) throws, taken out of what is kept: a
   // failure of one of `keys` first, else first_failed_. WaitAll takes every failure kept and

@@ -45,7 +45,8 @@ void DistKVStore::Complete(const std::string& error, Failure failure, std::span<
                            bool pulls, ErrorKind error_kind) {
   MutexLock lock(ops_mu_);
   if (!error.empty()) {
-    const FailedOp failed{++failed_ops_, error, failure, error_kind};
+    const auto failed =
+        std::make_shared<const FailedOp>(FailedOp{++failed_ops_, error, failure, error_kind});
     if (!first_failed_) first_failed_ = failed;
     for (const Key key : keys) failed_keys_.try_emplace(key, failed);
   }
@@ -104,30 +105,28 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
 }
 
 std::optional<DistKVStore::FailedOp> DistKVStore::TakeFailure(std::span<const Key> keys) {
-  std::optional<FailedOp> taken;
+  std::shared_ptr<const FailedOp> taken;
   if (keys.empty()) {  // WaitAll: everything kept is reported, the first failure named
-    if (first_failed_) {
-      taken = std::move(first_failed_);
-    } else if (!failed_keys_.empty()) {
-      taken = std::ranges::min_element(failed_keys_, {}, [](const auto& entry) {
-                return entry.second.number;
-              })->second;
+    taken = first_failed_;
+    for (const auto& [key, failed] : failed_keys_) {
+      if (!taken || failed->number < taken->number) taken = failed;
     }
-    if (!taken) return taken;
+    if (!taken) return std::nullopt;
+    FailedOp reported = *taken;
     std::set<std::uint64_t> others;
     std::set<Key> other_keys;
     for (const auto& [key, failed] : failed_keys_) {
-      if (failed.number == taken->number) continue;
-      others.insert(failed.number);
+      if (failed->number == taken->number) continue;
+      others.insert(failed->number);
       other_keys.insert(key);
     }
     if (!others.empty()) {
-      taken->error += " (and " + std::to_string(others.size()) + " more operation(s) failed, on " +
-                      KeyList(other_keys) + ")";
+      reported.error += " (and " + std::to_string(others.size()) +
+                        " more operation(s) failed, on " + KeyList(other_keys) + ")";
     }
     first_failed_.reset();
     failed_keys_.clear();
-    return taken;
+    return reported;
   }
   for (const Key key : keys) {
     if (const auto it = failed_keys_.find(key); it != failed_keys_.end()) {
@@ -138,14 +137,12 @@ std::optional<DistKVStore::FailedOp> DistKVStore::TakeFailure(std::span<const Ke
   if (!taken) {
     // None of `keys` failed: the first failure still reaches a waiter, while the keys it
     // failed on keep it for their own waits.
-    taken = std::move(first_failed_);
-    first_failed_.reset();
-    return taken;
+    taken = std::exchange(first_failed_, nullptr);
+    return taken ? std::optional<FailedOp>(*taken) : std::nullopt;
   }
-  std::erase_if(failed_keys_,
-                [&](const auto& entry) { return entry.second.number == taken->number; });
-  if (first_failed_ && first_failed_->number == taken->number) first_failed_.reset();
-  return taken;
+  std::erase_if(failed_keys_, [&](const auto& entry) { return entry.second == taken; });
+  if (first_failed_ == taken) first_failed_.reset();
+  return *taken;
 }
 
 void DistKVStore::NoteLongWait(std::chrono::steady_clock::duration waited,
