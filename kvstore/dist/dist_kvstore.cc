@@ -83,7 +83,7 @@ DistKVStore::~DistKVStore() {
 }
 
 CallsInProgress::Call DistKVStore::EnterCall(std::string_view op) {
-  return CallsInProgress::Call(calls_, std::string(kStore) + ": " + std::string(op));
+  return CallsInProgress::Call(calls_, kStore, op);
 }
 
 void DistKVStore::EndCallsInProgress() {
