@@ -1678,7 +1678,6 @@ def process_state(pid):
         return None
 
 
-
 # ssh's own complaint when it could not run a command (LogLevel=ERROR keeps it), and what to do.
 SSH_FAILURES = (
     ("timed out", "the host did not answer within ssh's ConnectTimeout (10 s): check that it "
@@ -1705,6 +1704,7 @@ def ssh_failure_advice(procs):
             if line.startswith("ssh:"):
                 return f": {line}"
     return ""
+
 
 class Proc:
     """A running spec: the local process (wrapper, or ssh to the remote wrapper)."""
