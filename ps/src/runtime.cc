@@ -59,6 +59,15 @@ std::string AdvertisedHost(const ClusterConfig& config, const std::string& sched
   return net::RouteSourceAddress(scheduler_ip);
 }
 
+// This node's failure report to the scheduler (kNodeFailed), which ends the job naming `why`.
+Message FailureReport(const std::string& why) {
+  Message report;
+  report.meta.control = Control::kNodeFailed;
+  report.meta.recipient = kSchedulerId;
+  report.meta.error = why;
+  return report;
+}
+
 }  // namespace
 
 Runtime::Runtime(StartKey, const ClusterConfig& config) : config_(config) {}
@@ -1263,11 +1272,8 @@ void Runtime::FinishWorker(const std::string& failure) {
 }
 
 void Runtime::SendFailureReport(const std::string& why) {
-  Message report;
-  report.meta.control = Control::kNodeFailed;
+  Message report = FailureReport(why);
   report.meta.request = true;  // untracked (timestamp 0): the scheduler's answer is dropped
-  report.meta.recipient = kSchedulerId;
-  report.meta.error = why;
   SendToNode(report);
 }
 
@@ -1282,15 +1288,11 @@ void Runtime::ReportFailure(const std::string& why) {
     }
     return;
   }
-  Message msg;
-  msg.meta.control = Control::kNodeFailed;
-  msg.meta.recipient = kSchedulerId;
-  msg.meta.error = why;
   // Bounded: the node is exiting, and a scheduler that cannot be told learns it from the
   // closed connection or the missing heartbeats instead.
   constexpr auto kReportWait = std::chrono::seconds(3);
   const RequestResult outcome =
-      RequestSchedulerAndWait(msg, RequestTracker::Clock::now() + kReportWait);
+      RequestSchedulerAndWait(FailureReport(why), RequestTracker::Clock::now() + kReportWait);
   if (!outcome.ok() && config_.verbose >= 1) {
     PS_LOG(WARNING) << "could not tell the scheduler why this node failed: " << outcome.error;
   }

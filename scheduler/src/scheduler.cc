@@ -57,9 +57,10 @@ Message RegisterReply(int recipient, const std::string& connection_key) {
 }
 
 // A worker vote (a collective's call and arguments) as a log line shows it: its start.
-std::string ShownCall(const std::string& vote) {
+std::string ShownCall(std::string_view vote) {
   constexpr std::size_t kCallChars = 60;
-  return vote.size() <= kCallChars ? vote : vote.substr(0, kCallChars) + "...";
+  return vote.size() <= kCallChars ? std::string(vote)
+                                   : std::string(vote.substr(0, kCallChars)) + "...";
 }
 
 // A vote's items: its ", "-separated parts where it has them (Init's keys: "Init key 0 (10 x
@@ -928,15 +929,15 @@ void Scheduler::NoteLongBarriers(Clock::time_point now) {
     if (group == kWorkerGroup && vote.ends_with(Runtime::kOutcomeVoteSuffix)) {
       vote.remove_suffix(Runtime::kOutcomeVoteSuffix.size());
       // Every worker entered the call (they agreed on it): the absent one does its work.
-      LOG(WARNING) << "the workers' collective " << ShownCall(std::string(vote)) << " has waited "
-                   << waited << " for the outcome from " << absent
+      LOG(WARNING) << "the workers' collective " << ShownCall(vote) << " has waited " << waited
+                   << " for the outcome from " << absent
                    << ", which is still doing the call's work (its values, files or settings "
                       "reach the servers; a slow link or a big call takes a while): the job "
                       "goes on once it is done";
       continue;
     }
     LOG(WARNING) << (group == kWorkerGroup && !vote.empty()
-                         ? "the workers' collective " + ShownCall(std::string(vote))
+                         ? "the workers' collective " + ShownCall(vote)
                          : "a barrier of group " + std::to_string(group))
                  << " has waited " << waited << " for " << absent
                  << ", which has not entered it: still working (the job goes on once it enters), "
