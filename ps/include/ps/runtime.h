@@ -275,6 +275,8 @@ class Runtime {
   bool SameHost(int node_id) const;
 
  private:
+  // Tests: count the requests held for a handler not set yet (test_cluster.cc).
+  friend struct RuntimeTestAccess;
   // Registration with the scheduler, in its three steps (the constructing thread, before any
   // other thread of this node runs but the receive loop the second step starts).
   void Register();
