@@ -807,13 +807,14 @@ void KVServerStore::ResolveEarlyPulls(Slice& slice) {
   });
 }
 
-void KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
+bool KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
                                 const std::vector<Waiter>& replicated) {
   if (slice.failed_rounds.erase(slice.completed) == 0 && sum.values.data() != nullptr) {
     ApplyUpdate(slice, sum);
   } else {
     failed_update_ = nullptr;  // nothing applied now: an earlier update's error is not this one's
   }
+  const bool applied = failed_update_ != &slice;
   DropRoundSum(slice);  // releases the frame (or slot) that held the round's sum
   slice.pushed.clear();
   slice.round_in_flight = false;
@@ -834,6 +835,7 @@ void KVServerStore::CommitRound(Slice& slice, const Gradient& sum,
     return true;
   });
   CloseRound(slice);
+  return applied;
 }
 
 std::byte* KVServerStore::WritableValue(Slice& slice) {

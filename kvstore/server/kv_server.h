@@ -353,8 +353,9 @@ class KVServerStore {
   void CloseRound(Slice& slice);
   // Applies a closed round's sum (unless the round failed or `sum` is empty: applied already),
   // answers its waiters, then `replicated` (waiters on the replica's answer), and opens the next
-  // round, merging the pushes that waited for it.
-  void CommitRound(Slice& slice, const Gradient& sum, const std::vector<Waiter>& replicated = {});
+  // round, merging the pushes that waited for it. False when the sum could not be applied (out
+  // of memory: its waiters got the error).
+  bool CommitRound(Slice& slice, const Gradient& sum, const std::vector<Waiter>& replicated = {});
   // dist_sync: the round a push of `sender` joins (its push number, with replication).
   std::uint64_t RoundOf(const Slice& slice, int sender, const kv::Request& request,
                         std::size_t index) const;
@@ -390,7 +391,9 @@ class KVServerStore {
   // The replica applied nothing of `sent`: it lacks the slice or the round before (`why`). It
   // gets the slice in full again, a bounded number of times (kMaxReplicaLacks).
   void OnReplicaLacks(const SentForward& sent, const std::string& why);
-  void ApplyForward(Slice& slice, Forward& forward);
+  // Does here what the replica did with `forward` (it answered, or the slice has none) and
+  // answers its waiters. False when an update could not be applied here (out of memory).
+  bool ApplyForward(Slice& slice, Forward& forward);
   // A full copy of `slice` to the node `to`, then the updates still on their way.
   void CopyToReplica(Slice& slice, int to);
   void HandleReplicate(const Meta& meta, const kv::Request& request, std::vector<Blob>& data,
@@ -538,6 +541,8 @@ class KVServerStore {
   std::string failed_update_error_;
   // Replicate ops a replica lacked the state for, on either side: which get a log line.
   std::uint64_t replica_lacks_ = 0;
+  // Updates the replica applied and this server could not: which get a log line.
+  std::uint64_t replica_undone_ = 0;
 };
 
 // Runs the server role: registers, serves the key-value store until the scheduler ends the

@@ -259,13 +259,24 @@ void KVServerStore::OnForwardReply(const SentForward& sent, const RequestResult&
   // The replica has read them.
   if (forward.slot != nullptr) forward.slot->Release();
   for (ShmSlot* slot : forward.held_slots) slot->Release();
-  ApplyForward(slice, forward);
+  const bool applied = ApplyForward(slice, forward);
   // A round that rode on a copy is done with it.
   while (!slice.forwards.empty() && slice.forwards.front().in_copy) {
     Forward counted = std::move(slice.forwards.front());
     slice.forwards.pop_front();
     ApplyForward(slice, counted);
   }
+  if (applied) return;
+  // The replica applied an update that this server could not (out of memory), and whose
+  // workers were told so: it gets the slice as it is here, or a failover would bring the
+  // update back. The copy shares the value's buffer: it needs no room for another.
+  if (LogOccurrence(++replica_undone_)) {
+    LOG(WARNING) << "server " << runtime_.rank() << ": key " << id.first << ": its replica "
+                 << runtime_.Describe(to) << " applied an update that this server could not; "
+                 << "the slice is copied to it again";
+  }
+  CopyToReplica(slice, to);
+  AttachReplicaSlots({id}, to);
 }
 
 void KVServerStore::OnReplicaLacks(const SentForward& sent, const std::string& why) {
@@ -295,29 +306,30 @@ void KVServerStore::OnReplicaLacks(const SentForward& sent, const std::string& w
   AttachReplicaSlots({sent.id}, sent.to);
 }
 
-void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
+bool KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
+  bool applied = true;
   switch (forward.kind) {
     case kv::ReplicaKind::kRound:
     case kv::ReplicaKind::kSkippedRound:
       // Answers the round's pushes (slice.waiters) and this update's waiters, in that order,
       // before the next round starts.
-      CommitRound(slice, forward.applied ? Gradient() : forward.gradient, forward.waiters);
-      return;
+      return CommitRound(slice, forward.applied ? Gradient() : forward.gradient, forward.waiters);
     case kv::ReplicaKind::kAsyncPush:
       if (forward.applied) {
         failed_update_ = nullptr;  // applied when it was sent (ApplyPushesAhead)
       } else {
         ApplyUpdate(slice, forward.gradient);
         slice.seen[forward.worker].Add(forward.seq);
+        applied = failed_update_ != &slice;
         // Those it held back go ahead again (out of memory again, its waiters get the error).
-        if (failed_update_ != &slice) ApplyPushesAhead(slice);
+        if (applied) ApplyPushesAhead(slice);
       }
       // The value as it is now, later pushes applied ahead of the replica included: waiting
       // for a value the replica holds too would wait for ever under a steady stream of pushes.
       // Were this server to die, those pushes were never answered: their workers send them
       // to the new owner, which applies each once.
       for (const Waiter& waiter : forward.waiters) Resolve(waiter, slice);
-      return;
+      return applied;
     case kv::ReplicaKind::kState:
     case kv::ReplicaKind::kForget:
       break;
@@ -325,6 +337,7 @@ void KVServerStore::ApplyForward(Slice& slice, Forward& forward) {
   // A round applied ahead is never queued behind another update (CloseRound), but a copy may
   // go in front of it (CopyToReplica): what waits on the copy then waits for the round too.
   for (const Waiter& waiter : forward.waiters) ResolveCurrent(slice, waiter);
+  return true;
 }
 
 void KVServerStore::CopyToReplica(Slice& slice, int to) {

@@ -548,6 +548,53 @@ TEST_CASE("faults: a server out of memory answers the request with an error nami
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("faults: an update the primary could not apply but its replica did is undone there",
+          "[faults][replication]") {
+  if (!CanCapAddressSpace()) return;
+  // The primary applies an update while it is on its way to the replica; out of memory, it
+  // tries again when the replica answers, and failing again answers the worker with the
+  // error, its value unchanged. The replica, which applied the update, gets a fresh copy of
+  // the slice: a failover must not bring back an update its worker was told failed.
+  const std::string type = GENERATE("dist_sync", "dist_async");
+  INFO(type);
+  constexpr std::size_t kElements = std::size_t{32} << 20;  // 128 MiB of float32
+  ps::test::KVCluster cluster(
+      2, 1,
+      {{"MXNET_KVSTORE_BIGARRAY_BOUND", "300000000"}, {"PS_USE_SHM", "0"}, {"PS_VERBOSE", "1"}});
+  ps::Key key = 0;  // served by server 0, replicated on server 1
+  while (ps::KeyLayout(2, 300000000).ServerOf(key) != 0) ++key;
+  auto kv = ps::KVStore::Create(type, cluster.WorkerConfig());
+  std::vector<float> value(kElements, 3.0f);
+  kv->Init(key, ps::Tensor(value.data(), value.size()));
+  ps::OptimizerConfig adam;
+  adam.name = "adam";
+  adam.learning_rate = 1.0f;
+  kv->SetOptimizer(adam);
+  ChildProcess* primary = cluster.ServerOfRank(0);
+  ChildProcess* replica = cluster.ServerOfRank(1);
+  // Room for the push's frame, not for Adam's two buffers as long as the key.
+  CapAddressSpace(primary->pid(), (128 + 64) << 10);
+  const std::string error = ErrorOf(cluster, "the push", [&] {
+    kv->Push(key, ps::Tensor(value.data(), value.size()));
+    kv->WaitAll();
+  });
+  CHECK_THAT(error,
+             Catch::Contains("key " + std::to_string(key)) && Catch::Contains("out of memory"));
+  const auto pulled = [&] {
+    std::fill(value.begin(), value.end(), 0.0f);
+    kv->Pull(key, ps::Tensor(value.data(), value.size()));
+    kv->WaitAll();
+    return std::vector<float>{value.front(), value.back()};
+  };
+  CHECK(pulled() == std::vector<float>{3.0f, 3.0f});  // as initialized
+  primary->Kill(SIGKILL);
+  CHECK(pulled() == std::vector<float>{3.0f, 3.0f});  // from the replica, now the key's server
+  kv.reset();
+  CHECK(cluster.scheduler().Wait(20s) == 0);
+  CHECK(replica->Wait(20s) == 0);
+  CHECK_THAT(replica->Output(), !Catch::Contains("terminate called"));
+}
+
 TEST_CASE("faults: a server out of memory for anything more still logs and answers", "[faults]") {
   if (!CanCapAddressSpace()) return;
   // The server may map the 256 MiB frame of the Init and 3 MiB more: neither the value it

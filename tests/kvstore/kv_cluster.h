@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <regex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,21 @@ class KVCluster {
     }
     for (auto& thread : threads) thread.join();
     return outcomes;
+  }
+
+  // The server process that registered as server `rank` (needs PS_VERBOSE=1, which logs it);
+  // throws when none did within 20 s.
+  ChildProcess* ServerOfRank(int rank) {
+    ChildProcess* found = nullptr;
+    const std::string line = "registered as server " + std::to_string(rank) + " ";
+    for (auto& server : server_processes_) {
+      if (!server->WaitForOutput("registered as server ", std::chrono::seconds(20))) {
+        throw std::runtime_error("a server did not register within 20 s");
+      }
+      if (server->Output().find(line) != std::string::npos) found = server.get();
+    }
+    if (found == nullptr) throw std::runtime_error("no server registered as " + line);
+    return found;
   }
 
   // After the workers finished: the servers and the scheduler end cleanly.

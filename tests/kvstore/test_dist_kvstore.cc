@@ -540,18 +540,6 @@ void StopProcess(ps::test::ChildProcess& process) {
   Expect(all_stopped(), "process " + std::to_string(process.pid()) + " stopped within 5 s");
 }
 
-// The server process that registered as server `rank` (PS_VERBOSE 1 logs it).
-ps::test::ChildProcess* ServerOfRank(KVCluster& cluster, int rank) {
-  ps::test::ChildProcess* found = nullptr;
-  const std::string line = "registered as server " + std::to_string(rank) + " ";
-  for (auto& server : cluster.servers()) {
-    Expect(server->WaitForOutput("registered as server ", 20s), "a server registered");
-    if (server->Output().find(line) != std::string::npos) found = server.get();
-  }
-  Expect(found != nullptr, "server " + std::to_string(rank) + " found");
-  return found;
-}
-
 TEST_CASE("replication: a pull is answered once its round is applied, its push once replicated",
           "[dist][replication]") {
   // The stopped replica is never declared dead here: the heartbeat timeout outlasts the test.
@@ -570,7 +558,7 @@ TEST_CASE("replication: a pull is answered once its round is applied, its push o
     const int rank = kv.Rank();
     std::vector<float> value(1000, 0.0f), grad(1000, 2.0f);
     kv.Init(key, ps::Tensor(value.data(), value.size()));
-    ps::test::ChildProcess* replica = ServerOfRank(cluster, 1);  // every node registered by now
+    ps::test::ChildProcess* replica = cluster.ServerOfRank(1);  // every node registered by now
     if (rank == 0) {
       StopProcess(*replica);
     } else {
@@ -629,7 +617,7 @@ TEST_CASE("replication: a dist_async push is applied on arrival, answered once r
     ps::OptimizerConfig sgd;
     sgd.learning_rate = 1.0f;
     kv.SetOptimizer(sgd);
-    ps::test::ChildProcess& replica = *ServerOfRank(cluster, 1);
+    ps::test::ChildProcess& replica = *cluster.ServerOfRank(1);
     StopProcess(replica);
     const ResumeOnExit resume{replica};
     kv.Push(key, ps::Tensor(grad.data(), grad.size()));
