@@ -230,6 +230,12 @@ def parse_host(text, where):
         name = text  # plain name, or a bare IPv6 address without a port
     if not name:
         raise UsageError(f"{where}: empty host name")
+    if ":" in name and not is_ipv6(name):
+        raise UsageError(f"{where}: bad host '{text}' (want [user@]host[:sshport], an IPv6 "
+                         "address in brackets: [addr]:sshport)")
+    if ":" not in name and not HOST_NAME.fullmatch(name):
+        raise UsageError(f"{where}: bad host name '{name}': letters, digits, '.', '-' and '_' "
+                         "only, one host per line")
     if port is not None:
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"{where}: bad ssh port '{port}' (want 1-65535)")
@@ -238,6 +244,27 @@ def parse_host(text, where):
 
 
 HOSTFILE_LINE = "'[user@]host[:sshport] [slots=N] [server_weight=W]'"
+HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def is_ipv6(name):
+    try:
+        return ipaddress.ip_address(name).version == 6
+    except ValueError:
+        return False
+
+
+def refuse_ipv6_node_hosts(hosts, where, interface):
+    """The job's nodes speak IPv4: an IPv6 address can name a host for ssh only when -i gives
+    the nodes their addresses."""
+    if interface:
+        return
+    for host in hosts:
+        if is_ipv6(host.name):
+            raise UsageError(f"{where}: {host.name} is an IPv6 address, and the job's nodes "
+                             "speak IPv4 (each node's DMLC_NODE_HOST is its host's name): list "
+                             "the host by a name or IPv4 address, or add -i IFACE to take each "
+                             "node's address from that interface")
 
 
 def parse_hostfile_text(text, path="hostfile"):
@@ -657,11 +684,13 @@ def parse_hosts(a, c):
         if not a.hostfile:
             raise UsageError("the ssh launcher needs -H HOSTFILE")
         c.hosts = parse_hostfile_text(read_text_file(a.hostfile, f"-H {a.hostfile}"), a.hostfile)
+        refuse_ipv6_node_hosts(c.hosts, a.hostfile, a.interface)
     c.server_hosts = None
     if a.server_hostfile is not None:
         c.server_hosts = parse_hostfile_text(
             read_text_file(a.server_hostfile, f"--server-hostfile {a.server_hostfile}"),
             a.server_hostfile)
+        refuse_ipv6_node_hosts(c.server_hosts, a.server_hostfile, a.interface)
         if a.num_servers is None:
             c.num_servers = sum(h.slots for h in c.server_hosts)
             check_count("-s", c.num_servers, "server",
@@ -695,7 +724,9 @@ def parse_environment(a, c, environ):
     if weighted and ("PS_SERVER_WEIGHTS" in c.env_all or "PS_SERVER_WEIGHTS" in environ):
         raise UsageError("PS_SERVER_WEIGHTS is set and the hostfile gives server_weight too: "
                          "give the weights one way (the hostfile's follow the servers' hosts)")
-    port = c.env_all.pop("DMLC_PS_ROOT_PORT", None) or environ.get("DMLC_PS_ROOT_PORT") or None
+    given = c.env_all.pop("DMLC_PS_ROOT_PORT", None)
+    port = given or environ.get("DMLC_PS_ROOT_PORT") or None
+    c.root_port_from_shell = bool(port) and not given
     if port is not None and (not port.isdigit() or not 0 < int(port) < 65536):
         raise UsageError(f"DMLC_PS_ROOT_PORT={port}: want a port number 1-65535")
     c.user_root_port = int(port) if port else None
@@ -733,6 +764,26 @@ def parse_commands(a, c, command, environ, launcher_dir):
             c.warnings.append(warning)
     # Our ps-scheduler binds port 0 and reports the port it got: no free-port race at all.
     c.scheduler_reports_port = os.path.basename(c.scheduler_cmd[0]) == "ps-scheduler"
+
+
+def program_problem(program, cwd, path):
+    """Why `program`, a command's first word, cannot be run here (None when it can): what the
+    shell would say later, once the job had started, and with no fix."""
+    if "/" not in program:
+        if shutil.which(program, path=path) is None:
+            return (f"{program} is not found in PATH: give its path (./{program} for one in "
+                    "the current directory), or install it")
+        return None
+    full = os.path.join(cwd, program)
+    if not os.path.exists(full):
+        where = "" if os.path.isabs(program) else f" (relative to {cwd})"
+        return f"{program} does not exist{where}: check the path, or build it"
+    if os.path.isdir(full):
+        return f"{program} is a directory, not a program"
+    if not os.access(full, os.X_OK):
+        return (f"{program} is not executable: chmod +x {program}, or put its interpreter "
+                f"first (python3 {program}, bash {program})")
+    return None
 
 
 def role_command(text, flag, default_name, c, launcher_dir, found):
@@ -1168,6 +1219,9 @@ class Launch:
             self.say(f"scheduler on {sched.spec.where} exited with status "
                      f"{sched.status_text()} before it was ready; last lines:")
             self.report_lines(sched)
+            if port_taken and c.root_port_from_shell:
+                self.say(f"DMLC_PS_ROOT_PORT={port} came from the launcher's environment: "
+                         "unset DMLC_PS_ROOT_PORT to let the scheduler pick a free port")
             return sched, None
         return None, None  # not reached
 
@@ -1222,6 +1276,16 @@ class Launch:
             for s, h in handlers.items():
                 signal.signal(s, h)
 
+    def check_local_programs(self):
+        """Refuses a command whose program cannot run here before any process starts."""
+        c = self.c
+        for role, cmd in (("worker", c.worker_cmd), ("server", c.server_cmd),
+                          ("scheduler", c.scheduler_cmd)):
+            path = {**c.environ, **c.env_all, **c.env_role[role]}.get("PATH", os.defpath)
+            problem = program_problem(cmd[0], c.cwd, path)
+            if problem:
+                raise UsageError(f"the {role} command cannot run: {problem}")
+
     def signal_exit(self):
         name = signal.Signals(self.signal_received).name
         self.say(f"{name} received: stopping every process")
@@ -1231,6 +1295,8 @@ class Launch:
     def _run(self):
         c = self.c
         ensure_descriptors(1 + c.num_servers + c.num_workers + c.server_restarts)
+        if c.launcher == "local":
+            self.check_local_programs()
         root_uri = self.root_uri()
         if c.sync_dst_dir:
             if not self.run_sync():

@@ -68,6 +68,10 @@ class Hostfile(unittest.TestCase):
                            ("node1 server_weight=x\n", "bad server_weight value 'x'"),
                            ("# only comments\n\n", "no hosts"),
                            ("[::1\n", "unbalanced"),
+                           ("node1:22:33\n", "hosts:1: bad host 'node1:22:33' (want "
+                                                "[user@]host[:sshport]"),
+                           ("node1,node2\n", "hosts:1: bad host name 'node1,node2': letters, "
+                                                "digits"),
                            ("@node\n", "empty user")]:
             with self.subTest(text=text):
                 with self.assertRaises(launch.UsageError) as cm:
@@ -921,6 +925,41 @@ class CommandLine(LauncherTest):
         self.assertNotIn("only when every process ended cleanly", text)
         self.assertIn("Exit status 0 only when every process exited 0, except a server whose "
                       "death the job survived with replication (PS_REPLICATION", text)
+
+    def test_a_program_that_cannot_run_is_refused_before_the_job_starts(self):
+        # The shell's own error came once the scheduler and servers ran, and named no fix.
+        with open(os.path.join(self.tmp, "script.sh"), "w") as f:
+            f.write("#!/bin/sh\n")
+        os.mkdir(os.path.join(self.tmp, "adir"))
+        env = self.env(PS_BIN_DIR=self.fake_bin_dir())
+        for cmd, want in [(["./script.sh"], "the worker command cannot run: ./script.sh is not "
+                                            "executable: chmod +x ./script.sh, or put its "
+                                            "interpreter first"),
+                          (["./absent"], f"./absent does not exist (relative to {self.tmp})"),
+                          (["no-such-program-here"], "no-such-program-here is not found in PATH"),
+                          (["./adir"], "./adir is a directory, not a program"),
+                          (["--server-cmd", "/nonexistent/ps-server", "true"],
+                           "the server command cannot run: /nonexistent/ps-server does not "
+                           "exist: check the path")]:
+            with self.subTest(cmd=cmd):
+                r = self.run_cmd(["-n", "1"] + cmd, env=env)
+                self.assertEqual(r.returncode, 2, r)
+                self.assertIn(want, r.stderr)
+                self.assertNotIn("[scheduler]", r.stderr)  # nothing was started
+
+    def test_ipv6_host_needs_an_interface(self):
+        # The nodes speak IPv4: an IPv6 address as DMLC_NODE_HOST fails on every node.
+        hosts = os.path.join(self.tmp, "hosts6")
+        with open(hosts, "w") as f:
+            f.write("[fe80::1]:22\n")
+        r = self.run_cmd(["-n", "1", "-H", hosts, "--dry-run", "true"])
+        self.assertEqual(r.returncode, 2, r)
+        self.assertIn(f"{hosts}: fe80::1 is an IPv6 address, and the job's nodes speak IPv4",
+                      r.stderr)
+        self.assertIn("add -i IFACE", r.stderr)
+        r = self.run_cmd(["-n", "1", "-H", hosts, "-i", "eth0", "--env",
+                          "DMLC_PS_ROOT_URI=198.18.0.1", "--dry-run", "true"])
+        self.assertEqual(r.returncode, 0, r)
 
     def test_usage_error_exit_2(self):
         r = self.run_cmd(["-n", "0", "prog"])

@@ -169,9 +169,11 @@ class LocalJob(LauncherTest):
     def test_worker_command_not_found(self):
         r = self.run_launcher(["-n", "1", "-s", "1", "--server-cmd", f"{PY} {FAKE}",
                                "--scheduler-cmd", f"{PY} {FAKE}", "no-such-program-psl"])
-        self.assertEqual(r.rc, 127, r)
-        self.assertRegex(r.err, r"worker 0 on localhost exited with status 127")
-        self.assertIn("no-such-program-psl", r.err)
+        # Refused before anything starts (the shell's status 127 came once the job ran).
+        self.assertEqual(r.rc, 2, r)
+        self.assertIn("the worker command cannot run: no-such-program-psl is not found in PATH",
+                      r.err)
+        self.assertEqual(self.records(), [])
         self.assert_nothing_left(timeout=5)
 
 
@@ -228,6 +230,21 @@ class LocalFailures(LauncherTest):
                               + self.fake_cmd())
         self.assertEqual(r.rc, 0, r)
         self.assertIn("which is in use; retrying with another port", r.err)
+
+    def test_a_port_in_use_from_the_shell_is_named(self):
+        # A DMLC_PS_ROOT_PORT left exported (after starting roles by hand) is used, and the
+        # scheduler finds it taken: the launcher says where the port came from. Given with
+        # --env, the user chose it there: no note.
+        sched = "sh -c 'echo port 9 is already in use; exit 1'"
+        args = ["-n", "1", "-s", "1", "--scheduler-cmd", sched, "--server-cmd", f"{PY} {FAKE}"]
+        note = ("DMLC_PS_ROOT_PORT=9 came from the launcher's environment: unset "
+                "DMLC_PS_ROOT_PORT to let the scheduler pick a free port")
+        r = self.run_launcher(args + self.fake_cmd(), env=self.env(DMLC_PS_ROOT_PORT="9"))
+        self.assertEqual(r.rc, 1, r)
+        self.assertIn(note, r.err)
+        r = self.run_launcher(args + ["--env", "DMLC_PS_ROOT_PORT=9"] + self.fake_cmd())
+        self.assertEqual(r.rc, 1, r)
+        self.assertNotIn("came from the launcher's environment", r.err)
 
     def test_scheduler_exiting_for_another_reason_is_not_retried(self):
         # Only a port in use is worth another port: a scheduler command that exits at once
