@@ -1490,7 +1490,9 @@ class Launch:
         settle = time.monotonic() + 0.3
         while time.monotonic() < settle:
             self.pump(0.05)
-        failed = self.culprits_first([p for p in self.procs if p.returncode not in (None, 0)])
+        # A server whose death the job survived was reported then: not a cause of this end.
+        failed = self.culprits_first([p for p in self.procs if p.returncode not in (None, 0)
+                                      and p not in self.lost_servers])
         primary = failed[0]
         self.drain(failed)
         # A host or process found lost is the cause; the exits are its consequences.

@@ -95,8 +95,9 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
     } catch (const ServerLost& e) {
       const std::size_t live = LiveServerRanks().size();
       if (!replicated_ || live == 0 || runtime_->dead_count() == deaths) throw;
-      PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a server died ("
-                      << e.what() << "); running it again on the " << live << " live servers";
+      PS_LOG(WARNING) << "worker " << Rank() << ": " << op
+                      << " failed as a server died: " << e.what() << "; running it again on the "
+                      << live << " live servers";
       continue;
     } catch (const Error& e) {
       // A reset of this request's connection, or of another meanwhile, may have lost a request
@@ -105,7 +106,7 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
                          runtime_->connection_reset_count() != resets;
       if (replicated_ && reset && reset_retries++ < kMaxResetRetries) {
         PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed as a connection was "
-                        << "reset (" << e.what() << "); running it again";
+                        << "reset: " << e.what() << "; running it again";
         continue;
       }
       // Another failure while servers died or joined may be theirs (a server that took a
@@ -115,7 +116,7 @@ void DistKVStore::RunOverLiveServers(std::string_view op, const std::function<vo
         throw;
       }
       PS_LOG(WARNING) << "worker " << Rank() << ": " << op << " failed while servers died or "
-                      << "joined (" << e.what() << "); running it again on the "
+                      << "joined: " << e.what() << "; running it again on the "
                       << LiveServerRanks().size() << " live servers";
       continue;
     }

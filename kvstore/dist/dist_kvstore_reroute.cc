@@ -207,7 +207,13 @@ void DistKVStore::OnReroutedReply(const std::shared_ptr<Rerouted>& state, const 
       SendRerouted(state, std::move(again));  // the pieces take this part's place in the count
       return;
     }
-    if (served) {
+    if (!served && LiveServerRanks().empty()) {
+      // The dead server it went to may be one whose death the job survived: not the cause.
+      error =
+          "no server of the job is left: every one died, the last while this request was "
+          "on its way, so no copy of its keys remains (the job cannot go on; start it "
+          "again from its last checkpoint)";
+    } else if (served) {
       error += "; sent " + std::to_string(again.resets) +
                " times, its connection reset every time (a network that loses big packets, "
                "such as a link of a smaller MTU on the way, or a server that cannot take the "

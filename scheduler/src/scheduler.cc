@@ -1283,6 +1283,17 @@ void Scheduler::DeclareDead(int id, const std::string& why) {
                    << " server(s) left; its replica serves its keys (PS_REPLICATION)";
       return;
     }
+    std::string before;
+    for (const int dead : dead_) {
+      if (dead == id || nodes_[static_cast<std::size_t>(dead)].role != Role::kServer) continue;
+      before += (before.empty() ? "" : ", ") + nodes_[static_cast<std::size_t>(dead)].Describe();
+    }
+    if (!before.empty()) {
+      Finish(1, node.Describe() + " died (" + why + "), and no server is left (" + before +
+                    " died before it): no copy of the job's keys remains; start the job again "
+                    "from its last checkpoint (LoadCheckpoint, ps-train --resume)");
+      return;
+    }
   }
   // A job that lost a node cannot go on as launched: end it now, naming the node, instead of
   // letting the others discover it one timeout at a time.

@@ -266,16 +266,22 @@ TEST_CASE("failover: a server killed or stopped at a random moment changes no va
   }
 }
 
+// Two ps-kvstore-check workers with more rounds than a test lasts, once they are under way.
+std::vector<std::unique_ptr<ChildProcess>> StartEndlessWorkers(const Env& env) {
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  const std::vector<std::string> args{"--rounds",       "1000000", "--keys",     "6",
+                                      "--size",         "2000",    "--big_size", "300000",
+                                      "--report_every", "10"};
+  for (int w = 0; w < 2; ++w) workers.push_back(Start("ps-kvstore-check", env, args));
+  REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 10\n", 60s));
+  return workers;
+}
+
 TEST_CASE("failover: two servers lost at once end the job naming the lost keys", "[failover]") {
   // Both copies of some slices die before a new copy can be made: the job cannot recover them
   // and must end with a message saying so, not hang or compute on.
   auto [env, scheduler, servers] = StartSchedulerAndServers();
-  std::vector<std::unique_ptr<ChildProcess>> workers;
-  const std::vector<std::string> args{"--rounds",       "100000", "--keys",     "6",
-                                      "--size",         "2000",   "--big_size", "300000",
-                                      "--report_every", "10"};
-  for (int w = 0; w < 2; ++w) workers.push_back(Start("ps-kvstore-check", env, args));
-  REQUIRE(workers[0]->WaitForOutput("kvstore-check: round 10\n", 60s));
+  auto workers = StartEndlessWorkers(env);
   servers[0]->Kill(SIGKILL);
   servers[1]->Kill(SIGKILL);
   for (auto& worker : workers) {
@@ -291,6 +297,36 @@ TEST_CASE("failover: two servers lost at once end the job naming the lost keys",
   const auto survivor = servers[2]->Wait(20s);
   INFO("server: " << servers[2]->Tail(8));
   CHECK(survivor.has_value());
+}
+
+TEST_CASE("failover: the last server's death ends the job saying that none is left", "[failover]") {
+  // Two deaths survived, then the third: the job ends naming that none is left, not one of
+  // the deaths it survived (which the requests sent to a dead owner used to name).
+  auto [env, scheduler, servers] = StartSchedulerAndServers();
+  auto workers = StartEndlessWorkers(env);
+  servers[0]->Kill(SIGKILL);
+  REQUIRE(scheduler->WaitForOutput("2 server(s) left", 30s));
+  servers[1]->Kill(SIGKILL);
+  REQUIRE(scheduler->WaitForOutput("1 server(s) left", 30s));
+  servers[2]->Kill(SIGKILL);
+  const std::string none_left = "and no server is left (";
+  for (auto& worker : workers) {
+    const auto status = worker->Wait(60s);
+    INFO(worker->name() << ": " << worker->Tail(8));
+    CHECK(status == 1);
+    const std::string output = worker->Output();
+    const auto error_at = output.rfind("ps-kvstore-check: error: ");
+    REQUIRE(error_at != std::string::npos);
+    const std::string error = output.substr(error_at, output.find('\n', error_at) - error_at);
+    CHECK_THAT(error, Catch::Contains("no server is left") ||
+                          Catch::Contains("no server of the job is left"));
+  }
+  const auto scheduler_status = scheduler->Wait(20s);
+  INFO("scheduler: " << scheduler->Tail(8));
+  CHECK(scheduler_status == 1);
+  CHECK_THAT(scheduler->Output(),
+             Catch::Contains(none_left) && Catch::Contains("start the job again from its last "
+                                                           "checkpoint"));
 }
 
 TEST_CASE("failover: a server started after one died takes its rank and carries the job alone",

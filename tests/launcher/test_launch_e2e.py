@@ -180,6 +180,33 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
 
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
                      missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
+    def test_the_last_server_lost_is_named_not_one_the_job_survived(self):
+        # 2 servers: the first death is survived, the second ends the job. The report names
+        # the second and the scheduler's word that none is left; the first was reported when
+        # it died (it used to be named first, and its status was the launcher's).
+        proc = self.start_launcher(["-n", "2", "-s", "2"] + self.marked()
+                                   + [binary("ps-kvstore-check"), "--rounds", "1000000",
+                                      "--report_every", "100"], env=self.real_env())
+        self.wait_for_output(proc, "kvstore-check: round 100", 2)
+        first, second = self.server_pids()
+        os.kill(first, signal.SIGKILL)
+        self.wait_for_output(proc, "the job goes on without server", 1, timeout=60)
+        os.kill(second, signal.SIGKILL)
+        r = self.finish_launcher(proc, timeout=120)
+        self.assertEqual(r.rc, 128 + signal.SIGKILL, r)
+        survived = re.search(r"server (\d) on localhost exited with status 137 \(killed by "
+                             r"SIGKILL[^\n]*; the job goes on", r.err)
+        ended = re.search(r"\[launch\] server (\d) on localhost exited with status 137 "
+                          r"\(killed by SIGKILL[^\n;]*; last lines:", r.err)
+        self.assertIsNotNone(survived, r)
+        self.assertIsNotNone(ended, r)
+        self.assertNotEqual(survived.group(1), ended.group(1), r)
+        self.assertNotIn(f"also failed: server {survived.group(1)}", r.err)
+        self.assertIn("and no server is left (server", r.err + r.out)
+        self.assert_nothing_left_here()
+
+    @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
+                     missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
     def test_stopped_server_is_survived_and_stopped_when_the_job_ends(self):
         # A server stopped (SIGSTOP) past the heartbeat timeout: the job goes on without it and
         # finishes exact; the launcher then stops it at once, not after --shutdown-timeout
