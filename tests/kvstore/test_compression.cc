@@ -109,6 +109,36 @@ TEST_CASE("compression: 2bit decodes to MXNet's values and is 16x smaller", "[co
   CHECK(ps::compression::EncodedBytes(Codec::kFp16, 5) == 10);
 }
 
+TEST_CASE("compression: a NaN or an infinity stays in the residual, as kvstore.md says",
+          "[compression]") {
+  // Round 1 sends [NaN, +inf, -inf, 0.25]; rounds 2 and 3 send 1 everywhere. What each value
+  // decodes to in round 3 is what the docs say each codec sends from then on.
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const auto third_round = [](Codec codec) {
+    std::vector<float> residual(4, 0.0f), decoded(4);
+    for (const std::vector<float>& grad :
+         {std::vector<float>{kNan, kInf, -kInf, 0.25f}, std::vector<float>(4, 1.0f),
+          std::vector<float>(4, 1.0f)}) {
+      const std::vector<std::uint8_t> codes = Encode(codec, 0.5f, grad, residual);
+      std::vector<std::byte> bytes(codes.size());
+      std::memcpy(bytes.data(), codes.data(), bytes.size());
+      ps::compression::Decode(codec, 0.5f, bytes.data(), decoded.size(), decoded.data());
+    }
+    return decoded;
+  };
+  // 2bit: NaN sends 0 for ever, +-inf +-threshold whatever the gradient; nothing non-finite.
+  CHECK(third_round(Codec::k2Bit) == std::vector<float>{0.0f, 0.5f, -0.5f, 0.5f});
+  // 1bit: the slice's scale is no longer finite: every value of the slice is NaN.
+  for (const float value : third_round(Codec::k1Bit)) CHECK(std::isnan(value));
+  // fp16: a NaN or an infinity leaves a NaN residual (inf - inf), sent every push.
+  const std::vector<float> fp16 = third_round(Codec::kFp16);
+  CHECK(std::isnan(fp16[0]));
+  CHECK(std::isnan(fp16[1]));
+  CHECK(std::isnan(fp16[2]));
+  CHECK(fp16[3] == 1.0f);
+}
+
 TEST_CASE("compression: every codec matches the reference bit for bit over several rounds",
           "[compression]") {
   std::mt19937 random(20240611);
