@@ -25,6 +25,7 @@
 
 #include "ps/error.h"
 #include "ps/src/log_text.h"
+#include "ps/src/misspelt_settings.h"
 #include "ps/src/small_file.h"
 #include "ps/src/stack_room.h"
 #include "ps/src/start_thread.h"
@@ -429,27 +430,31 @@ ClusterConfig ReadClusterConfig(Role role) {
     LOG(WARNING) << "DMLC_ROLE=" << set << " is not a role (scheduler, server or worker) and "
                  << "is ignored: ps-" << role_name << " runs the " << role_name << " role";
   }
-  try {
-    return ClusterConfig::Parse([&](std::string_view name) -> std::optional<std::string> {
-      if (name == "DMLC_ROLE") return role_name;  // the command decides its role
-      const auto flag = FlagForVariable().find(std::string(name));
-      if (flag != FlagForVariable().end()) {
-        const auto info = gflags::GetCommandLineFlagInfoOrDie(flag->second.c_str());
-        if (!info.is_default)
-          return info.type == "bool" ? (info.current_value == "true" ? "1" : "0")
-                                     : info.current_value;
-      }
-      const char* value = std::getenv(std::string(name).c_str());
-      if (value == nullptr) return std::nullopt;
-      return std::string(value);
-    });
-  } catch (const Error& e) {
-    std::string hint;
+  const auto with_flag = [role](const std::string& error) {
     for (const auto& [variable, flag] : FlagForVariable()) {
-      if (std::string(e.what()).starts_with(variable)) hint = " (or the flag --" + flag + ")";
+      if (!error.starts_with(variable)) continue;
+      // The job's roles share one environment: each checks the scheduler's settings too.
+      return error + (role == Role::kScheduler || !SchedulerOnly(flag)
+                          ? " (or the flag --" + flag + ")"
+                          : " (a setting of ps-scheduler's, which every role checks)");
     }
-    throw Error(e.what() + hint);
-  }
+    return error;
+  };
+  return internal::ParseWithMisspellings(
+      [&](std::string_view name) -> std::optional<std::string> {
+        if (name == "DMLC_ROLE") return role_name;  // the command decides its role
+        const auto flag = FlagForVariable().find(std::string(name));
+        if (flag != FlagForVariable().end()) {
+          const auto info = gflags::GetCommandLineFlagInfoOrDie(flag->second.c_str());
+          if (!info.is_default)
+            return info.type == "bool" ? (info.current_value == "true" ? "1" : "0")
+                                       : info.current_value;
+        }
+        const char* value = std::getenv(std::string(name).c_str());
+        if (value == nullptr) return std::nullopt;
+        return std::string(value);
+      },
+      with_flag);
 }
 
 void Die(const std::string& program, const std::string& message) {

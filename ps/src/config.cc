@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "ps/error.h"
+#include "ps/src/glog_or_stderr.h"
+#include "ps/src/misspelt_settings.h"
 #include "ps/src/small_file.h"
 
 namespace ps {
@@ -252,12 +254,27 @@ ClusterConfig ClusterConfig::Parse(const SettingLookup& lookup) {
 }
 
 ClusterConfig ClusterConfig::FromEnvironment() {
-  return Parse([](std::string_view name) -> std::optional<std::string> {
+  return internal::ParseWithMisspellings([](std::string_view name) -> std::optional<std::string> {
     const char* value = std::getenv(std::string(name).c_str());
     if (value == nullptr) return std::nullopt;
     return std::string(value);
   });
 }
+
+namespace internal {
+
+ClusterConfig ParseWithMisspellings(const SettingLookup& lookup,
+                                    const std::function<std::string(const std::string&)>& explain) {
+  const std::vector<MisspeltSetting> misspelt = MisspeltSettings(EnvironmentNames());
+  for (const MisspeltSetting& entry : misspelt) PS_LOG(WARNING) << MisspellingWarning(entry);
+  try {
+    return ClusterConfig::Parse(lookup);
+  } catch (const Error& e) {
+    throw Error(WithMisspellingHint(explain ? explain(e.what()) : e.what(), misspelt));
+  }
+}
+
+}  // namespace internal
 
 std::string ClusterConfig::SchedulerAddress() const {
   return root_uri + ":" + std::to_string(root_port);

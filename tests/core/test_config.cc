@@ -9,6 +9,7 @@
 
 #include "ps/config.h"
 #include "ps/error.h"
+#include "ps/src/misspelt_settings.h"
 #include "tests/util/settings_config.h"
 
 namespace {
@@ -324,4 +325,37 @@ TEST_CASE("config: a config filled in by hand is checked as the environment is",
   CHECK_THAT(error_of([](auto& c) { c.chunk_bytes = 0; }),
              Catch::Contains("PS_CHUNK_BYTES='0' is invalid"));
   CHECK(error_of([](auto& c) { c.server_weights.clear(); }) == "(valid)");
+}
+
+TEST_CASE("config: a variable of ours set under a misspelt name is named", "[config]") {
+  using ps::internal::MisspeltSettings;
+  const auto meant = [](const std::string& name) {
+    const auto found = MisspeltSettings({name});
+    return found.empty() ? std::string("-") : found.front().meant;
+  };
+  CHECK(meant("PS_HEARTBEAT_TIMOUT") == "PS_HEARTBEAT_TIMEOUT");   // a letter left out
+  CHECK(meant("PS_HAERTBEAT_TIMEOUT") == "PS_HEARTBEAT_TIMEOUT");  // two swapped
+  CHECK(meant("DMLC_NUM_SEVER") == "DMLC_NUM_SERVER");
+  CHECK(meant("PS_NUM_SERVER") == "DMLC_NUM_SERVER");  // another of our prefixes
+  CHECK(meant("DMLC_NUM_WORKERS") == "DMLC_NUM_WORKER");
+  CHECK(meant("MXNET_KVSTORE_BIGARRAY_BOUN") == "MXNET_KVSTORE_BIGARRAY_BOUND");
+  CHECK(meant("PS_REPLICATON") == "PS_REPLICATION");
+  // Ours, the launcher's and the tools' own, other programs', and names far from any setting.
+  for (const std::string name :
+       {"PS_HEARTBEAT_TIMEOUT", "DMLC_ROLE", "PS_BIN_DIR", "PS_FAILOVER_RUNS", "PS_FORMAT", "PS1",
+        "PATH", "MXNET_KVSTORE_REDUCTION_NTHREADS", "DMLC_PS_VAN_TYPE", "PS_RESEND"}) {
+    INFO(name);
+    CHECK(meant(name) == "-");
+  }
+  // Short names are held to one letter: PS_RANKS is PS_RANK's, PS_RUNK too, PS_RNKK not.
+  CHECK(meant("PS_RANKS") == "PS_RANK");
+  CHECK(meant("PS_RNKK") == "-");
+
+  const std::vector<ps::internal::MisspeltSetting> misspelt = {
+      {"DMLC_NUM_SEVER", "DMLC_NUM_SERVER"}};
+  CHECK(ps::internal::WithMisspellingHint("DMLC_NUM_SERVER is not set: set it", misspelt) ==
+        "DMLC_NUM_SERVER is not set: set it; DMLC_NUM_SEVER is set: a misspelling of "
+        "DMLC_NUM_SERVER?");
+  CHECK(ps::internal::WithMisspellingHint("DMLC_NUM_WORKER is not set", misspelt) ==
+        "DMLC_NUM_WORKER is not set");
 }

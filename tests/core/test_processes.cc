@@ -372,6 +372,27 @@ TEST_CASE("processes: a bad environment is a one-line error naming the variable"
   CHECK(server->Output() ==
         "ps-server: error: DMLC_NUM_SERVER='zero' is invalid: expected an integer in 1..65536 "
         "(or the flag --num_servers)\n");
+  // A setting misspelt is named where the one meant is missing, and warned of anyway.
+  Env misspelt = JobEnv(1, 1, 1234);
+  misspelt.erase("DMLC_NUM_SERVER");
+  misspelt.erase("PS_HEARTBEAT_TIMEOUT");
+  misspelt["DMLC_NUM_SEVER"] = "1";
+  misspelt["PS_HEARTBEAT_TIMOUT"] = "1";
+  auto named = Start("ps-server", misspelt);
+  CHECK(named->Wait(10s) == 1);
+  CHECK_THAT(named->Output(),
+             Catch::Contains("PS_HEARTBEAT_TIMOUT is set, but nothing reads it: a misspelling of "
+                             "PS_HEARTBEAT_TIMEOUT? (PS_HEARTBEAT_TIMEOUT is not set)") &&
+                 Catch::EndsWith("ps-server: error: DMLC_NUM_SERVER is not set: set it to an "
+                                 "integer in 1..65536 (or the flag --num_servers); "
+                                 "DMLC_NUM_SEVER is set: a misspelling of DMLC_NUM_SERVER?\n"));
+  // A setting of the scheduler's, which the server checks too but takes no flag for.
+  Env stall = JobEnv(1, 1, 1234);
+  stall["PS_STALL_TIMEOUT"] = "abc";
+  auto checked = Start("ps-server", stall);
+  CHECK(checked->Wait(10s) == 1);
+  CHECK_THAT(checked->Output(),
+             Catch::EndsWith("(a setting of ps-scheduler's, which every role checks)\n"));
   // A flag on the command line wins over the environment.
   auto fixed = Start("ps-server", env, {"--num_servers=1", "--root_port=0"});
   CHECK(fixed->Wait(10s) == 1);
