@@ -37,6 +37,9 @@ install(PROGRAMS tools/launch.py tools/plot_bench.py tools/testbed.py tools/dela
                  tools/ps-plan.py tools/bench/bed_bench.py
         DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES tools/cli_args.py DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The documentation --help points at: README.md and docs/ (their links stay relative).
+install(FILES README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(DIRECTORY docs DESTINATION ${CMAKE_INSTALL_DOCDIR})
 
 install(EXPORT psTargets NAMESPACE ps:: DESTINATION ${PS_CMAKE_DIR})
 configure_package_config_file(cmake/psConfig.cmake.in

@@ -38,9 +38,9 @@ DEFINE_bool(separate_pull, false,
             "replica has them)");
 DEFINE_int32(collectives_every, 0,
              "Every N rounds also SetOptimizer, Init a new key and check it, and save and load "
-             "a checkpoint in --checkpoint_dir (0: never)");
+             "a checkpoint in --checkpoint-dir (0: never)");
 DEFINE_string(checkpoint_dir, "",
-              "Where --collectives_every saves and loads (\"\": no checkpoints)");
+              "Where --collectives-every saves and loads (\"\": no checkpoints)");
 
 namespace {
 

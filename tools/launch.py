@@ -56,6 +56,9 @@ JOINED_RE = re.compile(r"server (\d+) \(node \d+ at [^)]*\) joined the job in th
 # How long a server's non-zero exit waits for that line before it counts as a failure: the
 # scheduler declares a closed connection dead after 1 s.
 SURVIVAL_WAIT_S = 5.0
+# After every worker exited 0 with the job never filled (the scheduler never said that every
+# node registered): how long its last lines may still be on their way before that is final.
+NEVER_FILLED_WAIT_S = 2.0
 DEAD_NODE_RE = re.compile(r"\b(worker|server) (\d+) \(node \d+ at (\S+):\d+\) (?:died|is dead)")
 
 # Variables the launcher sets itself; --env* may not change them.
@@ -1366,6 +1369,13 @@ class Launch:
             # Servers the job went on without hold nothing it needs: not waited for.
             if self.finished_without(hung):
                 return 0
+            if self.never_filled(workers):
+                self.say("every worker exited 0, but the job never started: the scheduler "
+                         "did not see every node register. Does the command create a dist "
+                         "KVStore on every worker (--help, --version and --kvstore local do "
+                         "not)?")
+                self.stop_all()
+                return 1
             if time.monotonic() > shutdown_deadline:
                 self.say(f"{', '.join(p.spec.label + ' on ' + p.spec.where for p in hung)} did "
                          f"not exit within {c.shutdown_timeout:g} s (--shutdown-timeout) after "
@@ -1382,6 +1392,15 @@ class Launch:
                     self.report_lines(p)
                 self.stop_all()
                 return 1
+
+    def never_filled(self, workers):
+        """Whether the workers all exited 0 a while ago without the job having filled: with
+        them gone it never can, and the scheduler and servers would only wait."""
+        # Only ps-scheduler is known to log the line; another scheduler command may not.
+        return (workers and self.c.scheduler_reports_port and not self.job_filled
+                and self.scheduler_logs_info()
+                and all(p.returncode == 0 for p in workers)
+                and time.monotonic() - max(p.exit_time for p in workers) > NEVER_FILLED_WAIT_S)
 
     def finished_without(self, hung):
         """With replication, servers still there after a successful end (stopped or hung: the

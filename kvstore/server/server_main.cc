@@ -10,7 +10,7 @@ int main(int argc, char** argv) {
   ps::cli::Init(&argc, &argv,
                 "runs one server of a parameter-server job.\n"
                 "Usage: ps-server [flags]\n"
-                "Every flag falls back to its DMLC_*/PS_* environment variable; see README.md.",
+                "Every flag falls back to its DMLC_*/PS_* environment variable.",
                 ps::Role::kServer);
   try {
     const ps::ClusterConfig config = ps::cli::ReadClusterConfig(ps::Role::kServer);

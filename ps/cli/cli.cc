@@ -122,6 +122,14 @@ void PrintClusterFlagHelp(std::ostream& out, std::string_view usage, Role role) 
     out << "  --" << name << " " << ClusterFlagHelp(flag, variable) << "\n      "
         << flag.description << "\n";
   }
+  out << "  --flagfile=FILE[,FILE...]\n      Read flags from FILE: one --name=value per line, "
+         "# comments\n"
+         "  --help, --version\n\n"
+         "Settings with no flag, read from the environment only: MXNET_KVSTORE_BIGARRAY_BOUND,\n"
+         "PS_CHUNK_BYTES, PS_TCP_RCVBUF, PS_SERVER_WEIGHTS, PS_RANK, PS_USE_IPC, PS_USE_SHM,\n"
+         "PS_SHM_MAX_SEGMENTS, PS_IO_THREADS, PS_JOB_SECRET, PS_JOB_SECRET_FILE, PS_REPLICATION,\n"
+         "PS_ENCRYPT. Each is described in README.md's table of settings (installed as\n"
+         "share/doc/ps/README.md, beside docs/ with the rest of the documentation).\n";
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   ps::cli::Init(&argc, &argv,
                 "runs the scheduler of a parameter-server job.\n"
                 "Usage: ps-scheduler [flags]\n"
-                "Every flag falls back to its DMLC_*/PS_* environment variable; see README.md.",
+                "Every flag falls back to its DMLC_*/PS_* environment variable.",
                 ps::Role::kScheduler);
   // The scheduler a signal stops: null before it exists and again once it has ended. A signal
   // after the end is ignored: the process is on its way out and has printed its one error line

@@ -172,13 +172,19 @@ TEST_CASE("processes: --help shows each role's flags with their real defaults", 
     CHECK_THAT(output, Catch::Contains("--register_timeout (double; env PS_REGISTER_TIMEOUT; "
                                        "default: 60)"));
     CHECK_THAT(output, Catch::Contains("--verbose (int32; env PS_VERBOSE; default: 0)"));
+    // The flag gflags reads itself, and where the settings without a flag are described.
+    CHECK_THAT(output, Catch::Contains("--flagfile=FILE") &&
+                           Catch::Contains("read from the environment only: ") &&
+                           Catch::Contains("PS_REPLICATION") &&
+                           Catch::Contains("share/doc/ps/README.md"));
   }
   // Only the scheduler reads DMLC_USE_KUBERNETES and PS_STALL_TIMEOUT.
   CHECK_THAT(scheduler->Output(), Catch::Contains("--use_kubernetes (bool; env "
                                                   "DMLC_USE_KUBERNETES; default: false)"));
   CHECK_THAT(scheduler->Output(), Catch::Contains("--stall_timeout (double; env "
                                                   "PS_STALL_TIMEOUT; default: 600)"));
-  CHECK_THAT(server->Output(), !Catch::Contains("kubernetes") && !Catch::Contains("stall"));
+  CHECK_THAT(server->Output(),
+             !Catch::Contains("--use_kubernetes") && !Catch::Contains("--stall_timeout"));
 }
 
 TEST_CASE("processes: an argument that is not a flag is a one-line error", "[processes]") {

@@ -87,6 +87,16 @@ for program in "$prefix"/bin/ps-*; do
   "$program" --help > /dev/null || fail "$name --help"
 done
 
+# The documentation --help points at, and every setting its environment-only list names is
+# in README.md's table of settings.
+[[ -f $prefix/share/doc/ps/README.md && -f $prefix/share/doc/ps/docs/kvstore.md ]] ||
+  fail "README.md and docs/ are not installed under share/doc/ps (ps-server --help names them)"
+for variable in $("$prefix/bin/ps-server" --help | sed -n '/^Settings with no flag/,$p' |
+                  grep -o '[A-Z][A-Z_]*_[A-Z_]*'); do
+  grep -q "^| \`$variable\` |" "$repo/README.md" ||
+    fail "ps-server --help names $variable, which README.md's table of settings lacks"
+done
+
 # Every shared library is versioned alike: libX.so -> libX.so.MAJOR -> libX.so.MAJOR.MINOR.PATCH.
 for lib in ps ps_scheduler ps_kvstore; do
   found=$(find "$prefix" -name "lib$lib.so.[0-9]*.[0-9]*.[0-9]*" | head -1)

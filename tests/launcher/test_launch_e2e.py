@@ -178,6 +178,18 @@ class LocalEndToEnd(RealBinaries, LauncherTest):
         self.assertIn("the job finished without 1 lost server(s)", r.err)
         self.assert_nothing_left_here()
 
+    @unittest.skipIf(missing("ps-scheduler", "ps-server"), missing("ps-scheduler", "ps-server"))
+    def test_workers_that_never_joined_end_the_job_at_once(self):
+        # Workers that exit 0 without a KVStore leave a job that can never fill: the launcher
+        # stops it once the scheduler did not say it filled, not after --shutdown-timeout.
+        r = self.run_launcher(["-n", "1", "-s", "1", "--shutdown-timeout", "600"]
+                              + self.marked() + ["true"], env=self.real_env(), timeout=60)
+        self.assertEqual(r.rc, 1, r)
+        self.assertIn("every worker exited 0, but the job never started: the scheduler did not "
+                      "see every node register. Does the command create a dist KVStore on "
+                      "every worker", r.err)
+        self.assert_nothing_left_here()
+
     @unittest.skipIf(missing("ps-scheduler", "ps-server", "ps-kvstore-check"),
                      missing("ps-scheduler", "ps-server", "ps-kvstore-check"))
     def test_the_last_server_lost_is_named_not_one_the_job_survived(self):
