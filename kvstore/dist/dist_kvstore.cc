@@ -32,6 +32,10 @@ std::string PulledValueError(const Error& e) {
 // Stack bytes for one Issue call's bookkeeping: a few hundred bytes per message it builds.
 constexpr std::size_t kIssueScratchBytes = 8192;
 
+// The most of the last raised error a worker that left through an exception reports: every
+// node logs the report, and a failed WaitAll's error can list many keys.
+constexpr std::size_t kRaisedShownChars = 600;
+
 // In key order: workers that declare the same keys in another order make the same call. Longer
 // than other calls: the scheduler names the first key that differs, which should be in the text
 // for a model's usual number of parameters (about 2000 keys fit).
@@ -70,6 +74,11 @@ DistKVStore::DistKVStore(std::unique_ptr<Runtime> runtime, bool sync)
 }
 
 DistKVStore::~DistKVStore() {
+  std::string raised;  // before this WaitAll raises one of its own
+  {
+    MutexLock lock(raised_mu_);
+    raised = std::move(last_raised_);
+  }
   try {
     WaitAll();
   } catch (const Error& e) {
@@ -77,9 +86,22 @@ DistKVStore::~DistKVStore() {
   }
   // Destroyed while an exception unwinds: this worker failed, and the job must not end as a
   // success (or wait for a heartbeat timeout).
-  ReportFinished(
-      std::uncaught_exceptions() > 0 ? "its program left the KVStore through an exception" : "");
+  std::string failure;
+  if (std::uncaught_exceptions() > 0) {
+    failure = "its program left the KVStore through an exception";
+    if (raised.size() > kRaisedShownChars) raised = raised.substr(0, kRaisedShownChars) + "...";
+    if (!raised.empty()) failure += " (the last error the store raised to it: " + raised + ")";
+  }
+  ReportFinished(failure);
   EndCallsInProgress();
+}
+
+void DistKVStore::Raise(ErrorKind kind, const std::string& error, Failure failure) {
+  {
+    MutexLock lock(raised_mu_);
+    last_raised_ = error;
+  }
+  dist_detail::ThrowFailure(failure, error, kind);
 }
 
 CallsInProgress::Call DistKVStore::EnterCall(std::string_view op) {

@@ -434,6 +434,11 @@ class DistKVStore final : public KVStore {
   void EndCallsInProgress();
   // Tells the scheduler this worker is done, with `failure` ("" for success), once.
   void ReportFinished(const std::string& failure);
+  // Throws a failure of the job's (a failed operation or collective) to the program, keeping
+  // its text for the destructor: a program that leaves the store through an exception then
+  // tells the other nodes the last such error, not only that it left.
+  [[noreturn]] void Raise(ErrorKind kind, const std::string& error,
+                          Failure failure = Failure::kOther);
 
   CallsInProgress calls_;  // threads inside a public call (EnterCall)
   // Declared before runtime_: destroyed after its threads, which copy out of slots and use
@@ -481,7 +486,9 @@ class DistKVStore final : public KVStore {
   Mutex stall_mu_;
   ThreadsStall threads_stall_ PS_GUARDED_BY(stall_mu_);  // StallOfThreads
   std::atomic<bool> finished_{false};  // the scheduler was told this worker is done
-  std::vector<bool> shm_servers_;      // collective calls only: per server rank, slots on
+  Mutex raised_mu_;
+  std::string last_raised_ PS_GUARDED_BY(raised_mu_);  // Raise
+  std::vector<bool> shm_servers_;  // collective calls only: per server rank, slots on
 
   // The owner of frames that reference the caller's memory: a token marking them borrowed
   // (the buffer lifetime rule keeps the memory valid), shared by all of them.

@@ -22,7 +22,6 @@ using dist_detail::ConnectionReset;
 using dist_detail::FailureOf;
 using dist_detail::kStore;
 using dist_detail::ServerLost;
-using dist_detail::ThrowFailure;
 
 namespace {
 
@@ -76,7 +75,7 @@ void DistKVStore::Barrier() {
   try {
     AgreeAmongWorkers("Barrier", "");
   } catch (const Error& e) {
-    ThrowError(e.kind(), std::string(kStore) + ": Barrier failed on every worker: " + e.what());
+    Raise(e.kind(), std::string(kStore) + ": Barrier failed on every worker: " + e.what());
   }
 }
 
@@ -208,8 +207,8 @@ void DistKVStore::Collective(std::string_view op, const std::string& call,
   const auto failed_everywhere = [&](const Error& e) {
     // A worker whose own checks failed throws its own words; the others learn who and why.
     if (!local_error.empty()) throw Error(local_error);
-    ThrowError(e.kind(), std::string(kStore) + ": " + std::string(op) +
-                             " failed on every worker: " + e.what());
+    Raise(e.kind(),
+          std::string(kStore) + ": " + std::string(op) + " failed on every worker: " + e.what());
   };
   try {
     AgreeAmongWorkers(call, local_error);
@@ -264,7 +263,7 @@ void DistKVStore::SaveCheckpoint(const std::string& given) {
       const RequestResult result =
           runtime_->RequestAndWait(kv::RequestMessage(request, runtime_->ServerId(s)));
       if (!result.ok()) {
-        ThrowFailure(FailureOf(result, result.error), result.error, result.error_kind);
+        Raise(result.error_kind, result.error, FailureOf(result, result.error));
       }
       const auto& reply = result.responses.at(0);
       if (reply.data.size() != 1 || reply.data[0].count() != 3 ||

@@ -18,7 +18,6 @@
 namespace ps {
 
 using dist_detail::kStore;
-using dist_detail::ThrowFailure;
 
 namespace {
 // Bytes on their way to the servers worth naming in a long wait's note: more than a few
@@ -100,7 +99,7 @@ void DistKVStore::WaitUntil(Done done, Poll poll, std::span<const Key> keys) {
   if (waiting) last_wait_short_.store(std::chrono::steady_clock::now() - start <= spin);
   if (std::optional<FailedOp> failed = TakeFailure(keys)) {
     lock.Unlock();
-    ThrowFailure(failed->failure, failed->error, failed->kind);
+    Raise(failed->kind, failed->error, failed->failure);
   }
 }
 

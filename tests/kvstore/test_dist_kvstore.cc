@@ -490,6 +490,39 @@ TEST_CASE("dist_sync: 4 workers run 1000 rounds over 16 keys exactly with flat s
   CHECK(cluster.EndedCleanly());
 }
 
+TEST_CASE("dist kvstore: a worker that leaves through the store's error tells the job which",
+          "[dist][errors]") {
+  // The other nodes cannot see the exception that unwinds a worker's store, but the last error
+  // the store raised is most often it: the job's failure quotes it.
+  KVCluster cluster(1, 2);
+  std::string errors;  // worker 1's
+  const auto outcomes = cluster.RunWorkers("dist_sync", [&](ps::KVStore& kv) {
+    std::vector<float> value(4, 0.0f);
+    kv.Init(1, ps::Tensor(value.data(), 4));
+    if (kv.Rank() == 0) {
+      kv.Push(1, ps::Tensor(value.data(), 4));  // worker 1 never pushes: the round cannot close
+      kv.WaitAll();                             // fails once worker 1 is in Barrier; not caught
+    }
+    for (int call = 0; call < 2; ++call) {
+      try {
+        kv.Barrier();  // fails: the round, then worker 0's end (in either order)
+      } catch (const ps::Error& e) {
+        errors += std::string(e.what()) + "\n";
+      }
+    }
+  });
+  // Outcomes are the threads', and a thread's rank is the order it registered in.
+  const std::size_t rank0 = outcomes[1].empty() ? 0 : 1;
+  CHECK_THAT(outcomes[rank0], Catch::Contains("key 1: this dist_sync round can never complete"));
+  CHECK(outcomes[1 - rank0] == "");
+  const std::string quoted =
+      "its program left the KVStore through an exception (the last error the store raised to "
+      "it: key 1: this dist_sync round can never complete";
+  CHECK_THAT(errors, Catch::Contains("the job failed: worker 0 (") && Catch::Contains(quoted));
+  CHECK(cluster.scheduler().Wait(15s) == 1);
+  CHECK_THAT(cluster.scheduler().Output(), Catch::Contains(quoted));
+}
+
 TEST_CASE("dist kvstore: a worker that leaves through an exception fails the job at once",
           "[dist][errors]") {
   KVCluster cluster(1, 2);
