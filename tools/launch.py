@@ -377,7 +377,8 @@ def parse_env_items(items, flag, environ):
         if not ENV_NAME_RE.match(key):
             raise UsageError(f"{flag} {item}: '{key}' is not a valid variable name (want K=V)")
         if key in SECRET_VARS:
-            raise UsageError(f"{flag} {item}: the job secret is not given on the command line; "
+            # Not {item}: the secret itself, which the error would show to whoever reads it.
+            raise UsageError(f"{flag} {key}=...: the job secret is not given on the command line; "
                              f"set {key} in the launcher's environment, and the launcher hands "
                              "it to every process over its standard input")
         if key in LAUNCHER_OWNED:
@@ -396,17 +397,35 @@ def job_secret(environ):
     secret, path = environ.get("PS_JOB_SECRET"), environ.get("PS_JOB_SECRET_FILE")
     if secret is not None and path is not None:
         raise UsageError("both PS_JOB_SECRET and PS_JOB_SECRET_FILE are set: set one of them")
+    source = "PS_JOB_SECRET"
     if path is not None:
+        source = f"PS_JOB_SECRET_FILE={path}: its first line"
         # Read as the nodes read it (a byte-order mark would be part of the secret there too).
         text = read_text_file(path, f"PS_JOB_SECRET_FILE={path}", encoding="utf-8")
-        secret = text.split("\n", 1)[0]
+        problem = secret_file_exposure(path)
+        if problem:
+            raise UsageError(f"PS_JOB_SECRET_FILE={path}: {problem}")
+        secret = text.split("\n", 1)[0].removesuffix("\r")  # a line ends before CR LF too
         if not secret:
             raise UsageError(f"PS_JOB_SECRET_FILE={path}: its first line is empty")
     if secret is None:
         return secrets.token_hex(16)
     if not secret or "\n" in secret or len(secret.encode()) > 255:
-        raise UsageError("PS_JOB_SECRET: want one line of 1 to 255 bytes")
+        raise UsageError(f"{source}: want one line of 1 to 255 bytes")
     return secret
+
+
+def secret_file_exposure(path):
+    """Why a secret file lets other users in ("" when it does not), as the nodes judge it
+    (ps/src/config.cc): a regular file that others may read or write."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""  # read_text_file said why already
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o077:
+        return ""
+    return (f"other users may read or write it (mode {stat.S_IMODE(st.st_mode):04o}), and with "
+            f"the secret join the job: chmod 600 {shlex.quote(path)}")
 
 
 class Once(argparse.Action):

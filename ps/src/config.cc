@@ -1,8 +1,11 @@
 #include "ps/config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <utility>
@@ -110,6 +113,20 @@ bool ReadBool(const SettingLookup& lookup, std::string_view name, bool fallback)
 
 // PS_JOB_SECRET, or the first line of PS_JOB_SECRET_FILE (a file keeps the secret out of the
 // environment other processes of the same user can read, and out of command lines).
+// Why the secret file at `path` lets other users in ("" when it does not): a regular file
+// that others may read or write (a pipe, `<(...)`, is the process's own). As ssh does for a
+// private key, the file is refused rather than used.
+std::string SecretFileExposure(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 077) == 0) {
+    return "";
+  }
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return std::string("other users may read or write it (mode ") + mode +
+         "), and with the secret join the job: chmod 600 " + path;
+}
+
 std::string ReadJobSecret(const SettingLookup& lookup) {
   const auto secret = lookup("PS_JOB_SECRET");
   const auto file = lookup("PS_JOB_SECRET_FILE");
@@ -134,7 +151,11 @@ std::string ReadJobSecret(const SettingLookup& lookup) {
       throw Error("PS_JOB_SECRET_FILE='" + *file + "' cannot be read (" + e.what() + ")" + fix);
     }
     if (bytes.empty()) Invalid("PS_JOB_SECRET_FILE", *file, "the file is empty");
+    if (const std::string exposure = SecretFileExposure(*file); !exposure.empty()) {
+      throw Error("PS_JOB_SECRET_FILE='" + *file + "': " + exposure);
+    }
     text = bytes.substr(0, bytes.find('\n'));
+    if (text.ends_with('\r')) text.pop_back();  // a line ends before CR LF too
     if (text.empty()) Invalid("PS_JOB_SECRET_FILE", *file, "its first line is empty");
   } else if (secret) {
     text = *secret;

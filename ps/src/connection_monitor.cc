@@ -30,9 +30,9 @@ constexpr int kReceiverEvents =
     ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
 // What a send socket's monitor reports: its connection opened (with its descriptor), up
-// (handshake done) and down.
-constexpr int kPeerEvents =
-    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED;
+// (handshake done), refused for its credentials, and down.
+constexpr int kPeerEvents = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                            ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_DISCONNECTED;
 // A ZeroMQ peer sends its 64-byte greeting within a round trip of connecting, and no message
 // before it: a connection that has sent less is still in the handshake for certain, and one
 // that has sent less for this long is not a peer slow to greet. It goes first when one must.
@@ -453,6 +453,15 @@ void ConnectionMonitor::OnPeerEventOnMonitorThread(std::uint64_t id, PeerWatch& 
     return;
   }
   if (event.type == ZMQ_EVENT_DISCONNECTED) ForgetLink(watch.node_id, id);
+  if (event.type == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) {
+    MutexLock lock(links_mu_);
+    refused_credentials_.insert(watch.node_id);
+    return;
+  }
+  if (event.type == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+    MutexLock lock(links_mu_);
+    refused_credentials_.erase(watch.node_id);
+  }
   if (event.type == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && !watch.connected) {
     watch.connected = true;
     notices.push_back(Notice{watch.node_id, true});
@@ -464,6 +473,11 @@ void ConnectionMonitor::OnPeerEventOnMonitorThread(std::uint64_t id, PeerWatch& 
                    << " closed";
     }
   }
+}
+
+bool ConnectionMonitor::RefusedCredentials(int node_id) const {
+  MutexLock lock(links_mu_);
+  return refused_credentials_.contains(node_id);
 }
 
 void ConnectionMonitor::ForgetLink(int node_id, std::uint64_t id) {

@@ -42,6 +42,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -93,6 +94,9 @@ class ConnectionMonitor {
   // What TCP knows of the path to `node_id`, from the watched send socket's connection to it;
   // nullopt when there is none (not watched, not connected, or over ipc). Any thread.
   std::optional<LinkState> LinkTo(int node_id) const;
+  // Whether `node_id` turned the watched send socket's handshake away for its credentials (a
+  // PLAIN password that is not its job's secret). Any thread.
+  bool RefusedCredentials(int node_id) const;
 
   // Connections dropped so far to keep within the limits.
   std::uint64_t dropped_connections() const { return dropped_.load(); }
@@ -174,7 +178,8 @@ class ConnectionMonitor {
   bool watching_peers_ PS_GUARDED_BY(mu_) = false;  // a watcher is set
 
   mutable Mutex links_mu_;  // guards links_: written by the monitor thread, read by LinkTo
-  std::map<int, Link> links_ PS_GUARDED_BY(links_mu_);  // node id -> its connection
+  std::map<int, Link> links_ PS_GUARDED_BY(links_mu_);          // node id -> its connection
+  std::set<int> refused_credentials_ PS_GUARDED_BY(links_mu_);  // RefusedCredentials
 
   Mutex watcher_mu_;  // held while the watcher runs, so SetPeerWatcher never races a call
   PeerWatcher watcher_ PS_GUARDED_BY(watcher_mu_);

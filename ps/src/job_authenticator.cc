@@ -1,5 +1,7 @@
 #include "ps/src/job_authenticator.h"
 
+#include <sodium.h>
+
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -38,6 +40,28 @@ std::string NewConnectionKey() {
     for (int digit = 0; digit < 8; ++digit, bits >>= 4) key += kHex[bits & 0xF];
   }
   return key;
+}
+
+std::string ConnectionToken(std::string_view from_key, std::string_view to_key) {
+  // BLAKE2b takes a key of 16 to 64 bytes; a node's key is 32 hex digits (NewConnectionKey).
+  // One that is not (a registrant's own, refused later) yields a token no node expects.
+  static constexpr std::string_view kPurpose = "ps: a connection to the node of key ";
+  std::array<unsigned char, 16> hash{};
+  std::string message(kPurpose);
+  message += to_key;
+  const bool keyed = from_key.size() >= crypto_generichash_KEYBYTES_MIN &&
+                     from_key.size() <= crypto_generichash_KEYBYTES_MAX;
+  crypto_generichash(hash.data(), hash.size(),
+                     reinterpret_cast<const unsigned char*>(message.data()), message.size(),
+                     keyed ? reinterpret_cast<const unsigned char*>(from_key.data()) : nullptr,
+                     keyed ? from_key.size() : 0);
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (const unsigned char byte : hash) {
+    token += kHex[byte >> 4];
+    token += kHex[byte & 0xF];
+  }
+  return keyed ? token : "unkeyed-" + token;
 }
 
 JobAuthenticator::JobAuthenticator(zmq::context_t& context, Mechanism mechanism,
@@ -126,7 +150,8 @@ void JobAuthenticator::Answer() {
                       << "; every node of a job must be given its PS_JOB_SECRET";
     }
   } else if (verbose_ >= 2) {
-    PS_LOG(INFO) << "admitted a connection with key " << user;
+    // Not the user name: a token written in a log would open the connection it is for.
+    PS_LOG(INFO) << "admitted a connection";
   }
   // Reply: version, request id, status code, status text, user id, metadata.
   const std::string version = request.empty() ? "1.0" : request[0].to_string();

@@ -3,15 +3,21 @@
 // which decides which connections a node accepts and tags their messages with who sent them.
 //
 // Every socket of a node speaks ZeroMQ's PLAIN mechanism. A send socket gives:
-//   - as user name, its node's connection key: random, made when the node starts, and handed to
-//     the other nodes in the node table (NodeInfo::connection_key);
+//   - as user name, a token for that connection alone: ConnectionToken of its node's
+//     connection key (random, made when the node starts, handed to the job's nodes in the node
+//     table, NodeInfo::connection_key) and of the receiver's key;
 //   - as password, the job secret (PS_JOB_SECRET), or kNoJobSecret when the job has none.
 // The handler admits a connection whose password is the job's and stamps every message that
 // arrives on it with the user name (ZeroMQ's "User-Id" property). The receiver compares that
-// with the key of the node the message claims to come from (Message::connection_key), so a
-// message is accepted only from the connection of the node it names, secret or not; a process
-// without the secret cannot even complete the handshake, so it can neither join, nor read
-// what a node sends it, nor write to one.
+// with the token the node the message claims to come from gives it (Message::connection_key),
+// so a message is accepted only from the connection of the node it names, secret or not; a
+// process without the secret cannot even complete the handshake, so it can neither join, nor
+// read what a node sends it, nor write to one. A token is good on one connection only: the
+// one the scheduler gives a process it connects back to (a registrant it may refuse) opens no
+// other node's door, and neither does one read from a capture of a connection.
+//
+// The keys themselves are known to the job's nodes (the table): a node of the job could pose
+// as another. The check keeps out processes that are not of the job.
 //
 // PLAIN sends the password in clear text: it keeps out whoever can reach a port, not whoever
 // can read the network. With PS_ENCRYPT=1 every socket speaks CURVE instead (curve_keys.h):
@@ -23,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <zmq.hpp>
@@ -36,6 +43,12 @@ inline constexpr const char* kNoJobSecret = "ps-job-without-secret";
 
 // 32 random hex digits, for a node's connection key.
 std::string NewConnectionKey();
+
+// The PLAIN user name the node whose connection key is `from_key` gives on its connection to
+// the node whose key is `to_key` ("" for the scheduler: a registrant knows its key only from
+// the table): 32 hex digits of a hash keyed with `from_key`, so a token reveals neither key
+// nor any other connection's token.
+std::string ConnectionToken(std::string_view from_key, std::string_view to_key);
 
 class JobAuthenticator {
  public:

@@ -134,7 +134,7 @@ void Runtime::OpenTransport(std::chrono::steady_clock::time_point deadline) {
     self_.ipc_endpoint =
         transport_->BindIpc("ps-" + std::to_string(getpid()) + "-" + std::to_string(self_.port));
   }
-  transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port);
+  transport_->Connect(kSchedulerId, scheduler_ip_, config_.root_port, "");
 }
 
 void Runtime::AnnounceToScheduler(const NodeInfo& announced) {
@@ -159,6 +159,13 @@ void Runtime::AnnounceToScheduler(const NodeInfo& announced) {
   }
 }
 
+std::string Runtime::RefusedCredentialsError() const {
+  return "the scheduler at " + config_.SchedulerAddress() +
+         " refused this node's connection: its PS_JOB_SECRET is not the job's (or the job has "
+         "a secret and this node none): give every node of the job the same PS_JOB_SECRET or "
+         "PS_JOB_SECRET_FILE (launch.py hands its own processes the job's)";
+}
+
 void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
   MutexLock lock(mu_);
   auto report_at = SteadyClock::now() + kWaitReportEvery;
@@ -181,6 +188,10 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                   RoleName(self_.role) + ", but its connection closed " + FormatSeconds(*closed) +
                   " ago, before the job filled up, and has not opened again: it exited or was "
                   "killed (its log says why), or its host went down; start the job again");
+    }
+    // ZeroMQ says so at once: waiting out PS_REGISTER_TIMEOUT would change nothing.
+    if (!acknowledged && transport_->RefusedCredentials(kSchedulerId)) {
+      throw Error(RefusedCredentialsError());
     }
     if (acknowledged) {
       PS_LOG(WARNING) << "registered with the scheduler at " << config_.SchedulerAddress()
@@ -213,6 +224,7 @@ void Runtime::AwaitNodeTable(std::chrono::steady_clock::time_point deadline) {
                   "this wait)");
     }
     lock.Unlock();
+    if (transport_->RefusedCredentials(kSchedulerId)) throw Error(RefusedCredentialsError());
     bool accepted = false;
     std::string probe = SchedulerProbe(&accepted);
     if (silent_port && !accepted) {
@@ -243,8 +255,9 @@ void Runtime::ConnectTo(const NodeInfo& node) {
     MutexLock lock(reset_mu_);  // before the socket exists, so its first event finds the entry
     closed_peers_.try_emplace(node.id, ClosedPeer{RequestTracker::Clock::now(), true});
   }
-  const bool watched = same_host ? transport_->ConnectEndpoint(node.id, node.ipc_endpoint)
-                                 : transport_->Connect(node.id, node.host, node.port);
+  const bool watched =
+      same_host ? transport_->ConnectEndpoint(node.id, node.ipc_endpoint, node.connection_key)
+                : transport_->Connect(node.id, node.host, node.port, node.connection_key);
   if (!watched) {  // no event will say it opened: this node cannot tell
     MutexLock lock(reset_mu_);
     const auto entry = closed_peers_.find(node.id);
@@ -384,7 +397,7 @@ void Runtime::OnMessage(Message&& msg) {
     const NodeInfo* sender = registered_ ? Node(meta.sender) : nullptr;
     const bool known = registered_
                            ? sender != nullptr && (from_scheduler || meta.recipient == self_.id) &&
-                                 msg.connection_key == sender->connection_key
+                                 msg.connection_key == expected_users_[meta.sender]
                            : early_from_scheduler;
     if (!known) {
       if (const auto count = ++dropped_; LogOccurrence(count)) {
@@ -592,6 +605,11 @@ void Runtime::OnRegisterReply(const Meta& meta) {
         register_error_ = "the scheduler sent a node table without this node";
       } else {
         nodes_ = std::move(table);
+        expected_users_.assign(nodes_.size(), std::string());
+        for (std::size_t id = 0; id < meta.nodes.size(); ++id) {
+          expected_users_[id] =
+              transport_->ExpectedUser(nodes_[id].connection_key, self_.connection_key);
+        }
         node_count_.store(meta.nodes.size(), std::memory_order_release);
         table_arrived = true;
       }
@@ -708,6 +726,8 @@ void Runtime::OnNodeJoined(const NodeInfo& node) {
     MutexLock lock(mu_);
     if (is_new) {
       nodes_[node.id] = node;
+      expected_users_[node.id] =
+          transport_->ExpectedUser(node.connection_key, self_.connection_key);
       node_count_.store(static_cast<std::size_t>(node.id) + 1, std::memory_order_release);
     }
     server_events_.push_back(ServerEvent{node.rank, node.id, true});

@@ -331,8 +331,14 @@ std::string ZmqTransport::BindIpc(const std::string& name) {
   return endpoint;
 }
 
-bool ZmqTransport::Connect(int node_id, const std::string& host, int port) {
-  return ConnectEndpoint(node_id, "tcp://" + host + ":" + std::to_string(port));
+bool ZmqTransport::Connect(int node_id, const std::string& host, int port,
+                           const std::string& peer_key) {
+  return ConnectEndpoint(node_id, "tcp://" + host + ":" + std::to_string(port), peer_key);
+}
+
+std::string ZmqTransport::ExpectedUser(const std::string& sender_key,
+                                       const std::string& own_key) const {
+  return options_.encrypt ? sender_key : ConnectionToken(sender_key, own_key);
 }
 
 std::string ZmqTransport::EndpointOf(int node_id) const {
@@ -341,7 +347,8 @@ std::string ZmqTransport::EndpointOf(int node_id) const {
   return it == peers_.end() ? "" : it->second->endpoint;
 }
 
-bool ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
+bool ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint,
+                                   const std::string& peer_key) {
   // The socket is this thread's alone until the Peer holding it is published in peers_.
   zmq::socket_t socket;
   try {
@@ -359,7 +366,7 @@ bool ZmqTransport::ConnectEndpoint(int node_id, const std::string& endpoint) {
     socket.set(zmq::sockopt::curve_publickey, options_.node_keys.public_key);
     socket.set(zmq::sockopt::curve_secretkey, options_.node_keys.secret_key);
   } else {
-    socket.set(zmq::sockopt::plain_username, options_.connection_key);
+    socket.set(zmq::sockopt::plain_username, ConnectionToken(options_.connection_key, peer_key));
     socket.set(zmq::sockopt::plain_password,
                options_.job_secret.empty() ? std::string(kNoJobSecret) : options_.job_secret);
   }

@@ -111,9 +111,15 @@ class ZmqTransport {
   // ps::Error when the socket cannot be opened (out of descriptors: EMFILE) or connected.
   // Returns whether the peer watcher follows its connection (SetPeerWatcher; false without a
   // watcher, or when ZeroMQ could not set the monitor up).
-  bool Connect(int node_id, const std::string& host, int port);
+  // `peer_key` is the peer's connection key ("" for the scheduler): the socket authenticates
+  // with the token for that connection alone (job_authenticator.h).
+  bool Connect(int node_id, const std::string& host, int port, const std::string& peer_key);
   // The same, to a full ZeroMQ endpoint ("tcp://h:p" or "ipc://@name").
-  bool ConnectEndpoint(int node_id, const std::string& endpoint);
+  bool ConnectEndpoint(int node_id, const std::string& endpoint, const std::string& peer_key);
+  // The user name a message from the node of key `sender_key` carries when it came on that
+  // node's connection to this one (Message::connection_key): its token for this node, or with
+  // CURVE its public key, which the handshake proved it holds.
+  std::string ExpectedUser(const std::string& sender_key, const std::string& own_key) const;
   // The endpoint the send socket for `node_id` is connected to ("" if none).
   std::string EndpointOf(int node_id) const;
   bool IsConnected(int node_id) const;
@@ -134,6 +140,8 @@ class ZmqTransport {
   // What TCP knows of the path to `node_id` over its send socket's connection (link_state.h);
   // nullopt without one (not connected yet, over ipc, or not watched: no peer watcher set).
   std::optional<LinkState> LinkTo(int node_id) const { return monitor_.LinkTo(node_id); }
+  // Whether `node_id` refused this node's connection for its credentials (the job secret).
+  bool RefusedCredentials(int node_id) const { return monitor_.RefusedCredentials(node_id); }
 
   // "" while this process can open the descriptors a connection to one more node takes (a
   // send socket, its connection, a monitor's two sockets), with as many again to spare for a

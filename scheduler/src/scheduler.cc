@@ -267,7 +267,8 @@ void Scheduler::OnMessage(Message&& msg) {
                      static_cast<std::size_t>(meta.sender) < nodes_.size() &&
                      meta.recipient == kSchedulerId;
   // A message counts as the node's only when it came on that node's own connection.
-  if (!known || msg.connection_key != nodes_[meta.sender].connection_key) {
+  if (!known ||
+      msg.connection_key != transport_->ExpectedUser(nodes_[meta.sender].connection_key, "")) {
     if (LogOccurrence(++dropped_)) {
       LOG(WARNING) << "dropped a message (#" << dropped_ << ") "
                    << (known ? "that did not come from the connection of node "
@@ -466,9 +467,10 @@ std::optional<Scheduler::Refusal> Scheduler::RegistrationRefusal(const Message& 
                    Answer::kDrop};
   }
   const NodeInfo& node = meta.nodes[0];
-  // The others will accept the node's messages only from connections with the key it
-  // registers: it must be the one its own connection gave.
-  if (msg.connection_key.empty() || node.connection_key != msg.connection_key) {
+  // The others will accept the node's messages only from connections that give the tokens of
+  // the key it registers: its own connection must have given its token for the scheduler.
+  if (msg.connection_key.empty() ||
+      msg.connection_key != transport_->ExpectedUser(node.connection_key, "")) {
     return Refusal{"whose connection key is not its connection's", false, Answer::kDrop};
   }
   if (node.host.empty() || node.port <= 0 || node.port > 65535) {
@@ -526,7 +528,7 @@ void Scheduler::Refuse(const NodeInfo& node, const Refusal& refusal) {
   LOG(WARNING) << "refused " << RegistrantName(node) << ": " << refusal.why;
   const int socket_id = next_reject_id_++;
   try {
-    transport_->Connect(socket_id, node.host, node.port);
+    transport_->Connect(socket_id, node.host, node.port, node.connection_key);
     Message reply = RegisterReply(socket_id, node.connection_key);
     reply.meta.error = refusal.why;
     Send(std::move(reply));
@@ -653,7 +655,7 @@ Message Scheduler::Notice(Control control, int recipient, const NodeInfo& about)
 }
 
 void Scheduler::ConnectToRegistrant(const NodeInfo& node) {
-  if (transport_->Connect(node.id, node.host, node.port)) {
+  if (transport_->Connect(node.id, node.host, node.port, node.connection_key)) {
     unopened_.insert(node.id);
   } else {
     unopened_.erase(node.id);  // no event will say: nothing to tell

@@ -662,7 +662,8 @@ TEST_CASE("cluster: bogus registrations are refused or dropped and the job still
   ps::Scheduler scheduler(SchedulerConfig(1, 1));
   {
     zmq::context_t context;
-    zmq::socket_t attacker = OutsiderSocket(context, "bogus");
+    // Authenticated as a node of key "bogus" would be, so its registrations are judged.
+    zmq::socket_t attacker = OutsiderSocket(context, ps::ConnectionToken("bogus", ""));
     attacker.connect("tcp://127.0.0.1:" + std::to_string(scheduler.port()));
     const auto send_register = [&](std::vector<ps::NodeInfo> nodes) {
       ps::Meta meta;
@@ -1023,12 +1024,20 @@ TEST_CASE("cluster: a message forged as the scheduler's is dropped, secret or no
     ps::Scheduler scheduler(config);
     JobUnderAttack job(scheduler);
     ps::Runtime& target = job.Target();
-    const auto dropped_before = target.dropped_messages();
     // Even with the job's secret, a connection that did not authenticate as the scheduler
-    // cannot speak for it.
-    CHECK(job.SendToTarget(ForgedTerminate(target), "forger",
-                           secret.empty() ? ps::kNoJobSecret : secret,
-                           [&] { return target.dropped_messages() > dropped_before; }));
+    // cannot speak for it: not with a name of its own, nor with the scheduler's key (a node
+    // of the job knows it from the table), nor with the token the scheduler gave another
+    // connection (a process it connected back to, to refuse it, saw that one).
+    const std::string scheduler_key = target.nodes()[ps::kSchedulerId].connection_key;
+    const std::string password = secret.empty() ? ps::kNoJobSecret : secret;
+    std::size_t dropped = target.dropped_messages();
+    for (const std::string& user : {std::string("forger"), scheduler_key,
+                                    ps::ConnectionToken(scheduler_key, ps::NewConnectionKey())}) {
+      INFO("user name " << user);
+      CHECK(job.SendToTarget(ForgedTerminate(target), user, password,
+                             [&] { return target.dropped_messages() > dropped; }));
+      dropped = target.dropped_messages();
+    }
     job.CheckEndsCleanly();
   }
 }
@@ -1043,8 +1052,9 @@ TEST_CASE("cluster: with PS_JOB_SECRET a node with a wrong or no secret cannot j
     ps::ClusterConfig intruder = scheduler.NodeConfig(ps::Role::kWorker);
     intruder.job_secret = wrong;
     intruder.register_timeout = 2s;
-    CHECK_THROWS_WITH(ps::Runtime::Start(intruder), Catch::Contains("cannot reach the scheduler") &&
-                                                        Catch::Contains("PS_JOB_SECRET"));
+    CHECK_THROWS_WITH(ps::Runtime::Start(intruder),
+                      Catch::Contains("refused this node's connection: its PS_JOB_SECRET is not "
+                                      "the job's"));
   }
   JobUnderAttack job(scheduler);
   ps::Runtime& target = job.Target();

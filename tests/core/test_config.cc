@@ -249,6 +249,17 @@ TEST_CASE("config: the job secret comes from PS_JOB_SECRET or the first line of 
   Settings from_file = Valid();
   from_file["PS_JOB_SECRET_FILE"] = path;
   CHECK(ParseSettings(from_file).job_secret == "from the file");
+  std::ofstream(path, std::ios::trunc) << "written on Windows\r\n";  // a line ends before CR LF
+  CHECK(ParseSettings(from_file).job_secret == "written on Windows");
+  // A file other users may read lets them join: refused, as ssh refuses such a private key.
+  std::filesystem::permissions(path, std::filesystem::perms::others_read,
+                               std::filesystem::perm_options::add);
+  CHECK(ErrorOf(from_file) == "PS_JOB_SECRET_FILE='" + path +
+                                  "': other users may read or write it (mode 0604), and with the "
+                                  "secret join the job: chmod 600 " +
+                                  path);
+  std::filesystem::permissions(path, std::filesystem::perms::others_read,
+                               std::filesystem::perm_options::remove);
 
   Settings both = from_file;
   both["PS_JOB_SECRET"] = "s3cret";

@@ -136,12 +136,14 @@ class EnvItems(unittest.TestCase):
                 (["DMLC_NUM_WORKER=3"], "--env-worker", "set by the launcher"),
                 (["DMLC_NODE_HOST=h"], "--env", "set by the launcher"),
                 (["DMLC_PS_ROOT_PORT=9000"], "--env-server", "give it with --env"),
-                (["PS_JOB_SECRET=s"], "--env", "not given on the command line"),
+                (["PS_JOB_SECRET=s3cr3t"], "--env", "--env PS_JOB_SECRET=...: the job secret "
+                                                     "is not given on the command line"),
                 (["PS_JOB_SECRET_FILE=/f"], "--env-worker", "over its standard input")]:
             with self.subTest(items=items, flag=flag):
                 with self.assertRaises(launch.UsageError) as cm:
                     self.parse(items, flag)
                 self.assertIn(want, str(cm.exception))
+                self.assertNotIn("s3cr3t", str(cm.exception))  # a secret is never shown
 
 
 class Args(LauncherTest):
@@ -158,12 +160,29 @@ class Args(LauncherTest):
         self.assertEqual(self.parse(["-n", "1", "prog"], PS_JOB_SECRET="mine").job_secret, "mine")
         path = os.path.join(self.tmp, "secret")
         with open(path, "w") as f:
-            f.write("from a file\nsecond line\n")
+            f.write("from a file\r\nsecond line\n")  # a line ends before CR LF too
+        os.chmod(path, 0o600)
         fifo = os.path.join(self.tmp, "fifo")  # nobody writes to it
         os.mkfifo(fifo)
         self.assertEqual(self.parse(["-n", "1", "prog"], PS_JOB_SECRET_FILE=path).job_secret,
                          "from a file")
-        for environ, want in [({"PS_JOB_SECRET": "a", "PS_JOB_SECRET_FILE": path}, "set one"),
+        # Readable by others, it lets them join: refused, as the nodes refuse it.
+        readable = os.path.join(self.tmp, "readable")
+        with open(readable, "w") as f:
+            f.write("a secret\n")
+        os.chmod(readable, 0o644)
+        long_line = os.path.join(self.tmp, "long")
+        with open(long_line, "w") as f:
+            f.write("x" * 300 + "\n")
+        os.chmod(long_line, 0o600)
+        for environ, want in [({"PS_JOB_SECRET_FILE": readable},
+                               f"PS_JOB_SECRET_FILE={readable}: other users may read or write it "
+                               f"(mode 0644), and with the secret join the job: chmod 600 "
+                               f"{readable}"),
+                              ({"PS_JOB_SECRET_FILE": long_line},
+                               f"PS_JOB_SECRET_FILE={long_line}: its first line: want one line "
+                               "of 1 to 255 bytes"),
+                              ({"PS_JOB_SECRET": "a", "PS_JOB_SECRET_FILE": path}, "set one"),
                               ({"PS_JOB_SECRET_FILE": path + ".missing"}, "No such file"),
                               ({"PS_JOB_SECRET": ""}, "1 to 255 bytes"),
                               # Bounded: neither fills memory nor blocks.

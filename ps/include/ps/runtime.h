@@ -280,6 +280,8 @@ class Runtime {
   // Registration with the scheduler, in its three steps (the constructing thread, before any
   // other thread of this node runs but the receive loop the second step starts).
   void Register();
+  // The registration's error when the scheduler refused this node's job secret.
+  std::string RefusedCredentialsError() const;
   // Resolves the scheduler, opens and binds the transport, fills self_ and connects.
   void OpenTransport(std::chrono::steady_clock::time_point deadline);
   // Starts the receive loop and sends the Register request carrying `announced`.
@@ -378,6 +380,9 @@ class Runtime {
   // change; the receive thread writes the entry at node_count_ (a joined server), then
   // publishes it by raising the count (release; readers load it with acquire).
   std::vector<NodeInfo> nodes_;
+  // Beside each entry of nodes_, written and published with it: the user name a message from
+  // that node carries on its connection to this one (ZmqTransport::ExpectedUser).
+  std::vector<std::string> expected_users_;
   std::atomic<std::size_t> node_count_{0};
   std::vector<ServerEvent> server_events_ PS_GUARDED_BY(mu_);
   std::atomic<std::size_t> server_event_count_{0};     // server_events_.size()
