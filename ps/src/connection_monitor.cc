@@ -72,7 +72,8 @@ std::string HandshakeFailure(std::uint32_t code) {
              "job must set the same PS_ENCRYPT";
     case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
       return "the peer's CURVE keys are not this job's: with PS_ENCRYPT=1 they come from "
-             "PS_JOB_SECRET, so every node must be given the job's secret";
+             "PS_JOB_SECRET, so every node must be given the job's secret (or the peer replays "
+             "a connection of another job with the same secret, which is refused too)";
     default: {
       char hex[16];
       std::snprintf(hex, sizeof(hex), "%#x", code);
