@@ -11,7 +11,6 @@
 #include <utility>
 
 #include "ps/error.h"
-#include "ps/src/glog_or_stderr.h"
 #include "ps/src/misspelt_settings.h"
 #include "ps/src/small_file.h"
 
@@ -111,8 +110,6 @@ bool ReadBool(const SettingLookup& lookup, std::string_view name, bool fallback)
   Invalid(name, *raw, "expected 0, 1, true or false");
 }
 
-// PS_JOB_SECRET, or the first line of PS_JOB_SECRET_FILE (a file keeps the secret out of the
-// environment other processes of the same user can read, and out of command lines).
 // Why the secret file at `path` lets other users in ("" when it does not): a regular file
 // that others may read or write (a pipe, `<(...)`, is the process's own). As ssh does for a
 // private key, the file is refused rather than used.
@@ -127,6 +124,8 @@ std::string SecretFileExposure(const std::string& path) {
          "), and with the secret join the job: chmod 600 " + path;
 }
 
+// PS_JOB_SECRET, or the first line of PS_JOB_SECRET_FILE (a file keeps the secret out of the
+// environment other processes of the same user can read, and out of command lines).
 std::string ReadJobSecret(const SettingLookup& lookup) {
   const auto secret = lookup("PS_JOB_SECRET");
   const auto file = lookup("PS_JOB_SECRET_FILE");
@@ -281,21 +280,6 @@ ClusterConfig ClusterConfig::FromEnvironment() {
     return std::string(value);
   });
 }
-
-namespace internal {
-
-ClusterConfig ParseWithMisspellings(const SettingLookup& lookup,
-                                    const std::function<std::string(const std::string&)>& explain) {
-  const std::vector<MisspeltSetting> misspelt = MisspeltSettings(EnvironmentNames());
-  for (const MisspeltSetting& entry : misspelt) PS_LOG(WARNING) << MisspellingWarning(entry);
-  try {
-    return ClusterConfig::Parse(lookup);
-  } catch (const Error& e) {
-    throw Error(WithMisspellingHint(explain ? explain(e.what()) : e.what(), misspelt));
-  }
-}
-
-}  // namespace internal
 
 std::string ClusterConfig::SchedulerAddress() const {
   return root_uri + ":" + std::to_string(root_port);

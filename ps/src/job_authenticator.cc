@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "ps/error.h"
@@ -29,17 +30,24 @@ bool SameText(const std::string& a, const std::string& b) {
   return difference == 0;
 }
 
+// Two lowercase hex digits per byte.
+std::string Hex(std::span<const unsigned char> bytes) {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::string text;
+  for (const unsigned char byte : bytes) {
+    text += kHex[byte >> 4];
+    text += kHex[byte & 0xF];
+  }
+  return text;
+}
+
 }  // namespace
 
 std::string NewConnectionKey() {
   std::random_device device;  // the kernel's random source
-  constexpr char kHex[] = "0123456789abcdef";
-  std::string key;
-  for (int word = 0; word < 4; ++word) {
-    std::uint32_t bits = device();
-    for (int digit = 0; digit < 8; ++digit, bits >>= 4) key += kHex[bits & 0xF];
-  }
-  return key;
+  std::array<unsigned char, 16> bytes{};
+  for (unsigned char& byte : bytes) byte = static_cast<unsigned char>(device());
+  return Hex(bytes);
 }
 
 std::string ConnectionToken(std::string_view from_key, std::string_view to_key) {
@@ -55,13 +63,7 @@ std::string ConnectionToken(std::string_view from_key, std::string_view to_key) 
                      reinterpret_cast<const unsigned char*>(message.data()), message.size(),
                      keyed ? reinterpret_cast<const unsigned char*>(from_key.data()) : nullptr,
                      keyed ? from_key.size() : 0);
-  constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (const unsigned char byte : hash) {
-    token += kHex[byte >> 4];
-    token += kHex[byte & 0xF];
-  }
-  return keyed ? token : "unkeyed-" + token;
+  return keyed ? Hex(hash) : "unkeyed-" + Hex(hash);
 }
 
 JobAuthenticator::JobAuthenticator(zmq::context_t& context, Mechanism mechanism,

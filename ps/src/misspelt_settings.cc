@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "ps/error.h"
+#include "ps/src/glog_or_stderr.h"
+
 namespace ps::internal {
 namespace {
 
@@ -132,6 +135,17 @@ std::string WithMisspellingHint(const std::string& error,
     }
   }
   return error;
+}
+
+ClusterConfig ParseWithMisspellings(const SettingLookup& lookup,
+                                    const std::function<std::string(const std::string&)>& explain) {
+  const std::vector<MisspeltSetting> misspelt = MisspeltSettings(EnvironmentNames());
+  for (const MisspeltSetting& entry : misspelt) PS_LOG(WARNING) << MisspellingWarning(entry);
+  try {
+    return ClusterConfig::Parse(lookup);
+  } catch (const Error& e) {
+    throw Error(WithMisspellingHint(explain ? explain(e.what()) : e.what(), misspelt));
+  }
 }
 
 }  // namespace ps::internal
